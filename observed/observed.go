@@ -1,0 +1,216 @@
+// Package observed holds what the provider last saw on its hypervisors: per
+// zone, the VMs (ours and foreign), the volumes that carry our prefix, and
+// whether the zone could be read at all.
+//
+// Invariants the planner relies on:
+//   - A zone whose listing failed has Status Unknown and no VMs; it is never
+//     reported as an empty zone, so nothing is created or destroyed there.
+//   - Owned VMs are indexed by the machine id in their ownership marker; a VM
+//     whose marker names another installation is foreign (Marker == nil).
+//   - Values are plain data: they can be copied, compared and written to
+//     golden files.
+package observed
+
+import (
+	"sort"
+	"strconv"
+	"time"
+)
+
+// Power is the power state of a VM as the hypervisor reports it.
+type Power string
+
+const (
+	PowerRunning Power = "running"
+	PowerPaused  Power = "paused"
+	PowerStopped Power = "stopped"
+	PowerCrashed Power = "crashed"
+	PowerUnknown Power = "unknown"
+)
+
+// Marker is the ownership and binding record a VM carries (libvirt: a
+// metadata element in the project's XML namespace; Proxmox: tags plus lines
+// in the description). Only a VM whose marker names this installation is
+// ever adopted, stopped or destroyed.
+type Marker struct {
+	Installation string `json:"installation" yaml:"installation"`
+	MachineID    string `json:"machine_id" yaml:"machine_id"`
+	OpID         string `json:"op_id,omitempty" yaml:"op_id,omitempty"`
+	InstanceType string `json:"instance_type,omitempty" yaml:"instance_type,omitempty"`
+	// Cluster is the binding recorded after a successful Configure; empty
+	// when unbound.
+	Cluster string `json:"cluster,omitempty" yaml:"cluster,omitempty"`
+}
+
+// VM is one virtual machine on a host or node.
+type VM struct {
+	Zone string `json:"zone" yaml:"zone"`
+	// Name is the libvirt domain name or the Proxmox VM name.
+	Name string `json:"name" yaml:"name"`
+	// VMID is the Proxmox VMID; 0 on libvirt.
+	VMID int `json:"vmid,omitempty" yaml:"vmid,omitempty"`
+	// Marker is nil for a VM that does not carry this installation's marker.
+	Marker    *Marker `json:"marker,omitempty" yaml:"marker,omitempty"`
+	Power     Power   `json:"power" yaml:"power"`
+	VCPU      int     `json:"vcpu,omitempty" yaml:"vcpu,omitempty"`
+	MemoryMiB int     `json:"memory_mib,omitempty" yaml:"memory_mib,omitempty"`
+	// Template marks a Proxmox template (never a candidate for anything).
+	Template bool `json:"template,omitempty" yaml:"template,omitempty"`
+	// Tags are the Proxmox tags (sorted); empty on libvirt.
+	Tags []string `json:"tags,omitempty" yaml:"tags,omitempty"`
+	// Autostart is libvirt autostart / Proxmox onboot.
+	Autostart bool `json:"autostart,omitempty" yaml:"autostart,omitempty"`
+	// Volumes lists the names of the volumes the domain's disks point at
+	// (libvirt only), so a half-built domain can be told from a complete one.
+	Volumes []string `json:"volumes,omitempty" yaml:"volumes,omitempty"`
+}
+
+// Ref is the stable host reference reported to BigFleet:
+// "<zone>/<domain-name>" on libvirt, "<node>/<vmid>" on Proxmox.
+func (v *VM) Ref() string {
+	if v.VMID != 0 {
+		return v.Zone + "/" + strconv.Itoa(v.VMID)
+	}
+	return v.Zone + "/" + v.Name
+}
+
+// Owned reports whether the VM carries a marker of the given installation.
+func (v *VM) Owned(installation string) bool {
+	return v != nil && v.Marker != nil && v.Marker.Installation == installation
+}
+
+// Volume is a storage volume in the configured pool (libvirt only).
+type Volume struct {
+	Zone string `json:"zone" yaml:"zone"`
+	Pool string `json:"pool" yaml:"pool"`
+	Name string `json:"name" yaml:"name"`
+	// Format is "qcow2", "raw" or "iso".
+	Format string `json:"format,omitempty" yaml:"format,omitempty"`
+	// BackingFormat is the declared format of the backing store, if any.
+	BackingFormat string `json:"backing_format,omitempty" yaml:"backing_format,omitempty"`
+}
+
+// Status says whether a zone could be read.
+type Status string
+
+const (
+	StatusOK      Status = "ok"
+	StatusUnknown Status = "unknown"
+)
+
+// Zone is the result of observing one libvirt host or Proxmox node.
+type Zone struct {
+	Name   string `json:"name" yaml:"name"`
+	Status Status `json:"status" yaml:"status"`
+	// Err says why the zone is unknown.
+	Err     string    `json:"error,omitempty" yaml:"error,omitempty"`
+	VMs     []*VM     `json:"vms,omitempty" yaml:"vms,omitempty"`
+	Volumes []*Volume `json:"volumes,omitempty" yaml:"volumes,omitempty"`
+	At      time.Time `json:"at" yaml:"at"`
+}
+
+// Unknown returns the observation of a zone that could not be read.
+func Unknown(zone string, err error, at time.Time) *Zone {
+	msg := "unreachable"
+	if err != nil {
+		msg = err.Error()
+	}
+	return &Zone{Name: zone, Status: StatusUnknown, Err: msg, At: at}
+}
+
+// Snapshot is one observation of every configured zone.
+type Snapshot struct {
+	Zones map[string]*Zone `json:"zones" yaml:"zones"`
+	At    time.Time        `json:"at" yaml:"at"`
+}
+
+// ZoneNames returns the zone names in sorted order.
+func (s *Snapshot) ZoneNames() []string {
+	names := make([]string, 0, len(s.Zones))
+	for n := range s.Zones {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Index is a read-only lookup structure over a snapshot, built once per
+// plan so that planning one machine costs O(1) map lookups.
+type Index struct {
+	snap *Snapshot
+	// owned maps machine id to the VMs carrying that id in our marker
+	// (normally one; more means a leak).
+	owned map[string][]*VM
+	// byName maps zone+"\x00"+name to every VM with that name.
+	byName map[string][]*VM
+	// byVMID maps zone-independent VMIDs (Proxmox VMIDs are cluster-wide).
+	byVMID  map[int]*VM
+	volumes map[string]*Volume
+}
+
+// NewIndex indexes a snapshot for the given installation.
+func NewIndex(s *Snapshot, installation string) *Index {
+	ix := &Index{
+		snap:    s,
+		owned:   map[string][]*VM{},
+		byName:  map[string][]*VM{},
+		byVMID:  map[int]*VM{},
+		volumes: map[string]*Volume{},
+	}
+	if s == nil {
+		return ix
+	}
+	for _, z := range s.Zones {
+		for _, vm := range z.VMs {
+			if vm.Owned(installation) {
+				ix.owned[vm.Marker.MachineID] = append(ix.owned[vm.Marker.MachineID], vm)
+			}
+			k := z.Name + "\x00" + vm.Name
+			ix.byName[k] = append(ix.byName[k], vm)
+			if vm.VMID != 0 {
+				ix.byVMID[vm.VMID] = vm
+			}
+		}
+		for _, vol := range z.Volumes {
+			ix.volumes[z.Name+"\x00"+vol.Name] = vol
+		}
+	}
+	return ix
+}
+
+// Zone returns the observation of a zone, or nil if the zone was not
+// observed at all (which the planner treats like Unknown).
+func (ix *Index) Zone(name string) *Zone {
+	if ix.snap == nil {
+		return nil
+	}
+	return ix.snap.Zones[name]
+}
+
+// Known reports whether a zone was observed successfully.
+func (ix *Index) Known(zone string) bool {
+	z := ix.Zone(zone)
+	return z != nil && z.Status == StatusOK
+}
+
+// Owned returns the VMs that carry our marker for a machine id.
+func (ix *Index) Owned(machineID string) []*VM { return ix.owned[machineID] }
+
+// OwnedIDs returns every machine id found in a marker, sorted.
+func (ix *Index) OwnedIDs() []string {
+	ids := make([]string, 0, len(ix.owned))
+	for id := range ix.owned {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+// ByName returns the VMs with a name in a zone.
+func (ix *Index) ByName(zone, name string) []*VM { return ix.byName[zone+"\x00"+name] }
+
+// ByVMID returns the VM with a Proxmox VMID, or nil.
+func (ix *Index) ByVMID(vmid int) *VM { return ix.byVMID[vmid] }
+
+// Volume returns a volume by zone and name, or nil.
+func (ix *Index) Volume(zone, name string) *Volume { return ix.volumes[zone+"\x00"+name] }
