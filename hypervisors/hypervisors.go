@@ -106,6 +106,8 @@ type CloneSpec struct {
 	TemplateVMID int             `json:"template_vmid" yaml:"template_vmid"`
 	Pool         string          `json:"pool,omitempty" yaml:"pool,omitempty"`
 	Marker       observed.Marker `json:"marker" yaml:"marker"`
+	// Labels: as DomainSpec.Labels.
+	Labels map[string]string `json:"labels,omitempty" yaml:"labels,omitempty"`
 }
 
 // SizeSpec is the Proxmox VM configuration applied after a clone (and
