@@ -1,0 +1,163 @@
+package config
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/inventory"
+)
+
+// Backend names what the provider drives.
+const (
+	BackendFake    = "fake"
+	BackendLibvirt = "libvirt"
+	BackendProxmox = "proxmox"
+)
+
+// Config is the validated configuration of one provider process.
+type Config struct {
+	Hypervisor hypervisors.Shape
+	// Backend is BackendFake, BackendLibvirt or BackendProxmox.
+	Backend  string
+	Provider string
+	// InstallationID is the --installation-id given, or "" when the caller
+	// must derive one.
+	InstallationID    string
+	Addr              string
+	MetricsAddr       string // "" disables the metrics listener
+	Reflection        bool
+	TLS               TLS
+	LogFormat         string // "text" or "json"
+	LogLevel          slog.Level
+	StatePath         string // "" keeps state in memory only
+	ReconcileInterval time.Duration
+	Timeouts          Timeouts
+	// Zones are the zones this process serves, in order: the --connect
+	// zones or --nodes on a real backend; on the fake backend the two
+	// synthetic zones followed by any other offering zones, sorted.
+	Zones     []string
+	Catalog   inventory.Catalog
+	Offerings []inventory.Offering
+	// Slots are all slots the offerings mint, sorted by ID.
+	Slots   []inventory.Slot
+	Pricing inventory.Pricing
+	// BareMetal is true when every offering is bare_metal (a fixed free
+	// pool: Delete is not offered).
+	BareMetal            bool
+	Fake                 Fake
+	Libvirt              Libvirt
+	Proxmox              Proxmox
+	NodeReadyExec        []string // nil: no readiness gate
+	MaxConcurrentPerZone int
+	ShutdownGrace        time.Duration
+}
+
+// TLS names the gRPC listener's PEM files; all empty means plaintext, Cert
+// and Key mean TLS, plus CA means mTLS. Resolve has checked that the
+// keypair loads and the CA holds a certificate.
+type TLS struct {
+	Cert, Key, CA string
+}
+
+// Enabled reports whether the listener serves TLS.
+func (t TLS) Enabled() bool { return t.Cert != "" }
+
+// Mutual reports whether client certificates are required and verified.
+func (t TLS) Mutual() bool { return t.CA != "" }
+
+// Timeouts are the per-transition deadlines.
+type Timeouts struct {
+	Create, Configure, Drain, Delete time.Duration
+}
+
+// Fake configures the in-memory simulator.
+type Fake struct {
+	Latency time.Duration
+	// Faults enables the BigFleet conformance wire-driven fault mode.
+	Faults bool
+}
+
+// ZoneURI maps one zone to the libvirt host that serves it.
+type ZoneURI struct {
+	Zone, URI string
+}
+
+// Libvirt holds the libvirt settings (zero for Proxmox).
+type Libvirt struct {
+	Connect      []ZoneURI
+	Image        string
+	StoragePool  string
+	Network      string
+	BaseUserData []byte
+	DomainType   string // "kvm" or "qemu"
+	Kernel       string
+	Initrd       string
+	Cmdline      string
+}
+
+// Proxmox holds the Proxmox settings (zero for libvirt).
+type Proxmox struct {
+	APIURL      string
+	TokenID     string
+	TokenSecret Secret
+	CAFile      string
+	// Fingerprint is the pinned SHA-256 of the API certificate as 64
+	// lowercase hex digits, or "".
+	Fingerprint   string
+	Pool          string
+	Nodes         []string
+	TemplateVMID  int
+	BootstrapPath string
+	BootstrapExec []string
+}
+
+// String summarises the configuration for people. It never contains the
+// token secret or the base user data.
+func (c *Config) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "hypervisor=%s backend=%s provider=%s installation=%q zones=%s offerings=%d slots=%d bare_metal=%t addr=%s metrics_addr=%q tls=%t mtls=%t state=%q",
+		c.Hypervisor, c.Backend, c.Provider, c.InstallationID, strings.Join(c.Zones, ","), len(c.Offerings), len(c.Slots), c.BareMetal,
+		c.Addr, c.MetricsAddr, c.TLS.Enabled(), c.TLS.Mutual(), c.StatePath)
+	switch c.Hypervisor {
+	case hypervisors.ShapeProxmox:
+		fmt.Fprintf(&b, " api_url=%s token_id=%s token_secret=%s nodes=%s", c.Proxmox.APIURL, c.Proxmox.TokenID, c.Proxmox.TokenSecret, strings.Join(c.Proxmox.Nodes, ","))
+	default:
+		fmt.Fprintf(&b, " image=%s storage_pool=%s network=%s", c.Libvirt.Image, c.Libvirt.StoragePool, c.Libvirt.Network)
+	}
+	return b.String()
+}
+
+// LogValue implements slog.LogValuer with the same fields as String.
+func (c *Config) LogValue() slog.Value {
+	attrs := []slog.Attr{
+		slog.String("hypervisor", string(c.Hypervisor)),
+		slog.String("backend", c.Backend),
+		slog.String("provider", c.Provider),
+		slog.String("installation", c.InstallationID),
+		slog.Any("zones", c.Zones),
+		slog.Int("offerings", len(c.Offerings)),
+		slog.Int("slots", len(c.Slots)),
+		slog.Bool("bare_metal", c.BareMetal),
+		slog.String("addr", c.Addr),
+		slog.String("metrics_addr", c.MetricsAddr),
+		slog.Bool("tls", c.TLS.Enabled()),
+		slog.Bool("mtls", c.TLS.Mutual()),
+		slog.String("state", c.StatePath),
+	}
+	if c.Hypervisor == hypervisors.ShapeProxmox {
+		attrs = append(attrs,
+			slog.String("api_url", c.Proxmox.APIURL),
+			slog.String("token_id", c.Proxmox.TokenID),
+			slog.Any("token_secret", c.Proxmox.TokenSecret),
+			slog.Any("nodes", c.Proxmox.Nodes))
+	} else {
+		attrs = append(attrs,
+			slog.String("image", c.Libvirt.Image),
+			slog.String("storage_pool", c.Libvirt.StoragePool),
+			slog.String("network", c.Libvirt.Network))
+	}
+	return slog.GroupValue(attrs...)
+}

@@ -1,0 +1,17 @@
+// Package config turns the provider's command-line flags into one
+// validated Config: which hypervisor and backend to drive, the zones, the
+// instance-type catalog, the offerings and the slots they mint, prices,
+// listeners, TLS material, timeouts and logging.
+//
+// Invariants callers rely on:
+//   - Resolve validates everything before anything listens or dials, and
+//     reports every problem at once, one per line, each naming its flag.
+//   - A Config returned without error is complete: per-hypervisor defaults
+//     are applied, files named by flags (catalog, offerings, token, CA,
+//     base user data, TLS keypair) have been read and checked, and
+//     Offerings, Slots and Zones agree with each other.
+//   - The Proxmox token secret is a Secret: it formats, marshals and logs as
+//     "[redacted]", and no error produced here contains it.
+//   - A flag that belongs to the other hypervisor is an error, never
+//     silently ignored.
+package config

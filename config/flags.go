@@ -1,0 +1,191 @@
+package config
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/bigfleet-vm/provider/inventory"
+)
+
+// Flags holds the flag values registered on a FlagSet by RegisterFlags.
+// It is opaque: call Resolve after the set has been parsed.
+type Flags struct {
+	hypervisor, installationID                   *string
+	useFake                                      *bool
+	addr, provider, defaultZone, state           *string
+	metricsAddr                                  *string
+	reflection                                   *bool
+	tlsCert, tlsKey, tlsCA                       *string
+	logFormat, logLevel                          *string
+	reconcileInterval                            *time.Duration
+	createTimeout, configureTimeout              *time.Duration
+	drainTimeout, deleteTimeout                  *time.Duration
+	shutdownGrace                                *time.Duration
+	maxConcurrentPerZone                         *int
+	nodeReadyExec                                *string
+	offerings, instanceTypes, prices             *string
+	seedCount                                    *int
+	pricePerVCPU, pricePerGiB                    *float64
+	fakeLatency                                  *time.Duration
+	fakeFaults                                   *bool
+	libvirtBackend, connect, capacityType, image *string
+	storagePool, network, baseUserData           *string
+	domainType, kernel, initrd, kernelCmdline    *string
+	proxmoxBackend, apiURL, tokenID              *string
+	tokenSecret, tokenFile, caFile, fingerprint  *string
+	pool, nodes, bootstrapPath, bootstrapExec    *string
+	templateVMID                                 *int
+}
+
+// Flags that only make sense for one hypervisor; setting any of them
+// selects that hypervisor when --hypervisor is not given.
+var (
+	libvirtOnly = []string{
+		"libvirt-backend", "connect", "capacity-type", "image", "storage-pool", "network",
+		"base-user-data", "domain-type", "kernel", "initrd", "kernel-cmdline",
+	}
+	proxmoxOnly = []string{
+		"proxmox-backend", "proxmox-api-url", "proxmox-token-id", "proxmox-token-secret",
+		"proxmox-token-file", "proxmox-ca-file", "proxmox-tls-fingerprint", "proxmox-pool",
+		"nodes", "template-vmid", "bootstrap-path", "bootstrap-exec",
+	}
+)
+
+// RegisterFlags defines every provider flag on fs and returns the values
+// to hand to Resolve. Subcommands may add their own flags to the same set.
+// Flags whose default depends on the hypervisor (--provider,
+// --default-zone, the four timeouts) are registered empty and filled in by
+// Resolve.
+func RegisterFlags(fs *flag.FlagSet) *Flags {
+	f := &Flags{}
+	// Core.
+	f.hypervisor = fs.String("hypervisor", "", "libvirt or proxmox. Empty: inferred from the flags set (libvirt-only or Proxmox-only flags), else libvirt.")
+	f.addr = fs.String("addr", ":9000", "gRPC listen address (CapacityProvider + health + reflection).")
+	f.provider = fs.String("provider", "", "Provider label stamped on every HostRef, e.g. libvirt-dc1 (default libvirt or proxmox, per hypervisor). Never part of machine ids.")
+	f.installationID = fs.String("installation-id", "", "Ownership namespace stamped on every VM (lowercase letters, digits, '-'). Empty: derived.")
+	f.useFake = fs.Bool("use-fake-backend", false, "Run on the built-in in-memory simulator instead of real hosts (dev and conformance only).")
+	f.defaultZone = fs.String("default-zone", "", "Zone label for a single bare --connect URI, and the seed of the fake backend's two zones <zone>-a, <zone>-b (default local, or pve for Proxmox).")
+	f.state = fs.String("state", "", "Durable state file. Empty: in-memory only (state is lost on restart).")
+
+	// libvirt.
+	f.libvirtBackend = fs.String("libvirt-backend", "auto", "libvirt, fake or auto (libvirt when --connect is set; otherwise refuse unless --use-fake-backend).")
+	f.connect = fs.String("connect", "", "A bare libvirt URI for --default-zone, or a comma-separated zone=uri list (one zone per host).")
+	f.image = fs.String("image", "", "Golden base-image volume the overlay disk backs onto (qcow2 or raw). Required for the libvirt backend.")
+	f.storagePool = fs.String("storage-pool", "default", "libvirt storage pool for the overlay and cloud-init volumes.")
+	f.network = fs.String("network", "default", "libvirt network the domain NIC attaches to.")
+	f.baseUserData = fs.String("base-user-data", "", "File with the generic pre-binding cloud-init baked into the NoCloud seed at define.")
+	f.capacityType = fs.String("capacity-type", "on_demand", "Capacity type of the default offerings: on_demand or bare_metal.")
+	f.domainType = fs.String("domain-type", "kvm", "libvirt domain type: kvm, or qemu (emulation, for hosts without KVM).")
+	f.kernel = fs.String("kernel", "", "Optional direct kernel boot: absolute kernel path on the libvirt host.")
+	f.initrd = fs.String("initrd", "", "Initrd path on the libvirt host (needs --kernel).")
+	f.kernelCmdline = fs.String("kernel-cmdline", "", "Kernel command line (needs --kernel).")
+
+	// Proxmox.
+	f.proxmoxBackend = fs.String("proxmox-backend", "auto", "proxmox, fake or auto (proxmox when --proxmox-api-url is set; otherwise refuse unless --use-fake-backend).")
+	f.apiURL = fs.String("proxmox-api-url", "", "Proxmox API URL, e.g. https://host:8006/api2/json (https only). Required for the proxmox backend.")
+	f.tokenID = fs.String("proxmox-token-id", "", "API token id, USER@REALM!TOKENID.")
+	f.tokenSecret = fs.String("proxmox-token-secret", "", "API token secret (visible in the process list; prefer --proxmox-token-file).")
+	f.tokenFile = fs.String("proxmox-token-file", "", "File holding the API token secret. Wins over --proxmox-token-secret.")
+	f.caFile = fs.String("proxmox-ca-file", "", "PEM CA bundle verifying the Proxmox API certificate, e.g. /etc/pve/pve-root-ca.pem.")
+	f.fingerprint = fs.String("proxmox-tls-fingerprint", "", "Pinned SHA-256 fingerprint of the API certificate (alternative or addition to --proxmox-ca-file).")
+	f.pool = fs.String("proxmox-pool", "", "Resource pool clones are placed in (least-privilege scope).")
+	f.nodes = fs.String("nodes", "", "Comma list of cluster node names, each a zone. Required for the proxmox backend.")
+	f.templateVMID = fs.Int("template-vmid", 9000, "Source template VMID of the built-in catalog and of catalog entries without template_vmid.")
+	f.bootstrapPath = fs.String("bootstrap-path", "/run/bigfleet-bootstrap", "In-guest path the bootstrap blob is written to before it runs.")
+	f.bootstrapExec = fs.String("bootstrap-exec", "/bin/sh", "Comma-separated argv that runs the bootstrap; the path is appended as the final argument.")
+
+	// Instance types and pricing.
+	f.instanceTypes = fs.String("instance-types", "", "JSON catalog name -> {vcpu, memory_mib[, template_vmid]} replacing the built-in kvm.* / pve.* types.")
+	f.prices = fs.String("prices", "", "Explicit USD/hour per type as type=usd pairs, e.g. kvm.small=0.01,kvm.large=0.04. Empty: synthetic pricing.")
+	f.pricePerVCPU = fs.Float64("price-per-vcpu-hour", inventory.DefaultPricePerVCPUHour, "Synthetic USD/hour per vCPU (>= 0).")
+	f.pricePerGiB = fs.Float64("price-per-gib-hour", inventory.DefaultPricePerGiBHour, "Synthetic USD/hour per GiB of RAM (>= 0).")
+
+	// Offerings.
+	f.offerings = fs.String("offerings", "", "JSON offerings file. Empty: a built-in mix sized by --seed-count.")
+	f.seedCount = fs.Int("seed-count", 32, "Number of Speculative slots in the default offerings (ignored with --offerings; must be > 0).")
+
+	// Lifecycle.
+	f.createTimeout = fs.Duration("create-timeout", 0, "Deadline for a Create (default 5m for libvirt, 8m for Proxmox).")
+	f.configureTimeout = fs.Duration("configure-timeout", 0, "Deadline for a Configure (default 8m).")
+	f.drainTimeout = fs.Duration("drain-timeout", 0, "Deadline for a Drain (default 15m).")
+	f.deleteTimeout = fs.Duration("delete-timeout", 0, "Deadline for a Delete (default 5m).")
+	f.nodeReadyExec = fs.String("node-ready-exec", "", "Comma-separated in-guest argv that exits 0 once the node is Ready; Configure waits for it. Empty: no readiness gate.")
+	f.maxConcurrentPerZone = fs.Int("max-concurrent-per-zone", 8, "Most hypervisor operations run at once per zone (> 0).")
+	f.shutdownGrace = fs.Duration("shutdown-grace", 30*time.Second, "How long shutdown waits for in-flight work before exiting.")
+	f.reconcileInterval = fs.Duration("reconcile-interval", 2*time.Minute, "Background reconcile interval (0 = off).")
+
+	// Observability and TLS.
+	f.metricsAddr = fs.String("metrics-addr", ":9090", "Address for /metrics, /healthz, /readyz. Empty: disabled.")
+	f.reflection = fs.Bool("reflection", true, "Register gRPC server reflection (for grpcurl/debugging).")
+	f.logFormat = fs.String("log-format", "text", "Log format: text or json.")
+	f.logLevel = fs.String("log-level", "info", "Log level: debug, info, warn or error.")
+	f.tlsCert = fs.String("tls-cert", "", "gRPC server certificate (PEM). With --tls-key, enables TLS.")
+	f.tlsKey = fs.String("tls-key", "", "gRPC server private key (PEM).")
+	f.tlsCA = fs.String("tls-ca", "", "gRPC client CA bundle (PEM). Enables mTLS (requires and verifies client certificates).")
+
+	// Fake backend.
+	f.fakeLatency = fs.Duration("fake-latency", 0, "Fake backend: latency added to every simulated call (0 = instant).")
+	f.fakeFaults = fs.Bool("fake-faults", false, "Fake backend: honour the BigFleet conformance wire-driven fault injection.")
+	return f
+}
+
+// usageGroups orders the flags for Usage, grouped as in the operator docs.
+var usageGroups = []struct {
+	title string
+	flags []string
+}{
+	{"Core", []string{"hypervisor", "addr", "provider", "installation-id", "default-zone", "state", "use-fake-backend"}},
+	{"libvirt connection and launch parameters", []string{"libvirt-backend", "connect", "image", "storage-pool", "network", "base-user-data", "capacity-type", "domain-type", "kernel", "initrd", "kernel-cmdline"}},
+	{"Proxmox connection and clone parameters", []string{"proxmox-backend", "proxmox-api-url", "proxmox-token-id", "proxmox-token-secret", "proxmox-token-file", "proxmox-ca-file", "proxmox-tls-fingerprint", "proxmox-pool", "nodes", "template-vmid", "bootstrap-path", "bootstrap-exec"}},
+	{"Instance types & pricing", []string{"instance-types", "prices", "price-per-vcpu-hour", "price-per-gib-hour"}},
+	{"Offerings", []string{"offerings", "seed-count"}},
+	{"Lifecycle", []string{"create-timeout", "configure-timeout", "drain-timeout", "delete-timeout", "node-ready-exec", "max-concurrent-per-zone", "shutdown-grace", "reconcile-interval"}},
+	{"Observability & TLS", []string{"metrics-addr", "reflection", "log-format", "log-level", "tls-cert", "tls-key", "tls-ca"}},
+	{"Fake backend (testing only)", []string{"fake-latency", "fake-faults"}},
+}
+
+// Usage writes the flags of fs grouped as in the operator docs; flags a
+// subcommand added to fs are listed last under "Other".
+func Usage(w io.Writer, fs *flag.FlagSet) {
+	listed := map[string]bool{}
+	for _, g := range usageGroups {
+		fmt.Fprintf(w, "\n%s:\n", g.title)
+		for _, name := range g.flags {
+			if fl := fs.Lookup(name); fl != nil {
+				writeFlag(w, fl)
+				listed[name] = true
+			}
+		}
+	}
+	var other []*flag.Flag
+	fs.VisitAll(func(fl *flag.Flag) {
+		if !listed[fl.Name] {
+			other = append(other, fl)
+		}
+	})
+	if len(other) > 0 {
+		fmt.Fprintf(w, "\nOther:\n")
+		for _, fl := range other {
+			writeFlag(w, fl)
+		}
+	}
+}
+
+func writeFlag(w io.Writer, fl *flag.Flag) {
+	name, usage := flag.UnquoteUsage(fl)
+	line := "  --" + fl.Name
+	if name != "" {
+		line += " " + name
+	}
+	fmt.Fprintln(w, line)
+	fmt.Fprintf(w, "        %s", strings.ReplaceAll(usage, "\n", "\n        "))
+	switch fl.DefValue {
+	case "", "0", "0s", "false":
+	default:
+		fmt.Fprintf(w, " (default %s)", fl.DefValue)
+	}
+	fmt.Fprintln(w)
+}

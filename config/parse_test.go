@@ -1,0 +1,128 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestParseConnect(t *testing.T) {
+	tests := []struct {
+		in   string
+		want []ZoneURI
+	}{
+		{"", nil},
+		{"qemu:///system", []ZoneURI{{"local", "qemu:///system"}}},
+		{" qemu:///session ", []ZoneURI{{"local", "qemu:///session"}}},
+		{"test:///default", []ZoneURI{{"local", "test:///default"}}},
+		{"qemu+unix:///system?socket=/run/libvirt/libvirt-sock", []ZoneURI{{"local", "qemu+unix:///system?socket=/run/libvirt/libvirt-sock"}}},
+		// A bare URI whose query holds '=' (the text before it has ':').
+		{"qemu+libssh://u@h/system?keyfile=/k&known_hosts=/kh&known_hosts_verify=normal",
+			[]ZoneURI{{"local", "qemu+libssh://u@h/system?keyfile=/k&known_hosts=/kh&known_hosts_verify=normal"}}},
+		{"qemu+ssh://u@h:2222/system?keyfile=/k&no_verify=0", []ZoneURI{{"local", "qemu+ssh://u@h:2222/system?keyfile=/k&no_verify=0"}}},
+		{"qemu+tls://h/system?pkipath=/pki&no_verify=0", []ZoneURI{{"local", "qemu+tls://h/system?pkipath=/pki&no_verify=0"}}},
+		{"qemu://h/system", []ZoneURI{{"local", "qemu://h/system"}}},
+		{"rack1=qemu+libssh2://h1/system, rack2 = qemu+tls://h2/system,", []ZoneURI{{"rack1", "qemu+libssh2://h1/system"}, {"rack2", "qemu+tls://h2/system"}}},
+		{seedConnect, []ZoneURI{{"rack1", rack1URI}, {"rack2", rack2URI}}},
+	}
+	for _, tt := range tests {
+		got, err := ParseConnect(tt.in, "local")
+		if err != nil {
+			t.Errorf("ParseConnect(%q): %v", tt.in, err)
+			continue
+		}
+		if diff := cmp.Diff(tt.want, got); diff != "" {
+			t.Errorf("ParseConnect(%q) (-want +got):\n%s", tt.in, diff)
+		}
+	}
+}
+
+func TestNormaliseFingerprint(t *testing.T) {
+	want := strings.Repeat("ab", 32)
+	for _, in := range []string{
+		want,
+		strings.ToUpper(want),
+		strings.TrimSuffix(strings.Repeat("AB:", 32), ":"),
+		strings.TrimSuffix(strings.Repeat("ab ", 32), " "),
+	} {
+		got, err := normaliseFingerprint(in)
+		if err != nil || got != want {
+			t.Errorf("normaliseFingerprint(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", strings.Repeat("ab", 31), strings.Repeat("zz", 32), strings.Repeat("ab", 33)} {
+		if _, err := normaliseFingerprint(in); err == nil {
+			t.Errorf("normaliseFingerprint(%q) succeeded, want an error", in)
+		}
+	}
+}
+
+func TestResolveWithSubcommandFlags(t *testing.T) {
+	fs := flag.NewFlagSet("plan", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	f := RegisterFlags(fs)
+	asJSON := fs.Bool("json", false, "print the plan as JSON")
+	if err := fs.Parse([]string{"--use-fake-backend", "--json", "--log-format", "JSON", "--log-level", "debug"}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := f.Resolve(fs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !*asJSON || c.LogFormat != "json" || c.LogLevel.String() != "DEBUG" {
+		t.Errorf("json=%v format=%q level=%v; want true, json, DEBUG", *asJSON, c.LogFormat, c.LogLevel)
+	}
+	var buf bytes.Buffer
+	Usage(&buf, fs)
+	if !strings.Contains(buf.String(), "\nOther:\n  --json\n") {
+		t.Errorf("Usage does not list the subcommand's flag under Other:\n%s", buf.String())
+	}
+}
+
+func TestUsage(t *testing.T) {
+	fs := flag.NewFlagSet("provider", flag.ContinueOnError)
+	RegisterFlags(fs)
+	var buf bytes.Buffer
+	Usage(&buf, fs)
+	text := buf.String()
+	// Every flag is listed exactly once, and only in a group.
+	fs.VisitAll(func(fl *flag.Flag) {
+		if n := strings.Count(text, "  --"+fl.Name+" ") + strings.Count(text, "  --"+fl.Name+"\n"); n != 1 {
+			t.Errorf("--%s listed %d times in Usage", fl.Name, n)
+		}
+	})
+	if strings.Contains(text, "Other:") {
+		t.Errorf("Usage has an Other group for the provider's own flags:\n%s", text)
+	}
+	var titles []string
+	for _, line := range strings.Split(text, "\n") {
+		if strings.HasSuffix(line, ":") && !strings.HasPrefix(line, " ") {
+			titles = append(titles, line)
+		}
+	}
+	want := []string{"Core:", "libvirt connection and launch parameters:", "Proxmox connection and clone parameters:", "Instance types & pricing:", "Offerings:", "Lifecycle:", "Observability & TLS:", "Fake backend (testing only):"}
+	if diff := cmp.Diff(want, titles); diff != "" {
+		t.Errorf("groups (-want +got):\n%s", diff)
+	}
+	for _, s := range []string{"  --addr string\n", "(default :9000)", "(default 0.003)", "(default 2m0s)", "(default /bin/sh)"} {
+		if !strings.Contains(text, s) {
+			t.Errorf("Usage lacks %q:\n%s", s, text)
+		}
+	}
+}
+
+func TestParseHelp(t *testing.T) {
+	var stderr bytes.Buffer
+	_, err := Parse([]string{"-h"}, &stderr)
+	if !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("Parse(-h) error = %v, want flag.ErrHelp", err)
+	}
+	if !strings.HasPrefix(stderr.String(), "Usage: provider [flags]\n\nCore:\n") {
+		t.Errorf("help output starts %q", stderr.String()[:min(60, stderr.Len())])
+	}
+}

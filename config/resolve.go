@@ -1,0 +1,419 @@
+package config
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/inventory"
+	"github.com/hashicorp/go-multierror"
+)
+
+// Parse parses args as the provider's flags and resolves them. Flag-syntax
+// errors and -h are reported by the flag package on stderr (with Usage);
+// -h yields an error wrapping flag.ErrHelp. Positional arguments are an
+// error.
+func Parse(args []string, stderr io.Writer) (*Config, error) {
+	fs := flag.NewFlagSet("provider", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: provider [flags]\n")
+		Usage(stderr, fs)
+	}
+	f := RegisterFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return nil, fmt.Errorf("parse flags: %w", err)
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q: the provider takes flags only (did you forget a -- on a flag?)", fs.Arg(0))
+	}
+	return f.Resolve(fs)
+}
+
+// problems collects configuration errors, one per line, each led by the
+// flag it concerns.
+type problems struct{ errs *multierror.Error }
+
+func (p *problems) add(flagName, format string, args ...any) {
+	p.errs = multierror.Append(p.errs, fmt.Errorf("--%s: %s", flagName, fmt.Sprintf(format, args...)))
+}
+
+// addErr adds err under flagName, one entry per problem if err is a list.
+func (p *problems) addErr(flagName string, err error) {
+	var me *multierror.Error
+	if errors.As(err, &me) {
+		for _, e := range me.Errors {
+			p.addErr(flagName, e)
+		}
+		return
+	}
+	p.add(flagName, "%s", err.Error())
+}
+
+func (p *problems) err() error {
+	if p.errs == nil {
+		return nil
+	}
+	p.errs.ErrorFormat = func(errs []error) string {
+		lines := make([]string, 0, len(errs)+1)
+		noun := "problems"
+		if len(errs) == 1 {
+			noun = "problem"
+		}
+		lines = append(lines, fmt.Sprintf("invalid configuration (%d %s):", len(errs), noun))
+		for _, e := range errs {
+			lines = append(lines, "  "+e.Error())
+		}
+		return strings.Join(lines, "\n")
+	}
+	return p.errs
+}
+
+// Resolve validates the parsed flags of fs and returns the configuration,
+// or an error listing every problem (a *multierror.Error whose entries are
+// one problem each, led by the flag's name).
+func (f *Flags) Resolve(fs *flag.FlagSet) (*Config, error) {
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	var p problems
+	c := &Config{}
+
+	c.Hypervisor = f.resolveHypervisor(set, &p)
+	proxmox := c.Hypervisor == hypervisors.ShapeProxmox
+
+	// Per-hypervisor defaults.
+	c.Provider = strings.TrimSpace(*f.provider)
+	if !set["provider"] {
+		c.Provider = string(c.Hypervisor)
+	} else if c.Provider == "" || strings.ContainsFunc(c.Provider, unicode.IsSpace) {
+		p.add("provider", "%q must be a non-empty label without whitespace, e.g. %s-dc1", *f.provider, c.Hypervisor)
+	}
+	defaultZone := *f.defaultZone
+	if !set["default-zone"] {
+		defaultZone = "local"
+		if proxmox {
+			defaultZone = "pve"
+		}
+	}
+	zoneOK := defaultZone != "" && inventory.ValidateZone(defaultZone+"-a") == nil
+	if !zoneOK && !(set["connect"] && isBareURI(*f.connect)) {
+		// (A bare --connect URI reports its own zone problem.)
+		p.add("default-zone", "%q is not a usable zone name: it must be non-empty, at most 61 bytes, without '/', ':' or whitespace", defaultZone)
+	}
+	c.Timeouts = f.resolveTimeouts(set, proxmox, &p)
+
+	f.resolveCommon(c, set, &p)
+	c.Backend = f.resolveBackend(c.Hypervisor, set, &p)
+	real := c.Backend != BackendFake
+	if !real {
+		c.Fake = Fake{Latency: *f.fakeLatency, Faults: *f.fakeFaults}
+	} else {
+		for _, name := range []string{"fake-latency", "fake-faults"} {
+			if set[name] {
+				p.add(name, "only applies to the fake backend, but the %s backend is selected; drop it or pass --use-fake-backend", c.Backend)
+			}
+		}
+	}
+
+	// Hypervisor-specific settings; realZones is nil unless a real
+	// backend's zones parsed cleanly.
+	var realZones []string
+	zonesFlag := "connect"
+	capacity := inventory.OnDemand
+	if proxmox {
+		zonesFlag = "nodes"
+		realZones = f.resolveProxmox(c, set, real, &p)
+	} else {
+		realZones, capacity = f.resolveLibvirt(c, real, defaultZone, &p)
+	}
+	resolveTLS(&c.TLS, *f.tlsCert, *f.tlsKey, *f.tlsCA, &p)
+
+	// Catalog, pricing, offerings, slots.
+	catalogOK := true
+	if *f.instanceTypes != "" {
+		cat, err := inventory.LoadCatalog(*f.instanceTypes, c.Hypervisor, c.Proxmox.TemplateVMID)
+		if err != nil {
+			catalogOK = false
+			p.addErr("instance-types", err)
+		}
+		c.Catalog = cat
+	} else {
+		c.Catalog = inventory.Builtin(c.Hypervisor, c.Proxmox.TemplateVMID)
+	}
+	explicit, err := inventory.ParsePrices(*f.prices, c.Catalog)
+	if err != nil && catalogOK {
+		p.addErr("prices", err)
+	}
+	for _, r := range []struct {
+		name string
+		v    float64
+	}{{"price-per-vcpu-hour", *f.pricePerVCPU}, {"price-per-gib-hour", *f.pricePerGiB}} {
+		if math.IsNaN(r.v) || math.IsInf(r.v, 0) || r.v < 0 {
+			p.add(r.name, "%v must be a finite number >= 0 (0 makes that dimension free)", r.v)
+		}
+	}
+	c.Pricing, _ = inventory.NewPricing(*f.pricePerVCPU, *f.pricePerGiB, explicit)
+
+	if set["seed-count"] && *f.seedCount <= 0 {
+		p.add("seed-count", "must be > 0, got %d; omit it for the default of 32", *f.seedCount)
+	}
+	if (real && realZones == nil) || (!real && !zoneOK) {
+		// The zones failed to resolve (already reported); offerings
+		// cannot be placed.
+		if p.errs == nil {
+			p.add(zonesFlag, "resolves to no zones")
+		}
+		return nil, p.err()
+	}
+	switch {
+	case !catalogOK:
+		// Offerings name catalog types; checking them now would only
+		// repeat the catalog's problems.
+	case *f.offerings != "":
+		rules := inventory.Rules{Shape: c.Hypervisor, Catalog: c.Catalog, Zones: realZones, ZoneFlag: "--" + zonesFlag}
+		offs, err := inventory.LoadOfferings(*f.offerings, rules)
+		if err != nil {
+			p.addErr("offerings", err)
+		}
+		c.Offerings = offs
+	case *f.seedCount > 0:
+		zones := realZones
+		if !real {
+			zones = []string{defaultZone + "-a", defaultZone + "-b"}
+		}
+		offs, err := inventory.DefaultOfferings(c.Hypervisor, c.Catalog, zones, *f.seedCount, capacity)
+		if err != nil {
+			p.addErr("seed-count", err)
+		}
+		c.Offerings = offs
+	}
+	if err := p.err(); err != nil {
+		return nil, err
+	}
+
+	if real {
+		c.Zones = realZones
+	} else {
+		c.Zones = []string{defaultZone + "-a", defaultZone + "-b"}
+		for _, z := range inventory.Zones(c.Offerings) {
+			if !slices.Contains(c.Zones, z) {
+				c.Zones = append(c.Zones, z)
+			}
+		}
+	}
+	c.BareMetal = len(c.Offerings) > 0
+	for _, o := range c.Offerings {
+		if o.CapacityType != inventory.BareMetal {
+			c.BareMetal = false
+		}
+	}
+	slots, err := inventory.Slots(c.Offerings, c.Catalog, c.Pricing)
+	if err != nil {
+		p.addErr("offerings", err)
+		return nil, p.err()
+	}
+	c.Slots = slots
+	return c, nil
+}
+
+// resolveHypervisor applies --hypervisor, or infers the hypervisor from
+// which hypervisor-specific flags were set.
+func (f *Flags) resolveHypervisor(set map[string]bool, p *problems) hypervisors.Shape {
+	var lv, px []string
+	for _, n := range libvirtOnly {
+		if set[n] {
+			lv = append(lv, "--"+n)
+		}
+	}
+	for _, n := range proxmoxOnly {
+		if set[n] {
+			px = append(px, "--"+n)
+		}
+	}
+	switch strings.ToLower(strings.TrimSpace(*f.hypervisor)) {
+	case "libvirt":
+		if len(px) > 0 {
+			p.add("hypervisor", "is libvirt, but Proxmox-only flags are set (%s); drop them or use --hypervisor=proxmox", strings.Join(px, ", "))
+		}
+		return hypervisors.ShapeLibvirt
+	case "proxmox":
+		if len(lv) > 0 {
+			p.add("hypervisor", "is proxmox, but libvirt-only flags are set (%s); drop them or use --hypervisor=libvirt", strings.Join(lv, ", "))
+		}
+		return hypervisors.ShapeProxmox
+	case "":
+	default:
+		p.add("hypervisor", "unknown hypervisor %q; use libvirt or proxmox (or omit it to infer from the flags)", *f.hypervisor)
+	}
+	switch {
+	case len(lv) > 0 && len(px) > 0:
+		p.add("hypervisor", "cannot infer the hypervisor: libvirt-only flags (%s) and Proxmox-only flags (%s) are both set; run one process per hypervisor and drop one side's flags, or pass --hypervisor",
+			strings.Join(lv, ", "), strings.Join(px, ", "))
+		return hypervisors.ShapeLibvirt
+	case len(px) > 0:
+		return hypervisors.ShapeProxmox
+	}
+	return hypervisors.ShapeLibvirt
+}
+
+func (f *Flags) resolveTimeouts(set map[string]bool, proxmox bool, p *problems) Timeouts {
+	t := Timeouts{Create: 5 * time.Minute, Configure: 8 * time.Minute, Drain: 15 * time.Minute, Delete: 5 * time.Minute}
+	if proxmox {
+		t.Create = 8 * time.Minute
+	}
+	for _, d := range []struct {
+		name string
+		v    *time.Duration
+		dst  *time.Duration
+	}{
+		{"create-timeout", f.createTimeout, &t.Create},
+		{"configure-timeout", f.configureTimeout, &t.Configure},
+		{"drain-timeout", f.drainTimeout, &t.Drain},
+		{"delete-timeout", f.deleteTimeout, &t.Delete},
+	} {
+		if !set[d.name] {
+			continue
+		}
+		if *d.v <= 0 {
+			p.add(d.name, "must be > 0, got %s; omit it for the default of %s", *d.v, *d.dst)
+			continue
+		}
+		*d.dst = *d.v
+	}
+	return t
+}
+
+var installationRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$`)
+
+func (f *Flags) resolveCommon(c *Config, set map[string]bool, p *problems) {
+	c.InstallationID = *f.installationID
+	if set["installation-id"] && !installationRE.MatchString(c.InstallationID) {
+		p.add("installation-id", "%q must be 1-32 lowercase letters, digits or '-', starting and ending with a letter or digit (or omit it to derive one)", c.InstallationID)
+	}
+	c.Addr = *f.addr
+	if err := checkListenAddr(c.Addr); err != nil {
+		p.add("addr", "%v", err)
+	}
+	c.MetricsAddr = *f.metricsAddr
+	if c.MetricsAddr != "" {
+		if err := checkListenAddr(c.MetricsAddr); err != nil {
+			p.add("metrics-addr", "%v (or pass an empty value to disable metrics)", err)
+		} else if c.MetricsAddr == c.Addr && !strings.HasSuffix(c.Addr, ":0") {
+			p.add("metrics-addr", "%q is also the gRPC --addr; give each listener its own port", c.MetricsAddr)
+		}
+	}
+	c.Reflection = *f.reflection
+	c.StatePath = *f.state
+	switch strings.ToLower(*f.logFormat) {
+	case "text", "json":
+		c.LogFormat = strings.ToLower(*f.logFormat)
+	default:
+		p.add("log-format", "unknown format %q; use text or json", *f.logFormat)
+	}
+	switch strings.ToLower(*f.logLevel) {
+	case "debug":
+		c.LogLevel = slog.LevelDebug
+	case "info":
+		c.LogLevel = slog.LevelInfo
+	case "warn":
+		c.LogLevel = slog.LevelWarn
+	case "error":
+		c.LogLevel = slog.LevelError
+	default:
+		p.add("log-level", "unknown level %q; use debug, info, warn or error", *f.logLevel)
+	}
+	c.ReconcileInterval = *f.reconcileInterval
+	if c.ReconcileInterval < 0 {
+		p.add("reconcile-interval", "must be >= 0 (0 turns background reconcile off), got %s", c.ReconcileInterval)
+	}
+	c.MaxConcurrentPerZone = *f.maxConcurrentPerZone
+	if c.MaxConcurrentPerZone <= 0 {
+		p.add("max-concurrent-per-zone", "must be > 0, got %d", c.MaxConcurrentPerZone)
+	}
+	c.ShutdownGrace = *f.shutdownGrace
+	if c.ShutdownGrace < 0 {
+		p.add("shutdown-grace", "must be >= 0, got %s", c.ShutdownGrace)
+	}
+	if *f.fakeLatency < 0 {
+		p.add("fake-latency", "must be >= 0 (0 = instant), got %s", *f.fakeLatency)
+	}
+	if *f.nodeReadyExec != "" {
+		argv, err := parseArgv(*f.nodeReadyExec)
+		if err != nil {
+			p.add("node-ready-exec", "%v", err)
+		}
+		c.NodeReadyExec = argv
+	}
+}
+
+// checkListenAddr reports why addr is not a host:port to listen on.
+func checkListenAddr(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port (e.g. :9000 or 127.0.0.1:9000)", addr)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("%q has port %q; use a number from 0 to 65535", addr, port)
+	}
+	return nil
+}
+
+// parseArgv splits a comma-separated argv; empty elements are errors.
+func parseArgv(s string) ([]string, error) {
+	argv := strings.Split(s, ",")
+	for i, a := range argv {
+		if strings.TrimSpace(a) == "" {
+			return nil, fmt.Errorf("%q has an empty element at position %d; write the argv as program,arg1,arg2 (arguments cannot contain commas)", s, i)
+		}
+	}
+	return argv, nil
+}
+
+// resolveBackend picks the substrate from --libvirt-backend or
+// --proxmox-backend, --use-fake-backend and whether the real backend's
+// connection flag is set.
+func (f *Flags) resolveBackend(shape hypervisors.Shape, set map[string]bool, p *problems) string {
+	name, value, realName, conn := "libvirt-backend", *f.libvirtBackend, BackendLibvirt, "connect"
+	connSet := strings.TrimSpace(*f.connect) != ""
+	if shape == hypervisors.ShapeProxmox {
+		name, value, realName, conn = "proxmox-backend", *f.proxmoxBackend, BackendProxmox, "proxmox-api-url"
+		connSet = strings.TrimSpace(*f.apiURL) != ""
+	}
+	switch v := strings.ToLower(strings.TrimSpace(value)); v {
+	case "fake":
+		return BackendFake
+	case realName:
+		if *f.useFake {
+			p.add("use-fake-backend", "contradicts --%s=%s; drop one of them", name, realName)
+			return BackendFake
+		}
+		return realName
+	case "auto", "":
+		switch {
+		case *f.useFake:
+			return BackendFake
+		case connSet:
+			return realName
+		}
+		p.add(name, "is auto but no --%s is set, so there is no real %s to manage: pass --%s to use real %s, or pass --use-fake-backend to run on the built-in simulator",
+			conn, map[string]string{BackendLibvirt: "libvirt host", BackendProxmox: "Proxmox cluster"}[realName], conn, map[string]string{BackendLibvirt: "hosts", BackendProxmox: "Proxmox"}[realName])
+		return BackendFake
+	default:
+		p.add(name, "unknown backend %q; use %s, fake or auto", value, realName)
+		if *f.useFake {
+			return BackendFake
+		}
+		return realName
+	}
+}

@@ -1,0 +1,227 @@
+package inventory
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strconv"
+
+	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/hashicorp/go-multierror"
+)
+
+// InstanceType is a named VM flavour. TemplateVMID is the Proxmox template
+// a clone of this type is made from; it is zero for libvirt types.
+type InstanceType struct {
+	Name         string `json:"name"`
+	VCPU         int    `json:"vcpu"`
+	MemoryMiB    int    `json:"memory_mib"`
+	TemplateVMID int    `json:"template_vmid,omitempty"`
+}
+
+// Catalog maps an instance-type name to its definition; the key always
+// equals the value's Name.
+type Catalog map[string]InstanceType
+
+// Builtin returns the built-in catalog for a hypervisor shape: kvm.small,
+// kvm.medium, kvm.large and kvm.xlarge for libvirt, and the pve.* twins for
+// Proxmox, all cloning templateVMID. templateVMID is ignored for libvirt.
+func Builtin(shape hypervisors.Shape, templateVMID int) Catalog {
+	prefix := TypePrefix(shape)
+	if shape != hypervisors.ShapeProxmox {
+		templateVMID = 0
+	}
+	c := Catalog{}
+	for _, s := range []struct {
+		size      string
+		vcpu, mib int
+	}{{"small", 2, 4096}, {"medium", 4, 8192}, {"large", 8, 16384}, {"xlarge", 16, 32768}} {
+		name := prefix + s.size
+		c[name] = InstanceType{Name: name, VCPU: s.vcpu, MemoryMiB: s.mib, TemplateVMID: templateVMID}
+	}
+	return c
+}
+
+// TypePrefix is the name prefix of the built-in types of a shape: "kvm."
+// for libvirt, "pve." for Proxmox.
+func TypePrefix(shape hypervisors.Shape) string {
+	if shape == hypervisors.ShapeProxmox {
+		return "pve."
+	}
+	return "kvm."
+}
+
+// Names returns the catalog's type names in byte-wise order.
+func (c Catalog) Names() []string {
+	names := make([]string, 0, len(c))
+	for n := range c {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// BySize returns the catalog's types ordered by vCPU count, then name.
+func (c Catalog) BySize() []InstanceType {
+	types := make([]InstanceType, 0, len(c))
+	for _, it := range c {
+		types = append(types, it)
+	}
+	sort.Slice(types, func(i, j int) bool {
+		if types[i].VCPU != types[j].VCPU {
+			return types[i].VCPU < types[j].VCPU
+		}
+		return types[i].Name < types[j].Name
+	})
+	return types
+}
+
+// Proxmox VMIDs live in [MinVMID, MaxVMID]; anything else is rejected by
+// the Proxmox API.
+const (
+	MinVMID = 100
+	MaxVMID = 999999999
+)
+
+// ValidateTemplateVMID reports why vmid cannot name a Proxmox template.
+func ValidateTemplateVMID(vmid int) error {
+	if vmid < MinVMID || vmid > MaxVMID {
+		return fmt.Errorf("template VMID %d is outside the Proxmox VMID range %d..%d", vmid, MinVMID, MaxVMID)
+	}
+	return nil
+}
+
+// catalogEntry is the JSON form of one catalog entry. Pointers tell an
+// omitted key from a zero value.
+type catalogEntry struct {
+	VCPU         *int `json:"vcpu"`
+	MemoryMiB    *int `json:"memory_mib"`
+	TemplateVMID *int `json:"template_vmid"`
+}
+
+// LoadCatalog reads and parses a catalog file (see ParseCatalog). Every
+// problem is reported on its own, led by the file's path.
+func LoadCatalog(path string, shape hypervisors.Shape, templateVMID int) (Catalog, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read instance types: %w", err)
+	}
+	c, err := ParseCatalog(data, shape, templateVMID)
+	if err != nil {
+		return nil, inFile(path, err)
+	}
+	return c, nil
+}
+
+// ParseCatalog decodes a JSON object of name -> {vcpu, memory_mib[,
+// template_vmid]} that replaces the built-in catalog. Decoding is strict:
+// unknown keys, duplicate names, trailing data and an empty object are
+// errors. vcpu and memory_mib are required and positive. template_vmid is
+// accepted only for Proxmox, where zero or omitted means templateVMID.
+// Every problem found is reported.
+func ParseCatalog(data []byte, shape hypervisors.Shape, templateVMID int) (Catalog, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if tok, err := dec.Token(); err != nil {
+		return nil, notJSON(err)
+	} else if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return nil, errors.New(`must be a JSON object of name -> {"vcpu": N, "memory_mib": N}`)
+	}
+	var errs *multierror.Error
+	c := Catalog{}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, notJSON(err)
+		}
+		name := tok.(string) // object keys are always strings
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil, fmt.Errorf("instance type %q: %w", name, notJSON(err))
+		}
+		if seen[name] {
+			errs = multierror.Append(errs, fmt.Errorf("instance type %q is defined twice; keep one definition", name))
+			continue
+		}
+		seen[name] = true
+		if err := ValidateTypeName(name); err != nil {
+			errs = multierror.Append(errs, err)
+		}
+		it, err := parseCatalogEntry(name, raw, shape, templateVMID)
+		if err != nil {
+			errs = multierror.Append(errs, err)
+			continue
+		}
+		c[name] = it
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, notJSON(err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("trailing data after the catalog object; the file must hold exactly one JSON object")
+	}
+	if len(seen) == 0 {
+		return nil, errors.New("defines no instance types; add at least one or omit --instance-types to use the built-in catalog")
+	}
+	if err := finish(errs); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func parseCatalogEntry(name string, raw json.RawMessage, shape hypervisors.Shape, templateVMID int) (InstanceType, error) {
+	var errs *multierror.Error
+	var e catalogEntry
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&e); err != nil {
+		keys := "vcpu, memory_mib"
+		if shape == hypervisors.ShapeProxmox {
+			keys += ", template_vmid"
+		}
+		return InstanceType{}, fmt.Errorf("instance type %q: %v (allowed keys: %s)", name, jsonError(err), keys)
+	}
+	it := InstanceType{Name: name}
+	if e.VCPU == nil {
+		errs = multierror.Append(errs, errors.New("vcpu is required"))
+	} else if it.VCPU = *e.VCPU; it.VCPU <= 0 {
+		errs = multierror.Append(errs, fmt.Errorf("vcpu must be positive, got %d", it.VCPU))
+	}
+	if e.MemoryMiB == nil {
+		errs = multierror.Append(errs, errors.New("memory_mib is required"))
+	} else if it.MemoryMiB = *e.MemoryMiB; it.MemoryMiB <= 0 {
+		errs = multierror.Append(errs, fmt.Errorf("memory_mib must be positive, got %d", it.MemoryMiB))
+	}
+	switch {
+	case shape != hypervisors.ShapeProxmox:
+		if e.TemplateVMID != nil {
+			errs = multierror.Append(errs, errors.New("template_vmid is a Proxmox setting; libvirt types boot from --image, remove the key"))
+		}
+	case e.TemplateVMID == nil || *e.TemplateVMID == 0:
+		it.TemplateVMID = templateVMID
+	default:
+		it.TemplateVMID = *e.TemplateVMID
+		if err := ValidateTemplateVMID(it.TemplateVMID); err != nil {
+			errs = multierror.Append(errs, fmt.Errorf("template_vmid: %w", err))
+		}
+	}
+	if errs != nil {
+		return InstanceType{}, prefixed(fmt.Sprintf("instance type %q", name), errs.Errors)
+	}
+	return it, nil
+}
+
+// Allocatable is the hardware capacity of one machine of type it, as
+// Kubernetes quantities: cpu is the vCPU count; memory is "<n>Gi" when the
+// memory is a whole number of GiB, else "<n>Mi", so it round-trips exactly.
+func Allocatable(it InstanceType) map[string]string {
+	mem := strconv.Itoa(it.MemoryMiB) + "Mi"
+	if it.MemoryMiB%1024 == 0 {
+		mem = strconv.Itoa(it.MemoryMiB/1024) + "Gi"
+	}
+	return map[string]string{"cpu": strconv.Itoa(it.VCPU), "memory": mem}
+}
