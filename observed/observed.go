@@ -5,8 +5,10 @@
 // Invariants the planner relies on:
 //   - A zone whose listing failed has Status Unknown and no VMs; it is never
 //     reported as an empty zone, so nothing is created or destroyed there.
-//   - Owned VMs are indexed by the machine id in their ownership marker; a VM
-//     whose marker names another installation is foreign (Marker == nil).
+//   - Owned VMs are indexed by the machine id in their ownership marker.
+//     Observers set Marker for any VM carrying a BigFleet marker, whatever
+//     installation it names; VM.Owned filters by installation. A VM with no
+//     marker at all has Marker == nil.
 //   - Values are plain data: they can be copied, compared and written to
 //     golden files.
 package observed
@@ -107,6 +109,9 @@ type Zone struct {
 	VMs     []*VM     `json:"vms,omitempty" yaml:"vms,omitempty"`
 	Volumes []*Volume `json:"volumes,omitempty" yaml:"volumes,omitempty"`
 	At      time.Time `json:"at" yaml:"at"`
+	// VolumesAt is when Volumes was listed; zero when the observation did
+	// not list volumes (then an absent volume proves nothing).
+	VolumesAt time.Time `json:"volumes_at,omitempty" yaml:"volumes_at,omitempty"`
 }
 
 // Unknown returns the observation of a zone that could not be read.

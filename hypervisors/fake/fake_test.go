@@ -1,0 +1,388 @@
+package fake
+
+import (
+	"context"
+	"errors"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/observed"
+)
+
+const inst = "inst-1"
+
+func marker(machine, cluster string) observed.Marker {
+	return observed.Marker{Installation: inst, MachineID: machine, OpID: "op-" + machine, InstanceType: "kvm.small", Cluster: cluster}
+}
+
+// manualClock is a Clock tests move by hand.
+type manualClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newClock() *manualClock {
+	return &manualClock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
+}
+
+func (c *manualClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *manualClock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// errIs compares an error to a wanted class (nil: no error).
+func errIs(t *testing.T, what string, got, want error) {
+	t.Helper()
+	if want == nil && got != nil || want != nil && !errors.Is(got, want) {
+		t.Fatalf("%s: error %v, want %v", what, got, want)
+	}
+}
+
+var ignoreAt = cmpopts.IgnoreFields(observed.Zone{}, "At", "VolumesAt")
+
+// built is a running VM ready for guest-agent work, in either shape.
+type built struct {
+	h         hypervisors.Hypervisor
+	t         hypervisors.Target
+	blobPath  string
+	bootstrap []string
+	guest     func() (GuestState, bool)
+}
+
+// buildRunning creates, starts and marks (with cluster) one VM through the
+// interface, as the executor would.
+func buildRunning(t *testing.T, shape hypervisors.Shape, opts Options, cluster string) built {
+	t.Helper()
+	ctx := context.Background()
+	m := marker("m-1", "")
+	name := hypervisors.VMName(inst, "m-1", 0)
+	var b built
+	switch shape {
+	case hypervisors.ShapeLibvirt:
+		f := NewLibvirt(opts)
+		zone := f.Zones()[0]
+		mustLibvirtCreate(t, f, zone, name, m)
+		b = built{h: f, t: hypervisors.Target{Zone: zone, Name: name}, blobPath: DefaultBlobPath,
+			bootstrap: []string{DefaultBootstrapHook, cluster}}
+		b.guest = func() (GuestState, bool) { return f.Guest(b.t) }
+	case hypervisors.ShapeProxmox:
+		f := NewProxmox(opts)
+		zone := f.Zones()[0]
+		id, err := f.CloneVM(ctx, zone, hypervisors.CloneSpec{Name: name, TemplateVMID: DefaultTemplateVMID, Marker: m})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b = built{h: f, t: hypervisors.Target{Zone: zone, Name: name, VMID: id}, blobPath: DefaultBootstrapPath,
+			bootstrap: []string{"/bin/sh", DefaultBootstrapPath}}
+		if err := f.ConfigureVM(ctx, b.t, hypervisors.SizeSpec{VCPU: 2, MemoryMiB: 4096, Marker: m}); err != nil {
+			t.Fatal(err)
+		}
+		b.guest = func() (GuestState, bool) { return f.Guest(b.t) }
+	}
+	t.Cleanup(func() { b.h.Close() })
+	if err := b.h.Start(ctx, b.t); err != nil {
+		t.Fatal(err)
+	}
+	m.Cluster = cluster
+	if err := b.h.SetMarker(ctx, b.t, m); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func mustLibvirtCreate(t *testing.T, f *Libvirt, zone, name string, m observed.Marker) {
+	t.Helper()
+	ctx := context.Background()
+	if err := f.CreateOverlay(ctx, zone, hypervisors.OverlaySpec{Pool: DefaultPool, Name: hypervisors.OverlayVolume(name), BaseImage: DefaultImage}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.CreateSeed(ctx, zone, hypervisors.SeedSpec{Pool: DefaultPool, Name: hypervisors.SeedVolume(name), InstanceID: name, Hostname: name}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.DefineDomain(ctx, zone, domainSpec(name, m)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func domainSpec(name string, m observed.Marker) hypervisors.DomainSpec {
+	return hypervisors.DomainSpec{
+		Name: name, VCPU: 2, MemoryMiB: 4096, DomainType: "kvm", Pool: DefaultPool,
+		Overlay: hypervisors.OverlayVolume(name), Seed: hypervisors.SeedVolume(name), Network: DefaultNetwork, Marker: m,
+	}
+}
+
+// execResult is ExecResult with strings, for readable diffs.
+type execResult struct {
+	Code           int
+	Stdout, Stderr string
+}
+
+func exec(ctx context.Context, h hypervisors.Hypervisor, t hypervisors.Target, argv ...string) (execResult, error) {
+	r, err := h.AgentExec(ctx, t, argv)
+	return execResult{r.ExitCode, string(r.Stdout), string(r.Stderr)}, err
+}
+
+func TestGuestAgent(t *testing.T) {
+	blob := []byte("#!/bin/sh\nkubeadm join --token secret\n")
+	for _, shape := range []hypervisors.Shape{hypervisors.ShapeLibvirt, hypervisors.ShapeProxmox} {
+		t.Run(string(shape), func(t *testing.T) {
+			ctx := context.Background()
+			b := buildRunning(t, shape, Options{}, "c-1")
+			steps := []struct {
+				name string
+				argv []string
+				want execResult
+			}{
+				{"not ready before bootstrap", []string{DefaultReadyCommand}, execResult{1, "", "node not Ready\n"}},
+				{"unknown command", []string{"/usr/bin/true"}, execResult{127, "", "/usr/bin/true: command not found\n"}},
+				{"bootstrap without blob", b.bootstrap, execResult{1, "", b.bootstrap[0] + ": " + b.blobPath + ": No such file or directory\n"}},
+				{"write blob", nil, execResult{}},
+				{"bootstrap", b.bootstrap, execResult{0, "joined cluster c-1\n", ""}},
+				{"ready", []string{DefaultReadyCommand}, execResult{0, "Ready\n", ""}},
+				{"kubectl drain", []string{"/bin/sh", "-c", `kubectl drain "$(hostname)" --ignore-daemonsets`}, execResult{0, "node drained\n", ""}},
+				{"drain hook", []string{DefaultDrainCommand}, execResult{0, "node drained\n", ""}},
+			}
+			for _, s := range steps {
+				if s.argv == nil {
+					errIs(t, s.name, b.h.AgentWriteFile(ctx, b.t, b.blobPath, blob, 0o600), nil)
+					continue
+				}
+				got, err := exec(ctx, b.h, b.t, s.argv...)
+				errIs(t, s.name, err, nil)
+				if d := cmp.Diff(s.want, got); d != "" {
+					t.Errorf("%s: (-want +got)\n%s", s.name, d)
+				}
+			}
+			g, _ := b.guest()
+			want := GuestState{
+				Files:   map[string][]byte{b.blobPath: blob},
+				Modes:   map[string]os.FileMode{b.blobPath: 0o600},
+				Cluster: "c-1", Drains: 2, Cordoned: true,
+				Bootstraps: []Bootstrap{{Cluster: "c-1", Argv: b.bootstrap, Blob: blob, BlobSize: len(blob)}},
+			}
+			if d := cmp.Diff(want, g, cmpopts.IgnoreFields(Bootstrap{}, "BlobSHA256", "At")); d != "" {
+				t.Errorf("guest (-want +got)\n%s", d)
+			}
+			errIs(t, "remove blob", b.h.AgentRemoveFile(ctx, b.t, b.blobPath), nil)
+			errIs(t, "remove blob again", b.h.AgentRemoveFile(ctx, b.t, b.blobPath), nil)
+			if g, _ := b.guest(); len(g.Files) != 0 {
+				t.Errorf("files after remove: %v", g.Files)
+			}
+			errIs(t, "stop", b.h.Stop(ctx, b.t, time.Second), nil)
+			errIs(t, "ping stopped", b.h.AgentPing(ctx, b.t), hypervisors.ErrAgentNotReady)
+			_, err := exec(ctx, b.h, b.t, DefaultReadyCommand)
+			errIs(t, "exec stopped", err, hypervisors.ErrAgentNotReady)
+		})
+	}
+}
+
+func TestAgentDelay(t *testing.T) {
+	for _, shape := range []hypervisors.Shape{hypervisors.ShapeLibvirt, hypervisors.ShapeProxmox} {
+		t.Run(string(shape), func(t *testing.T) {
+			ctx := context.Background()
+			clock := newClock()
+			b := buildRunning(t, shape, Options{AgentDelay: 30 * time.Second, Clock: clock.Now}, "")
+			errIs(t, "ping at boot", b.h.AgentPing(ctx, b.t), hypervisors.ErrAgentNotReady)
+			errIs(t, "write at boot", b.h.AgentWriteFile(ctx, b.t, "/x", nil, 0o600), hypervisors.ErrAgentNotReady)
+			clock.Add(29 * time.Second)
+			errIs(t, "ping at 29s", b.h.AgentPing(ctx, b.t), hypervisors.ErrAgentNotReady)
+			clock.Add(time.Second)
+			errIs(t, "ping at 30s", b.h.AgentPing(ctx, b.t), nil)
+		})
+	}
+}
+
+func TestConformanceFaults(t *testing.T) {
+	blob := []byte("join")
+	slow := 30 * time.Millisecond
+	cases := []struct {
+		cluster   string
+		ctxLimit  time.Duration
+		bootstrap execResult
+		bootErr   error
+		drain     execResult
+		ready     execResult
+	}{
+		{
+			cluster:   "c-ok",
+			bootstrap: execResult{0, "joined cluster c-ok\n", ""},
+			drain:     execResult{0, "node drained\n", ""},
+			ready:     execResult{0, "Ready\n", ""},
+		},
+		{
+			cluster:   FaultError,
+			bootstrap: execResult{1, "", "simulated bootstrap failure (fault-error)\n"},
+			drain:     execResult{0, "node drained\n", ""},
+			ready:     execResult{1, "", "node not Ready\n"},
+		},
+		{
+			cluster:  FaultTimeout,
+			ctxLimit: 20 * time.Millisecond,
+			bootErr:  context.DeadlineExceeded,
+			drain:    execResult{0, "node drained\n", ""},
+			ready:    execResult{1, "", "node not Ready\n"},
+		},
+		{
+			cluster:  FaultSlowOK,
+			ctxLimit: slow / 3,
+			bootErr:  context.DeadlineExceeded,
+			drain:    execResult{0, "node drained\n", ""},
+			ready:    execResult{1, "", "node not Ready\n"},
+		},
+		{
+			cluster:   FaultSlowOK,
+			ctxLimit:  10 * time.Second,
+			bootstrap: execResult{0, "joined cluster fault-slow-ok\n", ""},
+			drain:     execResult{0, "node drained\n", ""},
+			ready:     execResult{0, "Ready\n", ""},
+		},
+		{
+			cluster:   FaultDrainError,
+			bootstrap: execResult{0, "joined cluster fault-drain-error\n", ""},
+			drain:     execResult{1, "", "simulated drain failure (fault-drain-error)\n"},
+			ready:     execResult{0, "Ready\n", ""},
+		},
+		{
+			cluster:   FaultReadinessBlock,
+			bootstrap: execResult{0, "joined cluster fault-readiness-block\n", ""},
+			drain:     execResult{0, "node drained\n", ""},
+			ready:     execResult{1, "", "node not Ready\n"},
+		},
+	}
+	for _, shape := range []hypervisors.Shape{hypervisors.ShapeLibvirt, hypervisors.ShapeProxmox} {
+		for _, c := range cases {
+			t.Run(string(shape)+"/"+c.cluster+"/"+c.ctxLimit.String(), func(t *testing.T) {
+				b := buildRunning(t, shape, Options{Faults: true, SlowOK: slow}, c.cluster)
+				ctx := context.Background()
+				errIs(t, "write", b.h.AgentWriteFile(ctx, b.t, b.blobPath, blob, 0o600), nil)
+				bctx := ctx
+				if c.ctxLimit > 0 {
+					var cancel context.CancelFunc
+					bctx, cancel = context.WithTimeout(ctx, c.ctxLimit)
+					defer cancel()
+				}
+				argv := append([]string(nil), b.bootstrap...)
+				if shape == hypervisors.ShapeLibvirt {
+					argv[1] = c.cluster
+				}
+				got, err := exec(bctx, b.h, b.t, argv...)
+				errIs(t, "bootstrap", err, c.bootErr)
+				if d := cmp.Diff(c.bootstrap, got); d != "" {
+					t.Errorf("bootstrap (-want +got)\n%s", d)
+				}
+				got, err = exec(ctx, b.h, b.t, DefaultReadyCommand)
+				errIs(t, "ready", err, nil)
+				if d := cmp.Diff(c.ready, got); d != "" {
+					t.Errorf("ready (-want +got)\n%s", d)
+				}
+				got, err = exec(ctx, b.h, b.t, "kubectl", "drain", "node")
+				errIs(t, "drain", err, nil)
+				if d := cmp.Diff(c.drain, got); d != "" {
+					t.Errorf("drain (-want +got)\n%s", d)
+				}
+			})
+		}
+	}
+}
+
+func TestFaultsOffIgnoresFaultClusters(t *testing.T) {
+	b := buildRunning(t, hypervisors.ShapeLibvirt, Options{}, FaultError)
+	ctx := context.Background()
+	errIs(t, "write", b.h.AgentWriteFile(ctx, b.t, b.blobPath, []byte("x"), 0o600), nil)
+	got, err := exec(ctx, b.h, b.t, b.bootstrap...)
+	errIs(t, "bootstrap", err, nil)
+	if got.Code != 0 {
+		t.Errorf("bootstrap with faults off: %+v", got)
+	}
+}
+
+func TestLatencyHonoursContext(t *testing.T) {
+	for _, h := range []hypervisors.Hypervisor{
+		NewLibvirt(Options{Latency: time.Hour}),
+		NewProxmox(Options{Latency: time.Hour}),
+	} {
+		t.Run(string(h.Shape()), func(t *testing.T) {
+			defer h.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+			defer cancel()
+			_, err := h.Observe(ctx, h.Zones()[0])
+			errIs(t, "observe", err, context.DeadlineExceeded)
+			cancelled, cancel2 := context.WithCancel(context.Background())
+			cancel2()
+			err = NewLibvirt(Options{}).Start(cancelled, hypervisors.Target{Zone: "fake-a", Name: "x"})
+			errIs(t, "dead ctx, no latency", err, context.Canceled)
+		})
+	}
+}
+
+func TestHooksAndReachability(t *testing.T) {
+	transient := errors.New("boom")
+	ctx := context.Background()
+	var seen []Call
+	var mu sync.Mutex
+	record := func(_ context.Context, c Call) error {
+		mu.Lock()
+		seen = append(seen, c)
+		mu.Unlock()
+		return nil
+	}
+	f := NewLibvirt(Options{Zones: []string{"rack1", "rack2"}, Hook: Chain(record, FailN("Observe", 2, transient))})
+	defer f.Close()
+	for i, want := range []error{transient, transient, nil, nil} {
+		_, err := f.Observe(ctx, "rack1")
+		errIs(t, "observe", err, want)
+		_ = i
+	}
+	f.SetUnreachable("rack2", true)
+	_, err := f.Observe(ctx, "rack2")
+	errIs(t, "observe unreachable", err, hypervisors.ErrUnreachable)
+	errIs(t, "start unreachable", f.Start(ctx, hypervisors.Target{Zone: "rack2", Name: "x"}), hypervisors.ErrUnreachable)
+	if d := cmp.Diff(map[string]error{"rack1": nil, "rack2": hypervisors.ErrUnreachable}, f.ZoneHealth(), cmpopts.EquateErrors()); d != "" {
+		t.Errorf("health (-want +got)\n%s", d)
+	}
+	f.SetUnreachable("rack2", false)
+	_, err = f.Observe(ctx, "rack2")
+	errIs(t, "observe reachable again", err, nil)
+
+	f.SetHook(func(_ context.Context, c Call) error {
+		if c.Op == "DefineDomain" && c.Target.Name == "bf-x" {
+			return hypervisors.ErrPermission
+		}
+		return nil
+	})
+	errIs(t, "hooked define", f.DefineDomain(ctx, "rack1", domainSpec("bf-x", marker("m", ""))), hypervisors.ErrPermission)
+	if d := cmp.Diff(map[string]int{"Observe": 6, "Start": 1, "DefineDomain": 1}, f.Calls()); d != "" {
+		t.Errorf("calls (-want +got)\n%s", d)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := []Call{
+		{Op: "Observe", Zone: "rack1", Target: hypervisors.Target{Zone: "rack1"}},
+		{Op: "Observe", Zone: "rack1", Target: hypervisors.Target{Zone: "rack1"}},
+		{Op: "Observe", Zone: "rack1", Target: hypervisors.Target{Zone: "rack1"}},
+		{Op: "Observe", Zone: "rack1", Target: hypervisors.Target{Zone: "rack1"}},
+		{Op: "Observe", Zone: "rack2", Target: hypervisors.Target{Zone: "rack2"}},
+		{Op: "Start", Zone: "rack2", Target: hypervisors.Target{Zone: "rack2", Name: "x"}},
+		{Op: "Observe", Zone: "rack2", Target: hypervisors.Target{Zone: "rack2"}},
+	}
+	if d := cmp.Diff(want, seen); d != "" {
+		t.Errorf("hook saw (-want +got)\n%s", d)
+	}
+	f.ResetCalls()
+	if len(f.Calls()) != 0 {
+		t.Errorf("calls after reset: %v", f.Calls())
+	}
+}

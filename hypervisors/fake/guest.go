@@ -1,0 +1,368 @@
+package fake
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/observed"
+)
+
+// Conformance fault names carried in a VM marker's Cluster (Options.Faults).
+const (
+	FaultError          = "fault-error"
+	FaultTimeout        = "fault-timeout"
+	FaultSlowOK         = "fault-slow-ok"
+	FaultDrainError     = "fault-drain-error"
+	FaultReadinessBlock = "fault-readiness-block"
+	// CreateFaultLabel with value "error" in DomainSpec.Labels or
+	// CloneSpec.Labels makes the create fail with ErrInvalid
+	// (Options.Faults).
+	CreateFaultLabel = "conformance.fault/create"
+)
+
+// machine is the power and guest state both shapes keep per VM.
+type machine struct {
+	Power observed.Power `json:"power"`
+	// RunningSince is when the VM last went from off to running; the
+	// guest agent connects AgentDelay after it.
+	RunningSince time.Time `json:"running_since,omitzero"`
+	Guest        guest     `json:"guest"`
+}
+
+// guest is the simulated inside of a VM.
+type guest struct {
+	// Files written through the agent; never saved (they hold the blob).
+	Files      map[string]guestFile `json:"-"`
+	Bootstraps []Bootstrap          `json:"bootstraps,omitempty"`
+	// Cluster is the cluster the node last joined.
+	Cluster  string `json:"cluster,omitempty"`
+	Drains   int    `json:"drains,omitempty"`
+	Cordoned bool   `json:"cordoned,omitempty"`
+}
+
+type guestFile struct {
+	Data []byte
+	Mode os.FileMode
+}
+
+// Bootstrap is one successful run of the simulated bootstrap hook.
+type Bootstrap struct {
+	Cluster string   `json:"cluster"`
+	Argv    []string `json:"argv"`
+	// Blob is exactly what the hook consumed; it is kept in memory only.
+	Blob       []byte    `json:"-"`
+	BlobSHA256 string    `json:"blob_sha256"`
+	BlobSize   int       `json:"blob_size"`
+	At         time.Time `json:"at"`
+}
+
+// GuestState is a copy of a VM's simulated guest.
+type GuestState struct {
+	// Files maps path to content for files written through the agent.
+	Files      map[string][]byte
+	Modes      map[string]os.FileMode
+	Bootstraps []Bootstrap
+	// Cluster is the cluster the node last joined ("" never).
+	Cluster  string
+	Drains   int
+	Cordoned bool
+}
+
+func (m *machine) powerOn(now time.Time) {
+	if m.Power != observed.PowerRunning && m.Power != observed.PowerPaused {
+		m.RunningSince = now
+	}
+	m.Power = observed.PowerRunning
+}
+
+// powerOff stops the VM; tmpfs paths (/run, /tmp) lose their files.
+func (m *machine) powerOff(p observed.Power) {
+	m.Power = p
+	m.RunningSince = time.Time{}
+	for path := range m.Guest.Files {
+		if strings.HasPrefix(path, "/run/") || strings.HasPrefix(path, "/tmp/") {
+			delete(m.Guest.Files, path)
+		}
+	}
+}
+
+func (g *guest) state() GuestState {
+	st := GuestState{
+		Files:    map[string][]byte{},
+		Modes:    map[string]os.FileMode{},
+		Cluster:  g.Cluster,
+		Drains:   g.Drains,
+		Cordoned: g.Cordoned,
+	}
+	for p, f := range g.Files {
+		st.Files[p] = bytes.Clone(f.Data)
+		st.Modes[p] = f.Mode
+	}
+	for _, b := range g.Bootstraps {
+		st.Bootstraps = append(st.Bootstraps, b.clone())
+	}
+	return st
+}
+
+func (b Bootstrap) clone() Bootstrap {
+	b.Argv = append([]string(nil), b.Argv...)
+	b.Blob = bytes.Clone(b.Blob)
+	return b
+}
+
+// resolver finds the machine behind a target; the caller holds sim.mu.
+type resolver interface {
+	machineOf(t hypervisors.Target) (*machine, *observed.Marker, error)
+}
+
+func targetName(t hypervisors.Target) string {
+	if t.VMID != 0 {
+		return fmt.Sprintf("%s/%d", t.Zone, t.VMID)
+	}
+	return t.Zone + "/" + t.Name
+}
+
+// agentReady fails unless the VM has been running for AgentDelay.
+func (s *sim) agentReady(m *machine, t hypervisors.Target) error {
+	switch {
+	case m.Power != observed.PowerRunning:
+		return fmt.Errorf("guest agent of %s: VM is %s: %w", targetName(t), m.Power, hypervisors.ErrAgentNotReady)
+	case s.now().Sub(m.RunningSince) < s.opts.AgentDelay:
+		return fmt.Errorf("guest agent of %s: not connected: %w", targetName(t), hypervisors.ErrAgentNotReady)
+	}
+	return nil
+}
+
+func (s *sim) agentPing(ctx context.Context, r resolver, t hypervisors.Target) error {
+	if err := s.enter(ctx, "AgentPing", t.Zone, t); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, _, err := r.machineOf(t)
+	if err != nil {
+		return fmt.Errorf("agent ping: %w", err)
+	}
+	return s.agentReady(m, t)
+}
+
+func (s *sim) agentWriteFile(ctx context.Context, r resolver, t hypervisors.Target, path string, data []byte, mode os.FileMode) error {
+	if err := s.enter(ctx, "AgentWriteFile", t.Zone, t); err != nil {
+		return err
+	}
+	if err := s.writable("AgentWriteFile"); err != nil {
+		return err
+	}
+	if !strings.HasPrefix(path, "/") {
+		return fmt.Errorf("agent write %s on %s: path is not absolute: %w", path, targetName(t), hypervisors.ErrInvalid)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, _, err := r.machineOf(t)
+	if err != nil {
+		return fmt.Errorf("agent write %s: %w", path, err)
+	}
+	if err := s.agentReady(m, t); err != nil {
+		return err
+	}
+	if m.Guest.Files == nil {
+		m.Guest.Files = map[string]guestFile{}
+	}
+	m.Guest.Files[path] = guestFile{Data: bytes.Clone(data), Mode: mode}
+	return nil
+}
+
+// agentRemoveFile deletes a guest file; a missing file is success.
+func (s *sim) agentRemoveFile(ctx context.Context, r resolver, t hypervisors.Target, path string) error {
+	if err := s.enter(ctx, "AgentRemoveFile", t.Zone, t); err != nil {
+		return err
+	}
+	if err := s.writable("AgentRemoveFile"); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, _, err := r.machineOf(t)
+	if err != nil {
+		return fmt.Errorf("agent remove %s: %w", path, err)
+	}
+	if err := s.agentReady(m, t); err != nil {
+		return err
+	}
+	delete(m.Guest.Files, path)
+	return nil
+}
+
+type command int
+
+const (
+	cmdUnknown command = iota
+	cmdBootstrap
+	cmdDrain
+	cmdReady
+)
+
+// classify says what the simulated guest does with argv, and for a
+// bootstrap which file holds the blob and whether argv names the cluster.
+func (s *sim) classify(argv []string) (cmd command, blobPath string, clusterArg bool) {
+	switch {
+	case argv[0] == s.opts.ReadyCommand:
+		return cmdReady, "", false
+	case argv[0] == s.opts.BootstrapHook:
+		return cmdBootstrap, s.opts.BlobPath, true
+	case argv[len(argv)-1] == s.opts.BootstrapPath:
+		return cmdBootstrap, s.opts.BootstrapPath, false
+	case argv[0] == s.opts.DrainCommand:
+		return cmdDrain, "", false
+	}
+	joined := strings.Join(argv, " ")
+	if strings.Contains(joined, "kubectl") && strings.Contains(joined, "drain") {
+		return cmdDrain, "", false
+	}
+	return cmdUnknown, "", false
+}
+
+func exited(code int, stdout, stderr string) hypervisors.ExecResult {
+	return hypervisors.ExecResult{ExitCode: code, Stdout: []byte(stdout), Stderr: []byte(stderr)}
+}
+
+// agentExec runs argv in the simulated guest. Commands that would block
+// (conformance faults) wait without holding the world lock and end with
+// ctx.
+func (s *sim) agentExec(ctx context.Context, r resolver, t hypervisors.Target, argv []string) (hypervisors.ExecResult, error) {
+	if err := s.enter(ctx, "AgentExec", t.Zone, t); err != nil {
+		return hypervisors.ExecResult{}, err
+	}
+	if err := s.writable("AgentExec"); err != nil {
+		return hypervisors.ExecResult{}, err
+	}
+	if len(argv) == 0 {
+		return hypervisors.ExecResult{}, fmt.Errorf("agent exec on %s: empty argv: %w", targetName(t), hypervisors.ErrInvalid)
+	}
+	s.mu.Lock()
+	m, marker, err := r.machineOf(t)
+	if err == nil {
+		err = s.agentReady(m, t)
+	}
+	if err != nil {
+		s.mu.Unlock()
+		return hypervisors.ExecResult{}, fmt.Errorf("agent exec %s: %w", argv[0], err)
+	}
+	fault := ""
+	if s.opts.Faults && marker != nil {
+		fault = marker.Cluster
+	}
+	cmd, blobPath, clusterArg := s.classify(argv)
+	switch cmd {
+	case cmdReady:
+		defer s.mu.Unlock()
+		if fault == FaultReadinessBlock || len(m.Guest.Bootstraps) == 0 {
+			return exited(1, "", "node not Ready\n"), nil
+		}
+		return exited(0, "Ready\n", ""), nil
+	case cmdDrain:
+		defer s.mu.Unlock()
+		if fault == FaultDrainError {
+			return exited(1, "", "simulated drain failure (fault-drain-error)\n"), nil
+		}
+		m.Guest.Drains++
+		m.Guest.Cordoned = true
+		s.changed()
+		return exited(0, "node drained\n", ""), nil
+	case cmdUnknown:
+		s.mu.Unlock()
+		return exited(127, "", argv[0]+": command not found\n"), nil
+	}
+
+	// Bootstrap.
+	cluster := ""
+	if marker != nil {
+		cluster = marker.Cluster
+	}
+	if clusterArg {
+		if len(argv) < 2 {
+			s.mu.Unlock()
+			return exited(2, "", "usage: "+argv[0]+" <cluster-id>\n"), nil
+		}
+		cluster = argv[1]
+	}
+	file, haveBlob := m.Guest.Files[blobPath]
+	blob := bytes.Clone(file.Data)
+	s.mu.Unlock()
+
+	switch fault {
+	case FaultError:
+		return exited(1, "", "simulated bootstrap failure (fault-error)\n"), nil
+	case FaultTimeout:
+		<-ctx.Done()
+		return hypervisors.ExecResult{}, fmt.Errorf("agent exec %s on %s: %w", argv[0], targetName(t), ctx.Err())
+	case FaultSlowOK:
+		if err := sleep(ctx, s.opts.SlowOK); err != nil {
+			return hypervisors.ExecResult{}, fmt.Errorf("agent exec %s on %s: %w", argv[0], targetName(t), err)
+		}
+	}
+	if !haveBlob {
+		return exited(1, "", argv[0]+": "+blobPath+": No such file or directory\n"), nil
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, _, err = r.machineOf(t)
+	if err != nil {
+		return hypervisors.ExecResult{}, fmt.Errorf("agent exec %s: %w", argv[0], err)
+	}
+	sum := sha256.Sum256(blob)
+	m.Guest.Bootstraps = append(m.Guest.Bootstraps, Bootstrap{
+		Cluster:    cluster,
+		Argv:       append([]string(nil), argv...),
+		Blob:       blob,
+		BlobSHA256: hex.EncodeToString(sum[:]),
+		BlobSize:   len(blob),
+		At:         s.now(),
+	})
+	m.Guest.Cluster = cluster
+	m.Guest.Cordoned = false
+	s.changed()
+	return exited(0, "joined cluster "+cluster+"\n", ""), nil
+}
+
+// guestState returns a copy of a VM's guest, or false if it is unknown.
+func (s *sim) guestState(r resolver, t hypervisors.Target) (GuestState, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, _, err := r.machineOf(t)
+	if err != nil {
+		return GuestState{}, false
+	}
+	return m.Guest.state(), true
+}
+
+// createFault returns the conformance create failure when enabled and
+// requested by the offering labels.
+func (s *sim) createFault(op string, labels map[string]string) error {
+	if s.opts.Faults && labels[CreateFaultLabel] == "error" {
+		return fmt.Errorf("%s: simulated create failure (%s=error): %w", op, CreateFaultLabel, hypervisors.ErrInvalid)
+	}
+	return nil
+}
+
+// sameOwner reports whether two markers name the same installation and
+// machine.
+func sameOwner(a, b *observed.Marker) bool {
+	return a != nil && b != nil && a.Installation == b.Installation && a.MachineID == b.MachineID
+}
+
+func cloneMarker(m *observed.Marker) *observed.Marker {
+	if m == nil {
+		return nil
+	}
+	c := *m
+	return &c
+}

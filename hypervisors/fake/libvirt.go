@@ -1,0 +1,891 @@
+package fake
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/observed"
+)
+
+// Libvirt simulates a set of libvirt hosts (one per zone), each with
+// storage pools, networks and domains, behind hypervisors.Hypervisor.
+type Libvirt struct {
+	hypervisors.Unsupported
+	sim
+
+	zones []string
+	hosts map[string]*lvHost
+}
+
+var (
+	_ hypervisors.Hypervisor     = (*Libvirt)(nil)
+	_ hypervisors.HealthReporter = (*Libvirt)(nil)
+)
+
+// libvirtWorld is the saved form of a Libvirt world.
+type libvirtWorld struct {
+	Version int                `json:"version"`
+	Shape   hypervisors.Shape  `json:"shape"`
+	Hosts   map[string]*lvHost `json:"hosts"`
+}
+
+type lvHost struct {
+	Networks []string                      `json:"networks"`
+	Pools    map[string]map[string]*volume `json:"pools"`
+	Domains  map[string]*domain            `json:"domains"`
+}
+
+type volume struct {
+	Name          string `json:"name"`
+	Format        string `json:"format"`
+	CapacityGiB   int    `json:"capacity_gib"`
+	Backing       string `json:"backing,omitempty"`
+	BackingFormat string `json:"backing_format,omitempty"`
+	Seed          *seed  `json:"seed,omitempty"`
+}
+
+// seed is the content of a NoCloud ISO.
+type seed struct {
+	InstanceID string `json:"instance_id"`
+	Hostname   string `json:"hostname"`
+	UserData   string `json:"user_data,omitempty"`
+}
+
+type domain struct {
+	Name       string           `json:"name"`
+	DomainType string           `json:"domain_type,omitempty"`
+	VCPU       int              `json:"vcpu"`
+	MemoryMiB  int              `json:"memory_mib"`
+	Pool       string           `json:"pool"`
+	Disks      []string         `json:"disks,omitempty"`
+	Network    string           `json:"network,omitempty"`
+	Kernel     string           `json:"kernel,omitempty"`
+	Initrd     string           `json:"initrd,omitempty"`
+	Cmdline    string           `json:"cmdline,omitempty"`
+	Marker     *observed.Marker `json:"marker,omitempty"`
+	Autostart  bool             `json:"autostart,omitempty"`
+	machine
+}
+
+// NewLibvirt returns a fresh simulated host set: every zone has the pool
+// opts.Pool holding the base image opts.Image, the network opts.Network,
+// and no domains. It never reads or writes disk (see OpenLibvirt).
+func NewLibvirt(opts Options) *Libvirt {
+	opts = opts.withDefaults()
+	opts.PersistPath = ""
+	f := newLibvirt(opts)
+	for _, z := range opts.Zones {
+		f.hosts[z] = f.newHost()
+	}
+	return f
+}
+
+func newLibvirt(opts Options) *Libvirt {
+	f := &Libvirt{zones: opts.Zones, hosts: map[string]*lvHost{}}
+	f.sim.init(opts)
+	return f
+}
+
+// LoadLibvirt returns a simulator whose world is read from a file written
+// by Save; zones in opts missing from the file are added fresh. With
+// opts.ReadOnly every mutating call fails with ErrPermission and nothing is
+// written (provider plan offline); with opts.PersistPath the world is saved
+// there after mutations.
+func LoadLibvirt(path string, opts Options) (*Libvirt, error) {
+	opts = opts.withDefaults()
+	var w libvirtWorld
+	if err := readWorld(path, hypervisors.ShapeLibvirt, &w); err != nil {
+		return nil, err
+	}
+	f := newLibvirt(opts)
+	loaded := make([]string, 0, len(w.Hosts))
+	for z, h := range w.Hosts {
+		if h == nil {
+			h = &lvHost{}
+		}
+		if h.Pools == nil {
+			h.Pools = map[string]map[string]*volume{}
+		}
+		if h.Domains == nil {
+			h.Domains = map[string]*domain{}
+		}
+		f.hosts[z] = h
+		loaded = append(loaded, z)
+	}
+	for _, z := range opts.Zones {
+		if f.hosts[z] == nil {
+			f.hosts[z] = f.newHost()
+		}
+	}
+	f.zones = mergeZones(opts.Zones, loaded)
+	f.startPersistence(f.encode)
+	return f, nil
+}
+
+// OpenLibvirt is LoadLibvirt(opts.PersistPath, opts) when that file exists
+// and a fresh world saved to opts.PersistPath otherwise.
+func OpenLibvirt(opts Options) (*Libvirt, error) {
+	if opts.PersistPath == "" {
+		return nil, fmt.Errorf("open fake libvirt: no persist path: %w", hypervisors.ErrInvalid)
+	}
+	if _, err := os.Stat(opts.PersistPath); err == nil {
+		return LoadLibvirt(opts.PersistPath, opts)
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("open fake libvirt: %w", err)
+	}
+	path := opts.PersistPath
+	f := NewLibvirt(opts)
+	if !f.opts.ReadOnly {
+		f.opts.PersistPath = path
+		f.startPersistence(f.encode)
+	}
+	return f, nil
+}
+
+func (f *Libvirt) newHost() *lvHost {
+	o := f.opts
+	return &lvHost{
+		Networks: []string{o.Network},
+		Pools: map[string]map[string]*volume{o.Pool: {
+			o.Image: {Name: o.Image, Format: o.ImageFormat, CapacityGiB: o.ImageSizeGiB},
+		}},
+		Domains: map[string]*domain{},
+	}
+}
+
+// encode marshals the world for Save and persistence.
+func (f *Libvirt) encode() ([]byte, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return json.MarshalIndent(libvirtWorld{Version: worldVersion, Shape: hypervisors.ShapeLibvirt, Hosts: f.hosts}, "", "  ")
+}
+
+// Save writes the whole world to path as JSON (atomically, mode 0600).
+func (f *Libvirt) Save(path string) error {
+	data, err := f.encode()
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(path, data)
+}
+
+// Shape returns hypervisors.ShapeLibvirt.
+func (f *Libvirt) Shape() hypervisors.Shape { return hypervisors.ShapeLibvirt }
+
+// Zones returns the configured hosts.
+func (f *Libvirt) Zones() []string { return append([]string(nil), f.zones...) }
+
+// Close waits for background work and flushes persistence. Calls after
+// Close fail with ErrUnreachable.
+func (f *Libvirt) Close() error { return f.sim.close() }
+
+// SetHook replaces the per-call hook (nil removes it); safe at any time.
+func (f *Libvirt) SetHook(h Hook) { f.sim.setHook(h) }
+
+// SetUnreachable makes every call on zone fail with ErrUnreachable (on)
+// or restores it.
+func (f *Libvirt) SetUnreachable(zone string, on bool) { f.sim.setUnreachable(zone, on) }
+
+// ZoneHealth implements hypervisors.HealthReporter.
+func (f *Libvirt) ZoneHealth() map[string]error { return f.sim.zoneHealth(f.zones) }
+
+// Calls returns how many times each operation was called.
+func (f *Libvirt) Calls() map[string]int { return f.sim.calls() }
+
+// ResetCalls zeroes the call counters.
+func (f *Libvirt) ResetCalls() { f.sim.resetCalls() }
+
+// host returns a zone's host; the caller holds mu.
+func (f *Libvirt) host(zone string) (*lvHost, error) {
+	h := f.hosts[zone]
+	if h == nil {
+		return nil, fmt.Errorf("unknown libvirt host %q: %w", zone, hypervisors.ErrInvalid)
+	}
+	return h, nil
+}
+
+func (h *lvHost) pool(zone, name string) (map[string]*volume, error) {
+	p := h.Pools[name]
+	if p == nil {
+		return nil, fmt.Errorf("storage pool %q not found on %s: %w", name, zone, hypervisors.ErrNotFound)
+	}
+	return p, nil
+}
+
+func (f *Libvirt) domain(t hypervisors.Target) (*lvHost, *domain, error) {
+	h, err := f.host(t.Zone)
+	if err != nil {
+		return nil, nil, err
+	}
+	d := h.Domains[t.Name]
+	if d == nil {
+		return h, nil, fmt.Errorf("domain %q not found on %s: %w", t.Name, t.Zone, hypervisors.ErrNotFound)
+	}
+	return h, d, nil
+}
+
+func (f *Libvirt) machineOf(t hypervisors.Target) (*machine, *observed.Marker, error) {
+	_, d, err := f.domain(t)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &d.machine, d.Marker, nil
+}
+
+func (d *domain) observe(zone string) *observed.VM {
+	return &observed.VM{
+		Zone:      zone,
+		Name:      d.Name,
+		Marker:    cloneMarker(d.Marker),
+		Power:     d.Power,
+		VCPU:      d.VCPU,
+		MemoryMiB: d.MemoryMiB,
+		Autostart: d.Autostart,
+		Volumes:   append([]string(nil), d.Disks...),
+	}
+}
+
+// Observe lists a host's domains (sorted by name) and the volumes in
+// opts.Pool whose names carry hypervisors.VolumePrefix (so VolumesAt is
+// set).
+func (f *Libvirt) Observe(ctx context.Context, zone string) (*observed.Zone, error) {
+	if err := f.enter(ctx, "Observe", zone, hypervisors.Target{Zone: zone}); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	h, err := f.host(zone)
+	if err != nil {
+		return nil, fmt.Errorf("observe %s: %w", zone, err)
+	}
+	now := f.now()
+	z := &observed.Zone{Name: zone, Status: observed.StatusOK, At: now, VolumesAt: now}
+	for _, d := range h.Domains {
+		z.VMs = append(z.VMs, d.observe(zone))
+	}
+	sort.Slice(z.VMs, func(i, j int) bool { return z.VMs[i].Name < z.VMs[j].Name })
+	for _, v := range h.Pools[f.opts.Pool] {
+		if strings.HasPrefix(v.Name, hypervisors.VolumePrefix) {
+			z.Volumes = append(z.Volumes, &observed.Volume{
+				Zone: zone, Pool: f.opts.Pool, Name: v.Name, Format: v.Format, BackingFormat: v.BackingFormat,
+			})
+		}
+	}
+	sort.Slice(z.Volumes, func(i, j int) bool { return z.Volumes[i].Name < z.Volumes[j].Name })
+	return z, nil
+}
+
+// Lookup re-reads one domain by name.
+func (f *Libvirt) Lookup(ctx context.Context, t hypervisors.Target) (*observed.VM, error) {
+	if err := f.enter(ctx, "Lookup", t.Zone, t); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, d, err := f.domain(t)
+	if err != nil {
+		return nil, fmt.Errorf("lookup: %w", err)
+	}
+	return d.observe(t.Zone), nil
+}
+
+// ensureVolume creates a volume or accepts an existing one of ours that
+// has the same format and backing. The caller holds mu.
+func (f *Libvirt) ensureVolume(zone string, pool map[string]*volume, want *volume) error {
+	have := pool[want.Name]
+	if have == nil {
+		pool[want.Name] = want
+		f.changed()
+		return nil
+	}
+	if !strings.HasPrefix(have.Name, hypervisors.VolumePrefix) {
+		return fmt.Errorf("volume %q on %s exists and is not ours: %w", want.Name, zone, hypervisors.ErrExists)
+	}
+	if have.Format != want.Format || have.Backing != want.Backing {
+		return fmt.Errorf("volume %q on %s exists as %s backed by %q, want %s backed by %q: %w",
+			want.Name, zone, have.Format, have.Backing, want.Format, want.Backing, hypervisors.ErrExists)
+	}
+	if want.CapacityGiB > have.CapacityGiB {
+		have.CapacityGiB = want.CapacityGiB
+		f.changed()
+	}
+	if want.Seed != nil {
+		have.Seed = want.Seed
+		f.changed()
+	}
+	return nil
+}
+
+// CreateOverlay ensures a qcow2 volume backed by the base image, declaring
+// the base image's real format as the backing format.
+func (f *Libvirt) CreateOverlay(ctx context.Context, zone string, spec hypervisors.OverlaySpec) error {
+	if err := f.enter(ctx, "CreateOverlay", zone, hypervisors.Target{Zone: zone, Name: spec.Name}); err != nil {
+		return err
+	}
+	if err := f.writable("CreateOverlay"); err != nil {
+		return err
+	}
+	if spec.Name == "" {
+		return fmt.Errorf("create overlay on %s: empty name: %w", zone, hypervisors.ErrInvalid)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	err := func() error {
+		h, err := f.host(zone)
+		if err != nil {
+			return err
+		}
+		pool, err := h.pool(zone, spec.Pool)
+		if err != nil {
+			return err
+		}
+		base := pool[spec.BaseImage]
+		if base == nil {
+			return fmt.Errorf("base image %q not found in pool %s: %w", spec.BaseImage, spec.Pool, hypervisors.ErrNotFound)
+		}
+		return f.ensureVolume(zone, pool, &volume{
+			Name:          spec.Name,
+			Format:        "qcow2",
+			CapacityGiB:   max(base.CapacityGiB, spec.MinCapacityGiB),
+			Backing:       base.Name,
+			BackingFormat: base.Format,
+		})
+	}()
+	if err != nil {
+		return fmt.Errorf("create overlay %s on %s: %w", spec.Name, zone, err)
+	}
+	return nil
+}
+
+// CreateSeed ensures a NoCloud ISO volume.
+func (f *Libvirt) CreateSeed(ctx context.Context, zone string, spec hypervisors.SeedSpec) error {
+	if err := f.enter(ctx, "CreateSeed", zone, hypervisors.Target{Zone: zone, Name: spec.Name}); err != nil {
+		return err
+	}
+	if err := f.writable("CreateSeed"); err != nil {
+		return err
+	}
+	if spec.Name == "" {
+		return fmt.Errorf("create seed on %s: empty name: %w", zone, hypervisors.ErrInvalid)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	err := func() error {
+		h, err := f.host(zone)
+		if err != nil {
+			return err
+		}
+		pool, err := h.pool(zone, spec.Pool)
+		if err != nil {
+			return err
+		}
+		return f.ensureVolume(zone, pool, &volume{
+			Name:        spec.Name,
+			Format:      "iso",
+			CapacityGiB: 1,
+			Seed:        &seed{InstanceID: spec.InstanceID, Hostname: spec.Hostname, UserData: spec.UserData},
+		})
+	}()
+	if err != nil {
+		return fmt.Errorf("create seed %s on %s: %w", spec.Name, zone, err)
+	}
+	return nil
+}
+
+// DefineDomain defines a domain or, when one of that name carries the
+// same installation and machine in its marker, redefines it (power,
+// autostart and guest are kept).
+func (f *Libvirt) DefineDomain(ctx context.Context, zone string, spec hypervisors.DomainSpec) error {
+	if err := f.enter(ctx, "DefineDomain", zone, hypervisors.Target{Zone: zone, Name: spec.Name}); err != nil {
+		return err
+	}
+	if err := f.writable("DefineDomain"); err != nil {
+		return err
+	}
+	if err := f.createFault("define "+spec.Name, spec.Labels); err != nil {
+		return err
+	}
+	switch {
+	case spec.Name == "" || spec.VCPU <= 0 || spec.MemoryMiB <= 0:
+		return fmt.Errorf("define %q on %s: name, vcpu and memory are required: %w", spec.Name, zone, hypervisors.ErrInvalid)
+	case spec.Marker.Installation == "" || spec.Marker.MachineID == "":
+		return fmt.Errorf("define %s on %s: marker without installation or machine id: %w", spec.Name, zone, hypervisors.ErrInvalid)
+	case spec.Overlay == "":
+		return fmt.Errorf("define %s on %s: no overlay disk: %w", spec.Name, zone, hypervisors.ErrInvalid)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	err := func() error {
+		h, err := f.host(zone)
+		if err != nil {
+			return err
+		}
+		pool, err := h.pool(zone, spec.Pool)
+		if err != nil {
+			return err
+		}
+		disks := []string{spec.Overlay}
+		if spec.Seed != "" {
+			disks = append(disks, spec.Seed)
+		}
+		for _, v := range disks {
+			if pool[v] == nil {
+				return fmt.Errorf("volume %q not found in pool %s: %w", v, spec.Pool, hypervisors.ErrNotFound)
+			}
+		}
+		marker := spec.Marker
+		d := h.Domains[spec.Name]
+		if d == nil {
+			d = &domain{Name: spec.Name, machine: machine{Power: observed.PowerStopped}}
+			h.Domains[spec.Name] = d
+		} else if !sameOwner(d.Marker, &marker) {
+			return fmt.Errorf("domain %q exists and is not this machine's: %w", spec.Name, hypervisors.ErrExists)
+		}
+		d.DomainType, d.VCPU, d.MemoryMiB = spec.DomainType, spec.VCPU, spec.MemoryMiB
+		d.Pool, d.Disks, d.Network = spec.Pool, disks, spec.Network
+		d.Kernel, d.Initrd, d.Cmdline = spec.Kernel, spec.Initrd, spec.Cmdline
+		d.Marker = &marker
+		f.changed()
+		return nil
+	}()
+	if err != nil {
+		return fmt.Errorf("define %s on %s: %w", spec.Name, zone, err)
+	}
+	return nil
+}
+
+// UndefineDomain removes a stopped domain's definition (its volumes stay).
+// A missing domain is success; a running or paused one is ErrInvalid.
+func (f *Libvirt) UndefineDomain(ctx context.Context, t hypervisors.Target) error {
+	if err := f.enter(ctx, "UndefineDomain", t.Zone, t); err != nil {
+		return err
+	}
+	if err := f.writable("UndefineDomain"); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	h, d, err := f.domain(t)
+	if errors.Is(err, hypervisors.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("undefine: %w", err)
+	}
+	if d.Power == observed.PowerRunning || d.Power == observed.PowerPaused {
+		return fmt.Errorf("undefine %s: domain is %s, stop it first: %w", targetName(t), d.Power, hypervisors.ErrInvalid)
+	}
+	delete(h.Domains, t.Name)
+	f.changed()
+	return nil
+}
+
+// DeleteVolume deletes one of our volumes; a missing one is success. A
+// volume without our prefix is ErrNotOwned, one attached to a running or
+// paused domain ErrInvalid.
+func (f *Libvirt) DeleteVolume(ctx context.Context, zone, pool, name string) error {
+	if err := f.enter(ctx, "DeleteVolume", zone, hypervisors.Target{Zone: zone, Name: name}); err != nil {
+		return err
+	}
+	if err := f.writable("DeleteVolume"); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	err := func() error {
+		h, err := f.host(zone)
+		if err != nil {
+			return err
+		}
+		p, err := h.pool(zone, pool)
+		if err != nil {
+			return err
+		}
+		if p[name] == nil {
+			return nil
+		}
+		if !strings.HasPrefix(name, hypervisors.VolumePrefix) {
+			return fmt.Errorf("volume %q is not ours: %w", name, hypervisors.ErrNotOwned)
+		}
+		for _, d := range h.Domains {
+			if d.Pool == pool && slices.Contains(d.Disks, name) &&
+				(d.Power == observed.PowerRunning || d.Power == observed.PowerPaused) {
+				return fmt.Errorf("volume %q is in use by %s domain %s: %w", name, d.Power, d.Name, hypervisors.ErrInvalid)
+			}
+		}
+		delete(p, name)
+		f.changed()
+		return nil
+	}()
+	if err != nil {
+		return fmt.Errorf("delete volume %s/%s on %s: %w", pool, name, zone, err)
+	}
+	return nil
+}
+
+// Start boots a domain (a paused one is resumed; a running one is left
+// alone). It fails with ErrNotFound when a disk, its backing image or the
+// network is gone.
+func (f *Libvirt) Start(ctx context.Context, t hypervisors.Target) error {
+	if err := f.enter(ctx, "Start", t.Zone, t); err != nil {
+		return err
+	}
+	if err := f.writable("Start"); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	h, d, err := f.domain(t)
+	if err != nil {
+		return fmt.Errorf("start: %w", err)
+	}
+	if d.Power == observed.PowerRunning {
+		return nil
+	}
+	if d.Power != observed.PowerPaused {
+		pool := h.Pools[d.Pool]
+		for _, name := range d.Disks {
+			v := pool[name]
+			if v == nil {
+				return fmt.Errorf("start %s: cannot access storage file %s/%s: %w", targetName(t), d.Pool, name, hypervisors.ErrNotFound)
+			}
+			if v.Backing != "" && pool[v.Backing] == nil {
+				return fmt.Errorf("start %s: cannot access backing file %s of %s: %w", targetName(t), v.Backing, name, hypervisors.ErrNotFound)
+			}
+		}
+		if d.Network != "" && !slices.Contains(h.Networks, d.Network) {
+			return fmt.Errorf("start %s: network %q not found: %w", targetName(t), d.Network, hypervisors.ErrNotFound)
+		}
+	}
+	d.powerOn(f.now())
+	f.changed()
+	return nil
+}
+
+// Resume resumes a paused domain; a running one is left alone, a stopped
+// one is ErrInvalid.
+func (f *Libvirt) Resume(ctx context.Context, t hypervisors.Target) error {
+	if err := f.enter(ctx, "Resume", t.Zone, t); err != nil {
+		return err
+	}
+	if err := f.writable("Resume"); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, d, err := f.domain(t)
+	if err != nil {
+		return fmt.Errorf("resume: %w", err)
+	}
+	switch d.Power {
+	case observed.PowerRunning:
+		return nil
+	case observed.PowerPaused:
+		d.powerOn(f.now())
+		f.changed()
+		return nil
+	}
+	return fmt.Errorf("resume %s: domain is %s: %w", targetName(t), d.Power, hypervisors.ErrInvalid)
+}
+
+// Stop shuts a domain down. A running guest honours the ACPI request at
+// once; a paused guest cannot, so it is powered off after grace. A stopped,
+// crashed or missing domain is success.
+func (f *Libvirt) Stop(ctx context.Context, t hypervisors.Target, grace time.Duration) error {
+	if err := f.enter(ctx, "Stop", t.Zone, t); err != nil {
+		return err
+	}
+	if err := f.writable("Stop"); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	_, d, err := f.domain(t)
+	if errors.Is(err, hypervisors.ErrNotFound) {
+		f.mu.Unlock()
+		return nil
+	}
+	if err != nil {
+		f.mu.Unlock()
+		return fmt.Errorf("stop: %w", err)
+	}
+	paused := d.Power == observed.PowerPaused
+	f.mu.Unlock()
+	if paused {
+		if err := sleep(ctx, grace); err != nil {
+			return fmt.Errorf("stop %s: waiting for shutdown: %w", targetName(t), err)
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, d, err = f.domain(t); err != nil {
+		return nil
+	}
+	if d.Power != observed.PowerStopped {
+		d.powerOff(observed.PowerStopped)
+		f.changed()
+	}
+	return nil
+}
+
+// SetAutostart sets the domain's autostart flag.
+func (f *Libvirt) SetAutostart(ctx context.Context, t hypervisors.Target, on bool) error {
+	if err := f.enter(ctx, "SetAutostart", t.Zone, t); err != nil {
+		return err
+	}
+	if err := f.writable("SetAutostart"); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, d, err := f.domain(t)
+	if err != nil {
+		return fmt.Errorf("set autostart: %w", err)
+	}
+	if d.Autostart != on {
+		d.Autostart = on
+		f.changed()
+	}
+	return nil
+}
+
+// SetMarker rewrites the domain's marker. It refuses (ErrNotOwned) a
+// domain whose marker is missing or names another installation or
+// machine.
+func (f *Libvirt) SetMarker(ctx context.Context, t hypervisors.Target, m observed.Marker) error {
+	if err := f.enter(ctx, "SetMarker", t.Zone, t); err != nil {
+		return err
+	}
+	if err := f.writable("SetMarker"); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, d, err := f.domain(t)
+	if err != nil {
+		return fmt.Errorf("set marker: %w", err)
+	}
+	if !sameOwner(d.Marker, &m) {
+		return fmt.Errorf("set marker on %s: %w", targetName(t), hypervisors.ErrNotOwned)
+	}
+	d.Marker = &m
+	f.changed()
+	return nil
+}
+
+// AgentPing returns ErrAgentNotReady unless the domain has been running
+// for opts.AgentDelay.
+func (f *Libvirt) AgentPing(ctx context.Context, t hypervisors.Target) error {
+	return f.agentPing(ctx, f, t)
+}
+
+// AgentWriteFile stores a file in the simulated guest.
+func (f *Libvirt) AgentWriteFile(ctx context.Context, t hypervisors.Target, path string, data []byte, mode os.FileMode) error {
+	return f.agentWriteFile(ctx, f, t, path, data, mode)
+}
+
+// AgentRemoveFile deletes a file in the simulated guest (missing: success).
+func (f *Libvirt) AgentRemoveFile(ctx context.Context, t hypervisors.Target, path string) error {
+	return f.agentRemoveFile(ctx, f, t, path)
+}
+
+// AgentExec runs argv in the simulated guest (see package doc).
+func (f *Libvirt) AgentExec(ctx context.Context, t hypervisors.Target, argv []string) (hypervisors.ExecResult, error) {
+	return f.agentExec(ctx, f, t, argv)
+}
+
+// Guest returns a copy of a domain's simulated guest.
+func (f *Libvirt) Guest(t hypervisors.Target) (GuestState, bool) { return f.guestState(f, t) }
+
+// GuestFile returns a file written into a domain's guest.
+func (f *Libvirt) GuestFile(t hypervisors.Target, path string) ([]byte, bool) {
+	g, ok := f.guestState(f, t)
+	data, found := g.Files[path]
+	return data, ok && found
+}
+
+// Bootstraps returns the successful bootstrap runs of a domain, oldest
+// first.
+func (f *Libvirt) Bootstraps(t hypervisors.Target) []Bootstrap {
+	g, _ := f.guestState(f, t)
+	return g.Bootstraps
+}
+
+// Volume is a simulated volume as Volumes reports it.
+type Volume struct {
+	Pool          string
+	Name          string
+	Format        string
+	CapacityGiB   int
+	Backing       string
+	BackingFormat string
+	// Seed content, for NoCloud ISOs.
+	InstanceID string
+	Hostname   string
+	UserData   string
+}
+
+// Volumes returns every volume on a host (all pools, the base image
+// included), sorted by pool and name.
+func (f *Libvirt) Volumes(zone string) []Volume {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	h := f.hosts[zone]
+	if h == nil {
+		return nil
+	}
+	var out []Volume
+	for pool, vols := range h.Pools {
+		for _, v := range vols {
+			vv := Volume{Pool: pool, Name: v.Name, Format: v.Format, CapacityGiB: v.CapacityGiB, Backing: v.Backing, BackingFormat: v.BackingFormat}
+			if v.Seed != nil {
+				vv.InstanceID, vv.Hostname, vv.UserData = v.Seed.InstanceID, v.Seed.Hostname, v.Seed.UserData
+			}
+			out = append(out, vv)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Pool != out[j].Pool {
+			return out[i].Pool < out[j].Pool
+		}
+		return out[i].Name < out[j].Name
+	})
+	return out
+}
+
+// Out-of-band changes: what an operator or the host does behind the
+// provider's back. They are not hypervisor calls (no latency, hook, count
+// or reachability check).
+
+// oob applies change to a domain under the lock.
+func (f *Libvirt) oob(t hypervisors.Target, change func(h *lvHost, d *domain)) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	h, d, err := f.domain(t)
+	if err != nil {
+		return err
+	}
+	change(h, d)
+	f.changed()
+	return nil
+}
+
+// StopVM powers a domain off out of band.
+func (f *Libvirt) StopVM(t hypervisors.Target) error {
+	return f.oob(t, func(_ *lvHost, d *domain) { d.powerOff(observed.PowerStopped) })
+}
+
+// CrashVM makes a domain crash out of band.
+func (f *Libvirt) CrashVM(t hypervisors.Target) error {
+	return f.oob(t, func(_ *lvHost, d *domain) { d.powerOff(observed.PowerCrashed) })
+}
+
+// PauseVM pauses a running domain out of band.
+func (f *Libvirt) PauseVM(t hypervisors.Target) error {
+	return f.oob(t, func(_ *lvHost, d *domain) {
+		if d.Power == observed.PowerRunning {
+			d.Power = observed.PowerPaused
+		}
+	})
+}
+
+// ResizeVM changes a domain's vCPU count and memory out of band.
+func (f *Libvirt) ResizeVM(t hypervisors.Target, vcpu, memoryMiB int) error {
+	return f.oob(t, func(_ *lvHost, d *domain) { d.VCPU, d.MemoryMiB = vcpu, memoryMiB })
+}
+
+// RemoveVM destroys and undefines a domain and deletes its volumes out of
+// band, without any check.
+func (f *Libvirt) RemoveVM(t hypervisors.Target) error {
+	return f.oob(t, func(h *lvHost, d *domain) {
+		for _, v := range d.Disks {
+			delete(h.Pools[d.Pool], v)
+		}
+		delete(h.Domains, d.Name)
+	})
+}
+
+// RemoveVolume deletes any volume out of band (the base image included).
+func (f *Libvirt) RemoveVolume(zone, pool, name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	h, err := f.host(zone)
+	if err != nil {
+		return err
+	}
+	p, err := h.pool(zone, pool)
+	if err != nil {
+		return err
+	}
+	if p[name] == nil {
+		return fmt.Errorf("volume %s/%s on %s: %w", pool, name, zone, hypervisors.ErrNotFound)
+	}
+	delete(p, name)
+	f.changed()
+	return nil
+}
+
+// AddOwnedVM places a complete domain as the provider would have built it
+// (overlay and seed volumes named after it, marker m, 2 vCPU, 2048 MiB,
+// power as given; running means running since now).
+func (f *Libvirt) AddOwnedVM(zone, name string, m observed.Marker, power observed.Power) error {
+	return f.addVM(zone, name, &m, power, true)
+}
+
+// AddForeignVM places a running domain that is not ours: no marker (m ==
+// nil) or another installation's or machine's marker. Its disk is the
+// volume "foreign-<name>.qcow2", which lacks our prefix.
+func (f *Libvirt) AddForeignVM(zone, name string, m *observed.Marker) error {
+	return f.addVM(zone, name, cloneMarker(m), observed.PowerRunning, false)
+}
+
+func (f *Libvirt) addVM(zone, name string, m *observed.Marker, power observed.Power, owned bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	h, err := f.host(zone)
+	if err != nil {
+		return err
+	}
+	if h.Domains[name] != nil {
+		return fmt.Errorf("add %s on %s: %w", name, zone, hypervisors.ErrExists)
+	}
+	pool := h.Pools[f.opts.Pool]
+	base := pool[f.opts.Image]
+	overlay := "foreign-" + name + ".qcow2"
+	disks := []string{overlay}
+	if owned {
+		overlay = hypervisors.OverlayVolume(name)
+		disks = []string{overlay, hypervisors.SeedVolume(name)}
+		pool[disks[1]] = &volume{Name: disks[1], Format: "iso", CapacityGiB: 1, Seed: &seed{InstanceID: name, Hostname: name}}
+	}
+	ov := &volume{Name: overlay, Format: "qcow2", CapacityGiB: f.opts.ImageSizeGiB}
+	if base != nil {
+		ov.Backing, ov.BackingFormat = base.Name, base.Format
+	}
+	pool[overlay] = ov
+	d := &domain{
+		Name: name, DomainType: "kvm", VCPU: 2, MemoryMiB: 2048,
+		Pool: f.opts.Pool, Disks: disks, Network: f.opts.Network, Marker: m,
+		machine: machine{Power: observed.PowerStopped},
+	}
+	switch power {
+	case observed.PowerRunning:
+		d.powerOn(f.now())
+	case observed.PowerPaused:
+		d.powerOn(f.now())
+		d.Power = observed.PowerPaused
+	case "":
+	default:
+		d.Power = power
+	}
+	h.Domains[name] = d
+	f.changed()
+	return nil
+}

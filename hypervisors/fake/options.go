@@ -1,0 +1,132 @@
+package fake
+
+import (
+	"time"
+)
+
+// Defaults applied by NewLibvirt and NewProxmox to zero Options fields.
+const (
+	DefaultPool          = "default"
+	DefaultImage         = "golden.qcow2"
+	DefaultNetwork       = "default"
+	DefaultTemplateVMID  = 9000
+	DefaultBootstrapHook = "/opt/bigfleet/bootstrap"
+	DefaultBlobPath      = "/opt/bigfleet/bootstrap.blob"
+	DefaultBootstrapPath = "/run/bigfleet-bootstrap"
+	DefaultDrainCommand  = "/opt/bigfleet/drain"
+	DefaultReadyCommand  = "/opt/bigfleet/node-ready"
+	// DefaultPersistDebounce is how long a mutation waits for more
+	// mutations before the world is saved to Options.PersistPath.
+	DefaultPersistDebounce = 200 * time.Millisecond
+	// FirstVMID is the lowest VMID the Proxmox simulator allocates.
+	FirstVMID = 100
+)
+
+// Options configure a simulator. The zero value is usable.
+type Options struct {
+	// Zones are the libvirt hosts or Proxmox nodes (default: "fake-a",
+	// "fake-b").
+	Zones []string
+
+	// Libvirt: the storage pool every host has (default "default"), the
+	// base image volume pre-existing in it (default "golden.qcow2") and its
+	// format (default "qcow2"; "raw" is the other choice), its virtual size
+	// (default 10 GiB), and the network every host has (default "default").
+	Pool           string
+	Image          string
+	ImageFormat    string
+	ImageSizeGiB   int
+	Network        string
+	BootstrapHook  string // default "/opt/bigfleet/bootstrap"
+	BlobPath       string // default "/opt/bigfleet/bootstrap.blob"
+	BootstrapPath  string // Proxmox --bootstrap-path, default "/run/bigfleet-bootstrap"
+	DrainCommand   string // default "/opt/bigfleet/drain"
+	ReadyCommand   string // default "/opt/bigfleet/node-ready"
+	TemplateVMID   int    // Proxmox template on the first zone, default 9000
+	Templates      []Template
+	TemplateVCPU   int // size of the default template, default 2
+	TemplateMemory int // MiB, default 2048
+
+	// Latency is added to every hypervisor call, and is the duration of
+	// every Proxmox task. 0 is instant. Waiting honours ctx.
+	Latency time.Duration
+	// AgentDelay is how long a VM must have been running before its guest
+	// agent answers.
+	AgentDelay time.Duration
+	// Faults enables the wire-driven conformance faults: the cluster in a
+	// VM's marker ("fault-error", "fault-timeout", "fault-slow-ok",
+	// "fault-drain-error", "fault-readiness-block") and the create label
+	// conformance.fault/create=error.
+	Faults bool
+	// SlowOK is how long the "fault-slow-ok" bootstrap runs before it
+	// succeeds.
+	SlowOK time.Duration
+
+	// Hook runs before every hypervisor call; see SetHook.
+	Hook Hook
+
+	// PersistPath, when set, is where the world is saved (debounced after
+	// every mutation, and on Close). OpenLibvirt/OpenProxmox load it.
+	PersistPath     string
+	PersistDebounce time.Duration
+	// ReadOnly makes every mutating call fail with ErrPermission and
+	// disables persistence (provider plan against a saved world).
+	ReadOnly bool
+
+	// Clock returns the current time (default time.Now). It dates guest
+	// uptime, tasks and bootstraps; latency always uses real time.
+	Clock func() time.Time
+}
+
+// Template is an extra Proxmox template VM placed at construction.
+type Template struct {
+	VMID      int    `json:"vmid"`
+	Zone      string `json:"zone"`
+	Name      string `json:"name"`
+	VCPU      int    `json:"vcpu,omitempty"`
+	MemoryMiB int    `json:"memory_mib,omitempty"`
+}
+
+func (o Options) withDefaults() Options {
+	if len(o.Zones) == 0 {
+		o.Zones = []string{"fake-a", "fake-b"}
+	} else {
+		o.Zones = append([]string(nil), o.Zones...)
+	}
+	def := func(s *string, v string) {
+		if *s == "" {
+			*s = v
+		}
+	}
+	def(&o.Pool, DefaultPool)
+	def(&o.Image, DefaultImage)
+	def(&o.ImageFormat, "qcow2")
+	def(&o.Network, DefaultNetwork)
+	def(&o.BootstrapHook, DefaultBootstrapHook)
+	def(&o.BlobPath, DefaultBlobPath)
+	def(&o.BootstrapPath, DefaultBootstrapPath)
+	def(&o.DrainCommand, DefaultDrainCommand)
+	def(&o.ReadyCommand, DefaultReadyCommand)
+	if o.ImageSizeGiB == 0 {
+		o.ImageSizeGiB = 10
+	}
+	if o.TemplateVMID == 0 {
+		o.TemplateVMID = DefaultTemplateVMID
+	}
+	if o.TemplateVCPU == 0 {
+		o.TemplateVCPU = 2
+	}
+	if o.TemplateMemory == 0 {
+		o.TemplateMemory = 2048
+	}
+	if o.PersistDebounce == 0 {
+		o.PersistDebounce = DefaultPersistDebounce
+	}
+	if o.Clock == nil {
+		o.Clock = time.Now
+	}
+	if o.ReadOnly {
+		o.PersistPath = ""
+	}
+	return o
+}
