@@ -98,6 +98,9 @@ type DomainSpec struct {
 	Initrd  string          `json:"initrd,omitempty" yaml:"initrd,omitempty"`
 	Cmdline string          `json:"cmdline,omitempty" yaml:"cmdline,omitempty"`
 	Marker  observed.Marker `json:"marker" yaml:"marker"`
+	// Labels are the slot's offering labels (the simulator reads its
+	// conformance fault labels from them; real adapters ignore them).
+	Labels map[string]string `json:"labels,omitempty" yaml:"labels,omitempty"`
 }
 
 // CloneSpec is a Proxmox full clone of a template onto a node.

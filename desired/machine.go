@@ -1,0 +1,180 @@
+package desired
+
+import (
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// State is a machine's lifecycle state. The numbers equal the wire enum
+// bigfleet.v1alpha1.MachineState so conversion is a cast.
+type State int32
+
+const (
+	Speculative State = 1
+	Creating    State = 2
+	Idle        State = 3
+	Configuring State = 4
+	Configured  State = 5
+	Draining    State = 6
+	Deleting    State = 7
+	Failed      State = 8
+)
+
+var stateNames = map[State]string{
+	Speculative: "SPECULATIVE", Creating: "CREATING", Idle: "IDLE",
+	Configuring: "CONFIGURING", Configured: "CONFIGURED", Draining: "DRAINING",
+	Deleting: "DELETING", Failed: "FAILED",
+}
+
+func (s State) String() string {
+	if n, ok := stateNames[s]; ok {
+		return n
+	}
+	return "UNSPECIFIED"
+}
+
+// ParseState is the inverse of State.String.
+func ParseState(s string) (State, bool) {
+	for k, v := range stateNames {
+		if v == s {
+			return k, true
+		}
+	}
+	return 0, false
+}
+
+// Transitional reports whether s is a state a transition runs in.
+func (s State) Transitional() bool {
+	return s == Creating || s == Configuring || s == Draining || s == Deleting
+}
+
+// Kind is a mutation kind.
+type Kind string
+
+const (
+	KindCreate    Kind = "create"
+	KindConfigure Kind = "configure"
+	KindDrain     Kind = "drain"
+	KindDelete    Kind = "delete"
+)
+
+// Capacity types as spelled in offerings and the state file.
+const (
+	OnDemand  = "on_demand"
+	BareMetal = "bare_metal"
+)
+
+// Intent is the transition a machine is in. It is durable except for the
+// bootstrap blob, which lives only in memory.
+type Intent struct {
+	Kind     Kind      `json:"kind"`
+	OpID     string    `json:"op_id"`
+	Started  time.Time `json:"started"`
+	Deadline time.Time `json:"deadline"`
+	// GraceSeconds is the Drain grace period.
+	GraceSeconds int64 `json:"grace_seconds,omitempty"`
+}
+
+// OpRecord remembers the operation id accepted for a kind in the current
+// cycle and a fingerprint of its payload, so a retry is recognised and a
+// conflicting retry is rejected.
+type OpRecord struct {
+	ID          string `json:"id"`
+	Fingerprint string `json:"fp,omitempty"`
+}
+
+// Machine is one slot and whatever VM backs it. Values are immutable once
+// published: every change makes a copy, so a *Machine handed to a reader
+// never changes underneath it.
+type Machine struct {
+	ID           string            `json:"id"`
+	Zone         string            `json:"zone"`
+	InstanceType string            `json:"instance_type"`
+	Capacity     string            `json:"capacity"`
+	VCPU         int               `json:"vcpu"`
+	MemoryMiB    int               `json:"memory_mib"`
+	TemplateVMID int               `json:"template_vmid,omitempty"`
+	Price        float64           `json:"price"`
+	Resources    map[string]string `json:"resources,omitempty"`
+	Labels       map[string]string `json:"labels,omitempty"`
+	// Slotless marks a machine whose offering slot is gone; it stays
+	// visible while a VM backs it and disappears once deleted.
+	Slotless bool `json:"slotless,omitempty"`
+
+	State State `json:"state"`
+	// Since is when the machine entered State.
+	Since time.Time `json:"since"`
+	// Host is the host ref ("<zone>/<domain>" or "<node>/<vmid>"), set
+	// while a VM backs the machine.
+	Host string `json:"host,omitempty"`
+	// Cycle counts Creates; VMName is derived from it at Create time.
+	Cycle         int               `json:"cycle,omitempty"`
+	VMName        string            `json:"vm_name,omitempty"`
+	VMID          int               `json:"vmid,omitempty"`
+	Cluster       string            `json:"cluster,omitempty"`
+	ShardMetadata map[string]string `json:"shard_metadata,omitempty"`
+	LastError     string            `json:"last_error,omitempty"`
+	Intent        *Intent           `json:"intent,omitempty"`
+	Ops           map[Kind]OpRecord `json:"ops,omitempty"`
+	Rev           uint64            `json:"rev"`
+
+	// In-memory only.
+	blob      []byte
+	commitSeq uint64
+	prev      *Machine // revision-ordered list links, owned by Document
+	next      *Machine
+	memo      *memo
+}
+
+type memo struct {
+	once sync.Once
+	v    any
+}
+
+// Memo returns build(m), computing it once per immutable machine value.
+// The gRPC service uses it to cache the wire encoding of a machine.
+func (m *Machine) Memo(build func(*Machine) any) any {
+	m.memo.once.Do(func() { m.memo.v = build(m) })
+	return m.memo.v
+}
+
+// Allocatable is the instance type's hardware as BigFleet expects it.
+func (m *Machine) Allocatable() map[string]string {
+	return map[string]string{"cpu": strconv.Itoa(m.VCPU), "memory": MemoryString(m.MemoryMiB)}
+}
+
+// MemoryString renders MiB as "NGi" when whole GiB, else "NMi".
+func MemoryString(mib int) string {
+	if mib%1024 == 0 {
+		return strconv.Itoa(mib/1024) + "Gi"
+	}
+	return strconv.Itoa(mib) + "Mi"
+}
+
+// clone returns a mutable copy with fresh list links and memo.
+func (m *Machine) clone() *Machine {
+	c := *m
+	c.prev, c.next = nil, nil
+	c.memo = &memo{}
+	c.Ops = make(map[Kind]OpRecord, len(m.Ops))
+	for k, v := range m.Ops {
+		c.Ops[k] = v
+	}
+	if m.Intent != nil {
+		in := *m.Intent
+		c.Intent = &in
+	}
+	return &c
+}
+
+// SortedMetadataKeys returns shard_metadata keys in sorted order.
+func (m *Machine) SortedMetadataKeys() []string {
+	keys := make([]string, 0, len(m.ShardMetadata))
+	for k := range m.ShardMetadata {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,210 @@
+// Package metrics defines the provider's Prometheus metrics under one
+// prefix, bigfleet_provider_, with low-cardinality labels only (zone,
+// instance type, state, action, kind, method, code; never a machine id).
+//
+// Invariants: every method is safe on a nil *Metrics (metrics disabled),
+// and machine gauges are computed at scrape time from the desired document,
+// so they can never drift from what Get/List report.
+package metrics
+
+import (
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/bigfleet-vm/provider/planner"
+)
+
+const ns = "bigfleet_provider"
+
+// Metrics holds every collector.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	drift          *prometheus.GaugeVec
+	pending        *prometheus.GaugeVec
+	reconciles     *prometheus.CounterVec
+	reconcileDur   *prometheus.HistogramVec
+	lastObserved   *prometheus.GaugeVec
+	zoneUp         *prometheus.GaugeVec
+	steps          *prometheus.CounterVec
+	stepDur        *prometheus.HistogramVec
+	hvCalls        *prometheus.CounterVec
+	hvDur          *prometheus.HistogramVec
+	grpcReqs       *prometheus.CounterVec
+	grpcDur        *prometheus.HistogramVec
+	commits        prometheus.Counter
+	commitRecords  prometheus.Counter
+	fsyncDur       prometheus.Histogram
+	stateSize      prometheus.GaugeFunc
+	planSteps      prometheus.Gauge
+	lastPlanUnix   prometheus.Gauge
+	lastPlanDurSec prometheus.Gauge
+}
+
+// Counts reports machines by (state, zone, instance type).
+type Counts func() map[[3]string]int
+
+// New registers every collector. counts feeds the machines gauge;
+// stateSize reports the state store's size in bytes.
+func New(counts Counts, stateSize func() float64) *Metrics {
+	r := prometheus.NewRegistry()
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m := &Metrics{Registry: r}
+	f := func(c prometheus.Collector) { r.MustRegister(c) }
+	lat := prometheus.ExponentialBuckets(0.0005, 4, 10) // 0.5ms .. ~131s
+
+	f(&machineCollector{desc: prometheus.NewDesc(ns+"_machines", "Machines by lifecycle state, zone and instance type.",
+		[]string{"state", "zone", "instance_type"}, nil), counts: counts})
+	m.drift = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "drift",
+		Help: "Drift findings in the last full plan by zone and kind."}, []string{"zone", "kind"})
+	m.pending = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "plan_pending_steps",
+		Help: "Steps pending in the last full plan by action."}, []string{"action"})
+	m.reconciles = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "reconciles_total",
+		Help: "Reconciles (per machine, and full passes) by outcome."}, []string{"outcome"})
+	m.reconcileDur = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "reconcile_duration_seconds",
+		Help: "Duration of reconciles by outcome.", Buckets: lat}, []string{"outcome"})
+	m.lastObserved = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "zone_last_observed_timestamp_seconds",
+		Help: "Unix time of the last successful observation of a zone."}, []string{"zone"})
+	m.zoneUp = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "zone_up",
+		Help: "1 if the last observation of a zone succeeded, else 0."}, []string{"zone"})
+	m.steps = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "executor_steps_total",
+		Help: "Executed plan steps by action and outcome."}, []string{"action", "outcome"})
+	m.stepDur = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "executor_step_duration_seconds",
+		Help: "Duration of executed steps by action.", Buckets: lat}, []string{"action"})
+	m.hvCalls = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "hypervisor_calls_total",
+		Help: "Hypervisor calls by operation and outcome."}, []string{"op", "outcome"})
+	m.hvDur = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "hypervisor_call_duration_seconds",
+		Help: "Hypervisor call latency by operation.", Buckets: lat}, []string{"op"})
+	m.grpcReqs = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "grpc_requests_total",
+		Help: "gRPC requests by method and code."}, []string{"method", "code"})
+	m.grpcDur = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "grpc_request_duration_seconds",
+		Help: "gRPC request latency by method.", Buckets: lat}, []string{"method"})
+	m.commits = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "state_commits_total",
+		Help: "Group commits (fsyncs) of the state store."})
+	m.commitRecords = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "state_records_total",
+		Help: "Records made durable by the state store."})
+	m.fsyncDur = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "state_fsync_duration_seconds",
+		Help: "fsync latency of state commits.", Buckets: lat})
+	m.planSteps = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "plan_steps",
+		Help: "Steps in the last full plan."})
+	m.lastPlanUnix = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "plan_last_timestamp_seconds",
+		Help: "Unix time of the last full plan."})
+	if stateSize == nil {
+		stateSize = func() float64 { return 0 }
+	}
+	m.stateSize = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "state_size_bytes",
+		Help: "Bytes the state store occupies on disk."}, stateSize)
+	for _, c := range []prometheus.Collector{m.drift, m.pending, m.reconciles, m.reconcileDur, m.lastObserved, m.zoneUp,
+		m.steps, m.stepDur, m.hvCalls, m.hvDur, m.grpcReqs, m.grpcDur, m.commits, m.commitRecords, m.fsyncDur,
+		m.stateSize, m.planSteps, m.lastPlanUnix} {
+		f(c)
+	}
+	return m
+}
+
+type machineCollector struct {
+	desc   *prometheus.Desc
+	counts Counts
+}
+
+func (c *machineCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *machineCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.counts == nil {
+		return
+	}
+	for k, n := range c.counts() {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), k[0], k[1], k[2])
+	}
+}
+
+// Reconciled counts one reconcile.
+func (m *Metrics) Reconciled(outcome string, d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.reconciles.WithLabelValues(outcome).Inc()
+	m.reconcileDur.WithLabelValues(outcome).Observe(d.Seconds())
+}
+
+// ZoneObserved records a zone observation.
+func (m *Metrics) ZoneObserved(zone string, ok bool, at time.Time) {
+	if m == nil {
+		return
+	}
+	if ok {
+		m.lastObserved.WithLabelValues(zone).Set(float64(at.UnixNano()) / 1e9)
+		m.zoneUp.WithLabelValues(zone).Set(1)
+	} else {
+		m.zoneUp.WithLabelValues(zone).Set(0)
+	}
+}
+
+// Planned publishes a full plan's drift and pending steps.
+func (m *Metrics) Planned(p *planner.Plan) {
+	if m == nil {
+		return
+	}
+	m.drift.Reset()
+	for _, z := range p.Zones {
+		for _, k := range planner.DriftKinds {
+			m.drift.WithLabelValues(z.Name, string(k)).Set(0)
+		}
+	}
+	for _, d := range p.Drift {
+		m.drift.WithLabelValues(d.Zone, string(d.Kind)).Inc()
+	}
+	m.pending.Reset()
+	for _, c := range p.Changes {
+		for _, s := range c.Steps {
+			m.pending.WithLabelValues(string(s.Action)).Inc()
+		}
+	}
+	m.planSteps.Set(float64(p.Summary.Steps))
+	m.lastPlanUnix.Set(float64(p.PlannedAt.UnixNano()) / 1e9)
+}
+
+// StepDone counts an executed step.
+func (m *Metrics) StepDone(action, outcome string, d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.steps.WithLabelValues(action, outcome).Inc()
+	m.stepDur.WithLabelValues(action).Observe(d.Seconds())
+}
+
+// HypervisorCall counts a hypervisor call.
+func (m *Metrics) HypervisorCall(op string, err error, d time.Duration) {
+	if m == nil {
+		return
+	}
+	outcome := "ok"
+	if err != nil {
+		outcome = "error"
+	}
+	m.hvCalls.WithLabelValues(op, outcome).Inc()
+	m.hvDur.WithLabelValues(op).Observe(d.Seconds())
+}
+
+// GRPC counts a unary RPC.
+func (m *Metrics) GRPC(fullMethod, code string, d time.Duration) {
+	if m == nil {
+		return
+	}
+	method := fullMethod[strings.LastIndexByte(fullMethod, '/')+1:]
+	m.grpcReqs.WithLabelValues(method, code).Inc()
+	m.grpcDur.WithLabelValues(method).Observe(d.Seconds())
+}
+
+// Commit records one group commit of the state store.
+func (m *Metrics) Commit(records, bytes int, fsync time.Duration) {
+	if m == nil {
+		return
+	}
+	m.commits.Inc()
+	m.commitRecords.Add(float64(records))
+	m.fsyncDur.Observe(fsync.Seconds())
+}

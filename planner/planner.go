@@ -1,0 +1,517 @@
+package planner
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/bigfleet-vm/provider/desired"
+	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/observed"
+)
+
+// Libvirt in-guest paths of the image hook contract.
+const (
+	LibvirtBlobPath = "/opt/bigfleet/bootstrap.blob"
+	LibvirtHook     = "/opt/bigfleet/bootstrap"
+)
+
+// Config is everything besides desired and observed state that shapes a
+// plan. It is plain data.
+type Config struct {
+	Shape        hypervisors.Shape
+	Installation string
+	// libvirt
+	Pool, Image, Network, DomainType, UserData string
+	Kernel, Initrd, Cmdline                    string
+	// Proxmox
+	ProxmoxPool   string
+	BootstrapPath string
+	BootstrapExec []string
+	// NodeReadyExec, when set, gates CONFIGURED on a command succeeding in
+	// the guest.
+	NodeReadyExec []string
+	// StopGrace bounds the graceful shutdown before a power-off on Delete.
+	StopGrace time.Duration
+	// ReapFailed destroys the VM behind a FAILED on_demand machine (the
+	// record stays FAILED).
+	ReapFailed bool
+}
+
+// Inputs is what one full planning pass reads.
+type Inputs struct {
+	Config   Config
+	Machines []*desired.Machine // sorted by id
+	Observed *observed.Snapshot
+	Lineage  string
+	Serial   uint64
+	Now      time.Time
+}
+
+// Plan computes the plan for every machine plus the findings about VMs no
+// machine claims. It is pure and deterministic.
+func Build(in Inputs) *Plan {
+	ix := observed.NewIndex(in.Observed, in.Config.Installation)
+	p := &Plan{
+		FormatVersion: FormatVersion,
+		Hypervisor:    string(in.Config.Shape),
+		Installation:  in.Config.Installation,
+		Lineage:       in.Lineage,
+		Serial:        in.Serial,
+		PlannedAt:     in.Now,
+		Changes:       []Change{},
+		Drift:         []Drift{},
+	}
+	if in.Observed != nil {
+		p.ObservedAt = in.Observed.At
+		for _, name := range in.Observed.ZoneNames() {
+			z := in.Observed.Zones[name]
+			p.Zones = append(p.Zones, Zone{Name: name, Status: string(z.Status), Error: z.Err})
+			if z.Status != observed.StatusOK {
+				p.Drift = append(p.Drift, Drift{Zone: name, Kind: DriftUnknownHost, Policy: PolicyReport,
+					Detail: "host cannot be observed: " + z.Err + "; nothing is created or destroyed there"})
+			}
+		}
+	}
+	known := make(map[string]bool, len(in.Machines))
+	for _, m := range in.Machines {
+		known[m.ID] = true
+		c, drift := Machine(in.Config, m, ix, in.Now)
+		p.Drift = append(p.Drift, drift...)
+		if !c.Empty() || c.Wait != "" {
+			p.Changes = append(p.Changes, c)
+		}
+	}
+	// Owned VMs that no machine claims: adopt them so they stay visible
+	// and deletable.
+	for _, id := range ix.OwnedIDs() {
+		if known[id] {
+			continue
+		}
+		vm := ix.Owned(id)[0]
+		d := Drift{Machine: id, Zone: vm.Zone, VM: vm.Name, Kind: DriftOrphan, Policy: PolicyAdopt,
+			Detail: "VM carries this installation's marker for a machine not in the inventory"}
+		p.Drift = append(p.Drift, d)
+		p.Changes = append(p.Changes, Change{Machine: id, Zone: vm.Zone, State: "UNKNOWN",
+			Adopt: adoptOf(vm)})
+	}
+	sort.SliceStable(p.Changes, func(i, j int) bool { return p.Changes[i].Machine < p.Changes[j].Machine })
+	sort.SliceStable(p.Drift, func(i, j int) bool {
+		a, b := p.Drift[i], p.Drift[j]
+		if a.Zone != b.Zone {
+			return a.Zone < b.Zone
+		}
+		if a.Machine != b.Machine {
+			return a.Machine < b.Machine
+		}
+		return a.Kind < b.Kind
+	})
+	p.Summary = summarize(p)
+	return p
+}
+
+func summarize(p *Plan) Summary {
+	var s Summary
+	for _, c := range p.Changes {
+		s.Steps += len(c.Steps)
+		switch {
+		case c.Fail != "":
+			s.Fail++
+		case c.Adopt != nil:
+			s.Adopt++
+		case c.Intent != nil:
+			switch desired.Kind(c.Intent.Kind) {
+			case desired.KindCreate:
+				s.Create++
+			case desired.KindConfigure:
+				s.Configure++
+			case desired.KindDrain:
+				s.Drain++
+			case desired.KindDelete:
+				s.Delete++
+			}
+		case len(c.Steps) > 0:
+			s.Repair++
+		}
+	}
+	s.Drift = len(p.Drift)
+	return s
+}
+
+func adoptOf(vm *observed.VM) *Adopt {
+	a := &Adopt{Host: vm.Ref(), VMName: vm.Name, VMID: vm.VMID}
+	if vm.Marker != nil {
+		a.Cluster = vm.Marker.Cluster
+		a.InstanceType = vm.Marker.InstanceType
+	}
+	return a
+}
+
+// Machine plans one machine. It costs O(1) index lookups, so a single
+// machine can be re-planned in microseconds.
+func Machine(cfg Config, m *desired.Machine, ix *observed.Index, now time.Time) (Change, []Drift) {
+	pl := machinePlanner{cfg: cfg, m: m, ix: ix, now: now}
+	return pl.plan()
+}
+
+type machinePlanner struct {
+	cfg   Config
+	m     *desired.Machine
+	ix    *observed.Index
+	now   time.Time
+	c     Change
+	drift []Drift
+	last  string // id of the previous step, for dependencies
+}
+
+func (p *machinePlanner) plan() (Change, []Drift) {
+	m := p.m
+	p.c = Change{Machine: m.ID, Zone: m.Zone, State: m.State.String()}
+	if in := m.Intent; in != nil {
+		p.c.Intent = &Intent{Kind: string(in.Kind), OpID: in.OpID, Grace: in.GraceSeconds}
+		if in.Kind == desired.KindConfigure {
+			p.c.Intent.Cluster = m.Cluster
+		}
+		if !in.Deadline.IsZero() && p.now.After(in.Deadline) {
+			p.c.Fail = fmt.Sprintf("%s timed out after %s", in.Kind, in.Deadline.Sub(in.Started).Round(time.Second))
+			return p.c, p.drift
+		}
+	}
+	z := p.ix.Zone(m.Zone)
+	if z == nil || z.Status != observed.StatusOK {
+		if m.State != desired.Speculative || m.Intent != nil {
+			p.c.Wait = "host " + m.Zone + " is unknown"
+		}
+		return p.c, p.drift
+	}
+	vm, others := p.findVM()
+	for _, o := range others {
+		p.addDrift(DriftLeaked, PolicyReport, o.Name, fmt.Sprintf("another VM (%s) carries this machine's marker", o.Ref()))
+	}
+	switch m.State {
+	case desired.Speculative:
+		p.speculative(vm)
+	case desired.Creating:
+		p.creating(vm)
+	case desired.Idle, desired.Configured:
+		p.stable(vm, z)
+	case desired.Configuring:
+		if p.needVM(vm, z) {
+			p.ensureRunning(vm, "intent:configure")
+			p.waitAgent(vm, "intent:configure")
+			mk := p.marker(m.Cluster)
+			p.add(ActionBind, vm, "", Params{Marker: &mk}, "intent:configure")
+			p.add(ActionExecBootstrap, vm, "", Params{Exec: p.bootstrapArgv(), BlobPath: p.blobPath()}, "intent:configure")
+			if len(p.cfg.NodeReadyExec) > 0 {
+				p.add(ActionExecReady, vm, "", Params{Exec: p.cfg.NodeReadyExec}, "intent:configure")
+			}
+			p.c.Finish = desired.Configured.String()
+		}
+	case desired.Draining:
+		if p.needVM(vm, z) {
+			p.ensureRunning(vm, "intent:drain")
+			p.waitAgent(vm, "intent:drain")
+			p.add(ActionExecDrain, vm, "", Params{Exec: DrainArgv(m.Intent.GraceSeconds)}, "intent:drain")
+			mk := p.marker("")
+			p.add(ActionUnbind, vm, "", Params{Marker: &mk}, "intent:drain")
+			p.c.Finish = desired.Idle.String()
+		}
+	case desired.Deleting:
+		p.destroy(vm, z, "intent:delete")
+		p.c.Finish = desired.Speculative.String()
+	case desired.Failed:
+		if p.cfg.ReapFailed && m.Capacity != desired.BareMetal {
+			p.destroyFailed(vm, z)
+		}
+	}
+	return p.c, p.drift
+}
+
+// findVM returns the machine's VM (the owned VM matching its current name
+// or VMID, else any owned VM for it) and any further owned VMs (leaks).
+func (p *machinePlanner) findVM() (*observed.VM, []*observed.VM) {
+	owned := p.ix.Owned(p.m.ID)
+	var best *observed.VM
+	for _, vm := range owned {
+		if p.m.VMID != 0 && vm.VMID == p.m.VMID || p.m.VMID == 0 && vm.Name == p.m.VMName {
+			best = vm
+		}
+	}
+	if best == nil && len(owned) > 0 {
+		best = owned[0]
+	}
+	var others []*observed.VM
+	for _, vm := range owned {
+		if vm != best {
+			others = append(others, vm)
+		}
+	}
+	return best, others
+}
+
+// observedAfter reports whether the zone's VM listing postdates t, so an
+// absence in it is evidence.
+func (p *machinePlanner) observedAfter(z *observed.Zone, t time.Time) bool {
+	return !z.At.Before(t)
+}
+
+func (p *machinePlanner) speculative(vm *observed.VM) {
+	if vm == nil || vm.Power != observed.PowerRunning {
+		// A shut-off owned VM stays behind a SPECULATIVE slot until a
+		// Create powers it back on.
+		return
+	}
+	p.addDrift(DriftOrphan, PolicyAdopt, vm.Name, "running VM carries this machine's marker; adopting it")
+	p.c.Adopt = adoptOf(vm)
+}
+
+func (p *machinePlanner) creating(vm *observed.VM) {
+	m := p.m
+	if p.cfg.Shape == hypervisors.ShapeProxmox {
+		mk := p.marker("")
+		size := &hypervisors.SizeSpec{VCPU: m.VCPU, MemoryMiB: m.MemoryMiB, OnBoot: true, Marker: mk}
+		t := hypervisors.Target{Zone: m.Zone, Name: m.VMName}
+		if vm == nil {
+			p.addStep(ActionClone, t, "", Params{Clone: &hypervisors.CloneSpec{Name: m.VMName, TemplateVMID: m.TemplateVMID,
+				Pool: p.cfg.ProxmoxPool, Marker: mk, Labels: m.Labels}}, "missing")
+			p.addStep(ActionConfigureVM, t, "", Params{Size: size}, "intent:create")
+			p.addStep(ActionStart, t, "", Params{}, "intent:create")
+		} else {
+			if !sized(vm, size, p.cfg.Installation) {
+				p.add(ActionConfigureVM, vm, "", Params{Size: size}, "adopt:resize")
+			}
+			p.ensureRunning(vm, "intent:create")
+		}
+		p.waitAgent(vm, "intent:create")
+		p.c.Finish = desired.Idle.String()
+		return
+	}
+	// libvirt
+	if vm == nil {
+		if len(p.ix.ByName(m.Zone, m.VMName)) > 0 {
+			p.addDrift(DriftNameCollision, PolicyFail, m.VMName, "domain name "+m.VMName+" is taken by a domain this installation does not own")
+			p.c.Fail = "cannot create: domain name " + m.VMName + " on " + m.Zone + " is taken by a domain this provider does not own"
+			return
+		}
+		overlay, seed := hypervisors.OverlayVolume(m.VMName), hypervisors.SeedVolume(m.VMName)
+		t := hypervisors.Target{Zone: m.Zone, Name: m.VMName}
+		var deps []string
+		if p.ix.Volume(m.Zone, overlay) == nil {
+			p.addStep(ActionCreateOverlay, t, "disk", Params{Overlay: &hypervisors.OverlaySpec{Pool: p.cfg.Pool, Name: overlay, BaseImage: p.cfg.Image}}, "missing")
+			deps = append(deps, p.last)
+		}
+		if p.ix.Volume(m.Zone, seed) == nil {
+			p.addStep(ActionCreateSeed, t, "cidata", Params{Seed: &hypervisors.SeedSpec{Pool: p.cfg.Pool, Name: seed,
+				InstanceID: m.ID, Hostname: m.VMName, UserData: p.cfg.UserData}}, "missing")
+			deps = append(deps, p.last)
+		}
+		p.addStepDeps(ActionDefine, t, "", Params{Domain: &hypervisors.DomainSpec{Name: m.VMName, VCPU: m.VCPU, MemoryMiB: m.MemoryMiB,
+			DomainType: p.cfg.DomainType, Pool: p.cfg.Pool, Overlay: overlay, Seed: seed, Network: p.cfg.Network,
+			Kernel: p.cfg.Kernel, Initrd: p.cfg.Initrd, Cmdline: p.cfg.Cmdline, Marker: p.marker(""), Labels: m.Labels}}, "missing", deps)
+		p.addStep(ActionStart, t, "", Params{}, "intent:create")
+		p.addStep(ActionAutostart, t, "", Params{Autostart: true}, "intent:create")
+	} else {
+		p.ensureRunning(vm, "intent:create")
+		if !vm.Autostart {
+			p.add(ActionAutostart, vm, "", Params{Autostart: true}, "intent:create")
+		}
+	}
+	p.waitAgent(vm, "intent:create")
+	p.c.Finish = desired.Idle.String()
+}
+
+func sized(vm *observed.VM, s *hypervisors.SizeSpec, installation string) bool {
+	if vm.VCPU != s.VCPU || vm.MemoryMiB != s.MemoryMiB || vm.Autostart != s.OnBoot {
+		return false
+	}
+	if vm.Marker == nil || vm.Marker.OpID != s.Marker.OpID {
+		return false
+	}
+	return hypervisors.HasOwnershipTags(vm.Tags, installation)
+}
+
+// stable checks an IDLE or CONFIGURED machine's VM against what it should be.
+func (p *machinePlanner) stable(vm *observed.VM, z *observed.Zone) {
+	m := p.m
+	if vm == nil {
+		if !p.observedAfter(z, m.Since) {
+			return // the listing predates the machine settling here
+		}
+		what := "VM " + m.Host
+		p.addDrift(DriftMissing, PolicyFail, m.VMName, what+" is gone")
+		p.c.Fail = fmt.Sprintf("%s vanished out of band while the machine was %s; the provider does not recreate it silently", what, m.State)
+		return
+	}
+	switch vm.Power {
+	case observed.PowerStopped, observed.PowerCrashed:
+		p.addDrift(DriftStopped, PolicyRepair, vm.Name, "VM is "+string(vm.Power)+"; starting it again")
+	case observed.PowerPaused:
+		p.addDrift(DriftPaused, PolicyRepair, vm.Name, "VM is paused; resuming it")
+	}
+	p.ensureRunning(vm, "drift:"+string(vm.Power))
+	if vm.VCPU != 0 && (vm.VCPU != m.VCPU || vm.MemoryMiB != m.MemoryMiB) {
+		p.addDrift(DriftResized, PolicyReport, vm.Name, fmt.Sprintf("VM has %d vCPU / %d MiB; %s is %d vCPU / %d MiB", vm.VCPU, vm.MemoryMiB, m.InstanceType, m.VCPU, m.MemoryMiB))
+	}
+}
+
+// needVM fails the change when the VM a transition needs is gone.
+func (p *machinePlanner) needVM(vm *observed.VM, z *observed.Zone) bool {
+	if vm != nil {
+		return true
+	}
+	if !p.observedAfter(z, p.m.Since) {
+		p.c.Wait = "waiting for a fresh observation of " + p.m.Zone
+		return false
+	}
+	p.addDrift(DriftMissing, PolicyFail, p.m.VMName, "VM "+p.m.Host+" is gone")
+	p.c.Fail = fmt.Sprintf("VM %s vanished out of band during %s", p.m.Host, p.m.Intent.Kind)
+	return false
+}
+
+func (p *machinePlanner) ensureRunning(vm *observed.VM, reason string) {
+	switch vm.Power {
+	case observed.PowerStopped, observed.PowerCrashed:
+		p.add(ActionStart, vm, "", Params{}, reason)
+	case observed.PowerPaused:
+		p.add(ActionResume, vm, "", Params{}, reason)
+	}
+}
+
+func (p *machinePlanner) waitAgent(vm *observed.VM, reason string) {
+	if vm == nil {
+		p.addStep(ActionWaitAgent, hypervisors.Target{Zone: p.m.Zone, Name: p.m.VMName}, "", Params{}, reason)
+		return
+	}
+	p.add(ActionWaitAgent, vm, "", Params{}, reason)
+}
+
+// destroy plans the teardown of a machine's VM and volumes.
+func (p *machinePlanner) destroy(vm *observed.VM, z *observed.Zone, reason string) {
+	m := p.m
+	if vm != nil {
+		if vm.Power != observed.PowerStopped {
+			p.add(ActionStop, vm, "", Params{Grace: Duration(p.cfg.StopGrace)}, reason)
+		}
+		if p.cfg.Shape == hypervisors.ShapeProxmox {
+			p.add(ActionDeleteVM, vm, "", Params{}, reason)
+		} else {
+			p.add(ActionUndefine, vm, "", Params{}, reason)
+		}
+	}
+	if p.cfg.Shape != hypervisors.ShapeLibvirt || m.VMName == "" {
+		return
+	}
+	// Volumes: deleted when observed, and also when the listing is older
+	// than the intent (a volume created since could be missing from it).
+	started := m.Since
+	if m.Intent != nil {
+		started = m.Intent.Started
+	}
+	authoritative := !z.VolumesAt.IsZero() && !z.VolumesAt.Before(started)
+	t := hypervisors.Target{Zone: m.Zone, Name: m.VMName}
+	for _, vol := range []struct{ name, tag string }{{hypervisors.OverlayVolume(m.VMName), "disk"}, {hypervisors.SeedVolume(m.VMName), "cidata"}} {
+		if p.ix.Volume(m.Zone, vol.name) != nil || !authoritative {
+			p.addStep(ActionDeleteVolume, t, vol.tag, Params{Pool: p.cfg.Pool, Volume: vol.name}, reason)
+		}
+	}
+}
+
+func (p *machinePlanner) destroyFailed(vm *observed.VM, z *observed.Zone) {
+	if vm == nil && (p.cfg.Shape != hypervisors.ShapeLibvirt ||
+		p.ix.Volume(p.m.Zone, hypervisors.OverlayVolume(p.m.VMName)) == nil && p.ix.Volume(p.m.Zone, hypervisors.SeedVolume(p.m.VMName)) == nil) {
+		return
+	}
+	// Only act on what the listing shows: a FAILED machine has no intent
+	// whose start could make absence unreliable.
+	m := *p.m
+	m.Since = time.Time{}
+	p.m = &m
+	p.destroy(vm, z, "gc:failed")
+	// Keep only steps whose object was observed.
+	kept := p.c.Steps[:0]
+	for _, s := range p.c.Steps {
+		if s.Action == ActionDeleteVolume && p.ix.Volume(s.Target.Zone, s.Params.Volume) == nil {
+			continue
+		}
+		kept = append(kept, s)
+	}
+	p.c.Steps = kept
+}
+
+func (p *machinePlanner) marker(cluster string) observed.Marker {
+	op := ""
+	if p.m.Ops != nil {
+		op = p.m.Ops[desired.KindCreate].ID
+	}
+	return observed.Marker{Installation: p.cfg.Installation, MachineID: p.m.ID, OpID: op,
+		InstanceType: p.m.InstanceType, Cluster: cluster}
+}
+
+func (p *machinePlanner) blobPath() string {
+	if p.cfg.Shape == hypervisors.ShapeProxmox {
+		return p.cfg.BootstrapPath
+	}
+	return LibvirtBlobPath
+}
+
+func (p *machinePlanner) bootstrapArgv() []string {
+	if p.cfg.Shape == hypervisors.ShapeProxmox {
+		return append(append([]string(nil), p.cfg.BootstrapExec...), p.cfg.BootstrapPath)
+	}
+	return []string{LibvirtHook, p.m.Cluster}
+}
+
+// DrainArgv is the in-guest drain: cordon, then drain honouring the grace
+// period. Zero grace drains immediately (pods are deleted without waiting)
+// rather than giving kubectl a one-second timeout; the Drain deadline
+// bounds the whole command.
+func DrainArgv(grace int64) []string {
+	flags := "--ignore-daemonsets --delete-emptydir-data"
+	if grace == 0 {
+		flags += " --grace-period=0 --force"
+	} else {
+		g := strconv.FormatInt(grace, 10)
+		flags += " --grace-period=" + g + " --timeout=" + strconv.FormatInt(grace+60, 10) + "s"
+	}
+	script := strings.Join([]string{
+		"set -eu",
+		`node="$(hostname)"`,
+		`kubectl cordon "$node"`,
+		`kubectl drain "$node" ` + flags,
+	}, "\n")
+	return []string{"/bin/sh", "-c", script}
+}
+
+func (p *machinePlanner) add(a Action, vm *observed.VM, detail string, params Params, reason string) {
+	p.addStep(a, hypervisors.Target{Zone: vm.Zone, Name: vm.Name, VMID: vm.VMID}, detail, params, reason)
+}
+
+func (p *machinePlanner) addStep(a Action, t hypervisors.Target, detail string, params Params, reason string) {
+	var deps []string
+	if p.last != "" {
+		deps = []string{p.last}
+	}
+	p.addStepDeps(a, t, detail, params, reason, deps)
+}
+
+func (p *machinePlanner) addStepDeps(a Action, t hypervisors.Target, detail string, params Params, reason string, deps []string) {
+	name := t.Name
+	if name == "" {
+		name = p.m.VMName
+	}
+	id := t.Zone + "/" + name + "/" + string(a)
+	if detail != "" {
+		id += ":" + detail
+	}
+	if a == ActionCreateSeed || a == ActionCreateOverlay {
+		deps = nil // independent of each other
+	}
+	p.c.Steps = append(p.c.Steps, Step{ID: id, Action: a, Target: t, DependsOn: deps, Params: params, Reason: reason})
+	p.last = id
+}
+
+func (p *machinePlanner) addDrift(k DriftKind, pol Policy, vm, detail string) {
+	p.drift = append(p.drift, Drift{Machine: p.m.ID, Zone: p.m.Zone, VM: vm, Kind: k, Policy: pol, Detail: detail})
+}

@@ -1,0 +1,429 @@
+// Package reconciler runs the level-based loop: it observes the
+// hypervisors, plans, executes, and reports outcomes into the desired
+// document. Intents wake it per machine; a periodic full pass finds drift.
+//
+// Invariants:
+//   - One machine is reconciled by at most one worker at a time; a machine
+//     changed while being worked on is worked on again afterwards.
+//   - A transition's work runs under its deadline; past it the machine is
+//     FAILED with a readable last_error, and a late success is discarded
+//     by desired.Complete.
+//   - An unknown zone is never planned on; work there waits and retries.
+package reconciler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/bigfleet-vm/provider/desired"
+	"github.com/bigfleet-vm/provider/executor"
+	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/observed"
+	"github.com/bigfleet-vm/provider/planner"
+)
+
+// TypeSpec resolves an instance type for adopting an orphan VM.
+type TypeSpec func(instanceType string) (vcpu, memoryMiB int, ok bool)
+
+// Metrics receives the loop's measurements; it may be nil.
+type Metrics interface {
+	Reconciled(outcome string, d time.Duration)
+	Planned(p *planner.Plan)
+	ZoneObserved(zone string, ok bool, at time.Time)
+}
+
+// Options configure a Reconciler.
+type Options struct {
+	Doc        *desired.Document
+	Hypervisor hypervisors.Hypervisor
+	Executor   *executor.Executor
+	Planner    planner.Config
+	Interval   time.Duration // full observe+plan period; 0 = only at start
+	Workers    int
+	Capacity   string // capacity type of adopted orphans
+	Types      TypeSpec
+	Logger     *slog.Logger
+	Metrics    Metrics
+	// ObserveTimeout bounds one zone's listing.
+	ObserveTimeout time.Duration
+	Now            func() time.Time
+}
+
+// Reconciler is the loop.
+type Reconciler struct {
+	o Options
+
+	mu         sync.Mutex
+	queued     map[string]bool
+	processing map[string]bool
+	again      map[string]bool
+	queue      chan string
+	inflight   sync.WaitGroup
+
+	snap atomic.Pointer[observed.Snapshot]
+	kick chan struct{}
+}
+
+// New returns a Reconciler; call Run to start it.
+func New(o Options) *Reconciler {
+	if o.Workers <= 0 {
+		o.Workers = 32
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.ObserveTimeout <= 0 {
+		o.ObserveTimeout = 30 * time.Second
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return &Reconciler{o: o, queued: map[string]bool{}, processing: map[string]bool{}, again: map[string]bool{},
+		queue: make(chan string, 1<<16), kick: make(chan struct{}, 1)}
+}
+
+// Enqueue asks for a machine to be reconciled soon.
+func (r *Reconciler) Enqueue(id string) {
+	r.mu.Lock()
+	if r.processing[id] {
+		r.again[id] = true
+		r.mu.Unlock()
+		return
+	}
+	if r.queued[id] {
+		r.mu.Unlock()
+		return
+	}
+	r.queued[id] = true
+	r.mu.Unlock()
+	select {
+	case r.queue <- id:
+	default:
+		// The queue is full: hand it over without blocking the caller.
+		go func() { r.queue <- id }()
+	}
+}
+
+// EnqueueAfter enqueues a machine after a delay.
+func (r *Reconciler) EnqueueAfter(id string, d time.Duration) {
+	time.AfterFunc(d, func() { r.Enqueue(id) })
+}
+
+// Trigger asks for a full observe-and-plan pass now.
+func (r *Reconciler) Trigger() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Snapshot returns the latest full observation (nil before the first).
+func (r *Reconciler) Snapshot() *observed.Snapshot { return r.snap.Load() }
+
+// Run picks up work until ctx is done, then waits for the machines being
+// worked on; their steps run under work, which the caller cancels when its
+// shutdown bound is reached.
+func (r *Reconciler) Run(ctx, work context.Context) {
+	for _, id := range r.o.Doc.Pending() {
+		r.Enqueue(id)
+	}
+	var wg sync.WaitGroup
+	for i := 0; i < r.o.Workers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.worker(ctx, work)
+		}()
+	}
+	r.fullPass(work)
+	var tick <-chan time.Time
+	if r.o.Interval > 0 {
+		t := time.NewTicker(r.o.Interval)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			wg.Wait()
+			return
+		case <-tick:
+			r.fullPass(work)
+		case <-r.kick:
+			r.fullPass(work)
+		}
+	}
+}
+
+func (r *Reconciler) worker(ctx, work context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case id := <-r.queue:
+			r.mu.Lock()
+			delete(r.queued, id)
+			r.processing[id] = true
+			r.mu.Unlock()
+
+			r.reconcile(work, id)
+
+			r.mu.Lock()
+			delete(r.processing, id)
+			again := r.again[id]
+			delete(r.again, id)
+			r.mu.Unlock()
+			if again {
+				r.Enqueue(id)
+			}
+		}
+	}
+}
+
+// ObserveAll lists every zone concurrently; a zone that fails is Unknown.
+func (r *Reconciler) ObserveAll(ctx context.Context) *observed.Snapshot {
+	hv := r.o.Hypervisor
+	zones := hv.Zones()
+	snap := &observed.Snapshot{Zones: make(map[string]*observed.Zone, len(zones)), At: r.o.Now()}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, z := range zones {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			zctx, cancel := context.WithTimeout(ctx, r.o.ObserveTimeout)
+			defer cancel()
+			at := r.o.Now()
+			obs, err := hv.Observe(zctx, z)
+			if err != nil {
+				obs = observed.Unknown(z, err, at)
+			} else {
+				obs.At = at
+				if hv.Shape() == hypervisors.ShapeLibvirt {
+					obs.VolumesAt = at
+				}
+			}
+			if r.o.Metrics != nil {
+				r.o.Metrics.ZoneObserved(z, err == nil, at)
+			}
+			mu.Lock()
+			snap.Zones[z] = obs
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return snap
+}
+
+// Plan observes everything and plans without executing (live `provider
+// plan`).
+func (r *Reconciler) Plan(ctx context.Context) *planner.Plan {
+	snap := r.ObserveAll(ctx)
+	return r.build(snap)
+}
+
+func (r *Reconciler) build(snap *observed.Snapshot) *planner.Plan {
+	return planner.Build(planner.Inputs{Config: r.o.Planner, Machines: r.o.Doc.All(), Observed: snap,
+		Lineage: r.o.Doc.Lineage(), Serial: r.o.Doc.Revision(), Now: r.o.Now()})
+}
+
+// fullPass observes, plans the whole fleet, publishes drift and enqueues
+// every machine with something to do.
+func (r *Reconciler) fullPass(ctx context.Context) {
+	start := time.Now()
+	snap := r.ObserveAll(ctx)
+	r.snap.Store(snap)
+	plan := r.build(snap)
+	if r.o.Metrics != nil {
+		r.o.Metrics.Planned(plan)
+	}
+	for _, c := range plan.Changes {
+		if c.Empty() {
+			continue
+		}
+		if c.Adopt != nil && r.o.Doc.Get(c.Machine) == nil {
+			r.adoptOrphan(ctx, c)
+			continue
+		}
+		r.Enqueue(c.Machine)
+	}
+	if r.o.Metrics != nil {
+		r.o.Metrics.Reconciled("full", time.Since(start))
+	}
+}
+
+func (r *Reconciler) adoptOrphan(ctx context.Context, c planner.Change) {
+	a := c.Adopt
+	vcpu, mem, ok := 0, 0, false
+	if r.o.Types != nil {
+		vcpu, mem, ok = r.o.Types(a.InstanceType)
+	}
+	if !ok {
+		r.o.Logger.Warn("owned VM has an instance type that is not in the catalog; adopting it without hardware facts", "machine", c.Machine, "vm", a.VMName)
+	}
+	if _, err := r.o.Doc.Adopt(ctx, desired.Adoption{MachineID: c.Machine, Zone: c.Zone, Host: a.Host, VMName: a.VMName,
+		VMID: a.VMID, Cluster: a.Cluster, InstanceType: a.InstanceType, VCPU: vcpu, MemoryMiB: mem, Capacity: r.o.Capacity}); err != nil {
+		r.o.Logger.Error("adopt orphan VM", "machine", c.Machine, "err", err)
+	}
+}
+
+// view builds a fresh observation of just what one machine needs: its VM
+// looked up directly, plus the volumes from the latest full listing.
+func (r *Reconciler) view(ctx context.Context, m *desired.Machine) *observed.Snapshot {
+	now := r.o.Now()
+	last := r.snap.Load()
+	z := &observed.Zone{Name: m.Zone, Status: observed.StatusOK, At: now}
+	snap := &observed.Snapshot{Zones: map[string]*observed.Zone{m.Zone: z}, At: now}
+	if last != nil {
+		if lz := last.Zones[m.Zone]; lz != nil {
+			if lz.Status != observed.StatusOK {
+				// Try anyway: a direct lookup that works proves the host is back.
+				z.Err = lz.Err
+			}
+			if !lz.VolumesAt.IsZero() && m.VMName != "" {
+				for _, v := range lz.Volumes {
+					if v.Name == hypervisors.OverlayVolume(m.VMName) || v.Name == hypervisors.SeedVolume(m.VMName) {
+						z.Volumes = append(z.Volumes, v)
+					}
+				}
+				z.VolumesAt = lz.VolumesAt
+			}
+		}
+	}
+	t, ok := r.target(m, last)
+	if !ok {
+		return snap
+	}
+	lctx, cancel := context.WithTimeout(ctx, r.o.ObserveTimeout)
+	defer cancel()
+	vm, err := r.o.Hypervisor.Lookup(lctx, t)
+	switch {
+	case err == nil:
+		z.VMs = []*observed.VM{vm}
+	case errors.Is(err, hypervisors.ErrNotFound):
+	default:
+		snap.Zones[m.Zone] = observed.Unknown(m.Zone, err, now)
+	}
+	return snap
+}
+
+// target says where a machine's VM is, if anywhere.
+func (r *Reconciler) target(m *desired.Machine, last *observed.Snapshot) (hypervisors.Target, bool) {
+	if r.o.Hypervisor.Shape() == hypervisors.ShapeLibvirt {
+		return hypervisors.Target{Zone: m.Zone, Name: m.VMName}, m.VMName != ""
+	}
+	if m.VMID != 0 {
+		return hypervisors.Target{Zone: m.Zone, Name: m.VMName, VMID: m.VMID}, true
+	}
+	if last != nil {
+		ix := observed.NewIndex(last, r.o.Planner.Installation)
+		for _, vm := range ix.Owned(m.ID) {
+			return hypervisors.Target{Zone: vm.Zone, Name: vm.Name, VMID: vm.VMID}, true
+		}
+	}
+	return hypervisors.Target{}, false
+}
+
+// reconcile plans and executes one machine.
+func (r *Reconciler) reconcile(ctx context.Context, id string) {
+	m := r.o.Doc.Get(id)
+	if m == nil {
+		return
+	}
+	start := time.Now()
+	outcome := "ok"
+	defer func() {
+		if r.o.Metrics != nil {
+			r.o.Metrics.Reconciled(outcome, time.Since(start))
+		}
+	}()
+	wctx := ctx
+	opID := ""
+	if m.Intent != nil {
+		opID = m.Intent.OpID
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithDeadline(ctx, m.Intent.Deadline)
+		defer cancel()
+	}
+	snap := r.view(wctx, m)
+	change, _ := planner.Machine(r.o.Planner, m, observed.NewIndex(snap, r.o.Planner.Installation), r.o.Now())
+	switch {
+	case change.Fail != "":
+		outcome = "failed"
+		r.fail(ctx, m, opID, change.Fail)
+		return
+	case change.Adopt != nil:
+		a := change.Adopt
+		if _, err := r.o.Doc.Adopt(ctx, desired.Adoption{MachineID: m.ID, Zone: m.Zone, Host: a.Host, VMName: a.VMName, VMID: a.VMID, Cluster: a.Cluster}); err != nil {
+			outcome = "error"
+			r.o.Logger.Error("adopt VM", "machine", m.ID, "err", err)
+		}
+		return
+	case change.Wait != "":
+		outcome = "wait"
+		r.EnqueueAfter(id, 5*time.Second)
+		return
+	case change.Empty():
+		return
+	}
+	res, err := r.o.Executor.Run(wctx, change, opID)
+	if err != nil {
+		outcome = "error"
+		if ctx.Err() != nil {
+			return // shutting down: the durable intent is re-driven at restart
+		}
+		if m.Intent == nil {
+			r.o.Logger.Warn("drift repair failed; will retry", "machine", id, "err", err)
+			r.EnqueueAfter(id, 30*time.Second)
+			return
+		}
+		if wctx.Err() != nil {
+			r.fail(ctx, m, opID, fmt.Sprintf("%s timed out after %s (at %v)", m.Intent.Kind,
+				m.Intent.Deadline.Sub(m.Intent.Started).Round(time.Second), err))
+			return
+		}
+		r.fail(ctx, m, opID, fmt.Sprintf("%s failed: %v", m.Intent.Kind, err))
+		return
+	}
+	if change.Finish == "" || m.Intent == nil {
+		return
+	}
+	host := m.Host
+	vmid := m.VMID
+	if res.VMID != 0 {
+		vmid = res.VMID
+	}
+	if m.Intent.Kind == desired.KindCreate {
+		if vmid != 0 {
+			host = m.Zone + "/" + itoa(vmid)
+		} else {
+			host = m.Zone + "/" + m.VMName
+		}
+	}
+	if _, err := r.o.Doc.Complete(ctx, id, opID, desired.Result{Host: host, VMID: vmid}); err != nil {
+		outcome = "error"
+		r.o.Logger.Error("record completion", "machine", id, "op", opID, "err", err)
+		return
+	}
+	r.o.Logger.Info("transition done", "machine", id, "op", opID, "state", change.Finish)
+}
+
+func (r *Reconciler) fail(ctx context.Context, m *desired.Machine, opID, reason string) {
+	ok, err := r.o.Doc.Fail(ctx, m.ID, opID, reason)
+	if err != nil {
+		r.o.Logger.Error("record failure", "machine", m.ID, "op", opID, "err", err)
+		return
+	}
+	if ok {
+		r.o.Logger.Warn("machine failed", "machine", m.ID, "op", opID, "err", reason)
+		r.Enqueue(m.ID) // reap what it left behind
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }

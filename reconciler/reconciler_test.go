@@ -1,0 +1,167 @@
+package reconciler
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/bigfleet-vm/provider/desired"
+	"github.com/bigfleet-vm/provider/executor"
+	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/fake"
+	"github.com/bigfleet-vm/provider/planner"
+	"github.com/bigfleet-vm/provider/statefile"
+)
+
+type rig struct {
+	doc  *desired.Document
+	hv   hypervisors.Hypervisor
+	rec  *Reconciler
+	stop func()
+}
+
+func newRig(t *testing.T, shape hypervisors.Shape, mem *statefile.Memory, fo fake.Options) *rig {
+	t.Helper()
+	fo.Zones = []string{"z1"}
+	var hv hypervisors.Hypervisor
+	pc := planner.Config{Shape: shape, Installation: "inst", StopGrace: time.Second, ReapFailed: true}
+	if shape == hypervisors.ShapeLibvirt {
+		hv = fake.NewLibvirt(fo)
+		pc.Pool, pc.Image, pc.Network, pc.DomainType = "default", "golden.qcow2", "default", "kvm"
+	} else {
+		hv = fake.NewProxmox(fo)
+		pc.BootstrapPath, pc.BootstrapExec = "/run/bigfleet-bootstrap", []string{"/bin/sh"}
+	}
+	var slots []desired.Slot
+	for i := 0; i < 4; i++ {
+		slots = append(slots, desired.Slot{ID: fmt.Sprintf("z1/t/%03d", i), Zone: "z1", InstanceType: "t", Capacity: desired.OnDemand,
+			VCPU: 2, MemoryMiB: 2048, TemplateVMID: 9000})
+	}
+	r := &rig{hv: hv}
+	doc, _, err := desired.Open(context.Background(), desired.Options{Store: mem, DefaultInstallation: "inst", DeleteSupported: true,
+		Timeouts: map[desired.Kind]time.Duration{desired.KindCreate: 5 * time.Second, desired.KindConfigure: 2 * time.Second,
+			desired.KindDrain: 5 * time.Second, desired.KindDelete: 5 * time.Second},
+		Notify: func(id string) { r.rec.Enqueue(id) }}, slots)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.doc = doc
+	ex := executor.New(executor.Options{Hypervisor: hv, Installation: "inst", Blob: doc.Blob, MinBackoff: time.Millisecond, MaxBackoff: 20 * time.Millisecond})
+	r.rec = New(Options{Doc: doc, Hypervisor: hv, Executor: ex, Planner: pc, Interval: 50 * time.Millisecond, Workers: 4})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.rec.Run(ctx, ctx); close(done) }()
+	r.stop = func() { cancel(); <-done }
+	t.Cleanup(r.stop)
+	return r
+}
+
+func (r *rig) mutate(t *testing.T, req desired.Request) desired.Ack {
+	t.Helper()
+	a, err := r.doc.Mutate(context.Background(), req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", req.Kind, req.MachineID, err)
+	}
+	return a
+}
+
+func (r *rig) await(t *testing.T, id string, want desired.State) *desired.Machine {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if m := r.doc.Get(id); m.State == want {
+			return m
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	m := r.doc.Get(id)
+	t.Fatalf("%s: state %s (last_error %q), want %s", id, m.State, m.LastError, want)
+	return nil
+}
+
+func TestLifecycleBothShapes(t *testing.T) {
+	for _, shape := range []hypervisors.Shape{hypervisors.ShapeLibvirt, hypervisors.ShapeProxmox} {
+		t.Run(string(shape), func(t *testing.T) {
+			r := newRig(t, shape, statefile.NewMemory(nil), fake.Options{})
+			id := "z1/t/000"
+			r.mutate(t, desired.Request{Kind: desired.KindCreate, MachineID: id})
+			m := r.await(t, id, desired.Idle)
+			if m.Host == "" {
+				t.Fatal("IDLE without host")
+			}
+			r.mutate(t, desired.Request{Kind: desired.KindConfigure, MachineID: id, Cluster: "c1", Blob: []byte("join-secret")})
+			r.await(t, id, desired.Configured)
+			tg := hypervisors.Target{Zone: "z1", Name: m.VMName, VMID: m.VMID}
+			type bootstrapper interface{ Bootstraps(hypervisors.Target) []fake.Bootstrap }
+			bs := r.hv.(bootstrapper).Bootstraps(tg)
+			if len(bs) != 1 || string(bs[0].Blob) != "join-secret" || bs[0].Cluster != "c1" {
+				t.Fatalf("bootstraps: %+v", bs)
+			}
+			r.mutate(t, desired.Request{Kind: desired.KindDrain, MachineID: id, Grace: 0})
+			r.await(t, id, desired.Idle)
+			r.mutate(t, desired.Request{Kind: desired.KindDelete, MachineID: id})
+			r.await(t, id, desired.Speculative)
+			if _, err := r.hv.Lookup(context.Background(), tg); err == nil {
+				t.Fatal("VM still exists after Delete")
+			}
+		})
+	}
+}
+
+func TestHookFailureIsScrubbedAndSticky(t *testing.T) {
+	r := newRig(t, hypervisors.ShapeLibvirt, statefile.NewMemory(nil), fake.Options{Faults: true})
+	id := "z1/t/001"
+	r.mutate(t, desired.Request{Kind: desired.KindCreate, MachineID: id})
+	r.await(t, id, desired.Idle)
+	r.mutate(t, desired.Request{Kind: desired.KindConfigure, MachineID: id, Cluster: "fault-error", Blob: []byte("top-secret-token")})
+	m := r.await(t, id, desired.Failed)
+	if !strings.Contains(m.LastError, "bootstrap hook exited") || strings.Contains(m.LastError, "top-secret-token") {
+		t.Fatalf("last_error %q", m.LastError)
+	}
+}
+
+func TestVanishedVMFailsAndStoppedVMIsRestarted(t *testing.T) {
+	r := newRig(t, hypervisors.ShapeLibvirt, statefile.NewMemory(nil), fake.Options{})
+	sim := r.hv.(*fake.Libvirt)
+	a, b := "z1/t/000", "z1/t/001"
+	r.mutate(t, desired.Request{Kind: desired.KindCreate, MachineID: a})
+	r.mutate(t, desired.Request{Kind: desired.KindCreate, MachineID: b})
+	ma, mb := r.await(t, a, desired.Idle), r.await(t, b, desired.Idle)
+	ta := hypervisors.Target{Zone: "z1", Name: ma.VMName}
+	if err := sim.StopVM(ta); err != nil {
+		t.Fatal(err)
+	}
+	if err := sim.RemoveVM(hypervisors.Target{Zone: "z1", Name: mb.VMName}); err != nil {
+		t.Fatal(err)
+	}
+	r.await(t, b, desired.Failed)
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		vm, err := sim.Lookup(context.Background(), ta)
+		if err == nil && vm.Power == "running" {
+			if r.doc.Get(a).State != desired.Idle {
+				t.Fatal("a repaired machine must stay IDLE")
+			}
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatal("stopped VM was not started again")
+}
+
+func TestRestartRedrivesCreate(t *testing.T) {
+	mem := statefile.NewMemory(nil)
+	// The first provider accepts a Create but its hypervisor is slow; it
+	// stops before the transition finishes.
+	r := newRig(t, hypervisors.ShapeProxmox, mem, fake.Options{Latency: time.Hour})
+	id := "z1/t/002"
+	op := r.mutate(t, desired.Request{Kind: desired.KindCreate, MachineID: id}).OpID
+	r.stop()
+	r2 := newRig(t, hypervisors.ShapeProxmox, statefile.NewMemory(mem.Snapshot()), fake.Options{})
+	m := r2.await(t, id, desired.Idle)
+	if m.Ops[desired.KindCreate].ID != op {
+		t.Fatalf("op %s, want %s", m.Ops[desired.KindCreate].ID, op)
+	}
+}

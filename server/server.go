@@ -1,0 +1,312 @@
+// Package server assembles and runs the provider from a validated
+// config.Config: state store, desired document, hypervisor, executor,
+// reconciler, the gRPC API and the metrics/health/debug HTTP listener.
+//
+// Invariants:
+//   - Nothing listens before every dependency is built and the state is
+//     recovered; a startup failure exits non-zero before listening.
+//   - /readyz is green only while gRPC serves and the state store is
+//     healthy.
+//   - Shutdown stops accepting RPCs, lets in-flight steps finish up to
+//     --shutdown-grace, then flushes the state store.
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
+	"github.com/bigfleet-vm/provider/config"
+	"github.com/bigfleet-vm/provider/desired"
+	"github.com/bigfleet-vm/provider/executor"
+	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/metrics"
+	"github.com/bigfleet-vm/provider/planner"
+	"github.com/bigfleet-vm/provider/reconciler"
+	"github.com/bigfleet-vm/provider/service"
+	"github.com/bigfleet-vm/provider/statefile"
+)
+
+// maxRecvBytes admits a bootstrap blob at its cap plus metadata.
+const maxRecvBytes = desired.MaxBlobBytes + 2<<20
+
+// Logger builds the slog logger the flags ask for.
+func Logger(cfg *config.Config, w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: cfg.LogLevel}
+	if cfg.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// Provider is an assembled, not yet serving provider.
+type Provider struct {
+	cfg     *config.Config
+	log     *slog.Logger
+	store   statefile.Store
+	Doc     *desired.Document
+	HV      hypervisors.Hypervisor
+	raw     hypervisors.Hypervisor // before instrumentation (admin endpoints)
+	Metrics *metrics.Metrics
+	Rec     *reconciler.Reconciler
+	Planner planner.Config
+}
+
+// Build assembles the provider. Nothing listens yet.
+func Build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Provider, error) {
+	p := &Provider{cfg: cfg, log: log}
+	var err error
+	if cfg.StatePath != "" {
+		var f *statefile.File
+		f, err = statefile.Open(cfg.StatePath, statefile.Options{Logger: log, OnCommit: func(records, bytes int, fsync time.Duration) {
+			p.Metrics.Commit(records, bytes, fsync)
+		}})
+		if err != nil {
+			return nil, err
+		}
+		p.store = f
+	} else {
+		p.store = statefile.NewMemory(nil)
+	}
+	p.Metrics = metrics.New(func() map[[3]string]int {
+		if p.Doc == nil {
+			return nil
+		}
+		return p.Doc.Counts()
+	}, func() float64 { return float64(p.store.Size()) })
+
+	slots := make([]desired.Slot, 0, len(cfg.Slots))
+	for _, s := range cfg.Slots {
+		slots = append(slots, desired.Slot{ID: s.ID, Zone: s.Zone, InstanceType: s.Type.Name, Capacity: string(s.Capacity),
+			VCPU: s.Type.VCPU, MemoryMiB: s.Type.MemoryMiB, TemplateVMID: s.Type.TemplateVMID, Price: s.PricePerHour,
+			Resources: s.Resources, Labels: s.Labels})
+	}
+	var rec *reconciler.Reconciler
+	doc, rep, err := desired.Open(ctx, desired.Options{
+		Store:               p.store,
+		Installation:        cfg.InstallationID,
+		DefaultInstallation: cfg.Provider,
+		Timeouts: map[desired.Kind]time.Duration{desired.KindCreate: cfg.Timeouts.Create, desired.KindConfigure: cfg.Timeouts.Configure,
+			desired.KindDrain: cfg.Timeouts.Drain, desired.KindDelete: cfg.Timeouts.Delete},
+		DeleteSupported: !cfg.BareMetal,
+		Notify: func(id string) {
+			if rec != nil {
+				rec.Enqueue(id)
+			}
+		},
+	}, slots)
+	if err != nil {
+		p.store.Close()
+		return nil, err
+	}
+	p.Doc = doc
+	log.Info("state loaded", "machines", doc.Len(), "added", rep.Added, "removed", rep.Removed, "slotless", rep.Slotless,
+		"redriven", rep.Redriven, "failed_configure", rep.FailedConfigure, "installation", doc.Installation())
+
+	p.raw, err = openHypervisor(ctx, cfg, doc.Installation(), log)
+	if err != nil {
+		p.store.Close()
+		return nil, err
+	}
+	p.HV = metrics.Instrument(p.raw, p.Metrics)
+	p.Planner = plannerConfig(cfg, doc.Installation())
+	exec := executor.New(executor.Options{Hypervisor: p.HV, Installation: doc.Installation(), Blob: doc.Blob,
+		PerZone: cfg.MaxConcurrentPerZone, Logger: log, Observer: p.Metrics})
+	capacity := desired.OnDemand
+	if cfg.BareMetal {
+		capacity = desired.BareMetal
+	}
+	rec = reconciler.New(reconciler.Options{Doc: doc, Hypervisor: p.HV, Executor: exec, Planner: p.Planner,
+		Interval: cfg.ReconcileInterval, Capacity: capacity, Logger: log, Metrics: p.Metrics,
+		Types: func(name string) (int, int, bool) {
+			it, ok := cfg.Catalog[name]
+			return it.VCPU, it.MemoryMiB, ok
+		}})
+	p.Rec = rec
+	return p, nil
+}
+
+func plannerConfig(cfg *config.Config, installation string) planner.Config {
+	pc := planner.Config{Shape: cfg.Hypervisor, Installation: installation, NodeReadyExec: cfg.NodeReadyExec,
+		StopGrace: 60 * time.Second, ReapFailed: true}
+	if cfg.Hypervisor == hypervisors.ShapeLibvirt {
+		l := cfg.Libvirt
+		pc.Pool, pc.Image, pc.Network, pc.DomainType = l.StoragePool, l.Image, l.Network, l.DomainType
+		pc.UserData = string(l.BaseUserData)
+		pc.Kernel, pc.Initrd, pc.Cmdline = l.Kernel, l.Initrd, l.Cmdline
+		if pc.Image == "" && cfg.Backend == config.BackendFake {
+			pc.Image = "golden.qcow2"
+		}
+	} else {
+		x := cfg.Proxmox
+		pc.ProxmoxPool, pc.BootstrapPath, pc.BootstrapExec = x.Pool, x.BootstrapPath, x.BootstrapExec
+	}
+	return pc
+}
+
+// Close releases the hypervisor and flushes the state store.
+func (p *Provider) Close() error {
+	return errors.Join(p.HV.Close(), p.store.Close())
+}
+
+// Serve runs until ctx is done, then shuts down gracefully.
+func (p *Provider) Serve(ctx context.Context) error {
+	cfg, log := p.cfg, p.log
+	gopts := []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(maxRecvBytes),
+		grpc.ChainUnaryInterceptor(p.unaryInterceptor),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: 15 * time.Minute, Time: 2 * time.Hour, Timeout: 20 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 30 * time.Second, PermitWithoutStream: true}),
+	}
+	security := "insecure"
+	if cfg.TLS.Enabled() {
+		tc, err := serverTLS(cfg.TLS)
+		if err != nil {
+			return err
+		}
+		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tc)))
+		security = "tls"
+		if cfg.TLS.Mutual() {
+			security = "mtls"
+		}
+	}
+	gs := grpc.NewServer(gopts...)
+	pb.RegisterCapacityProviderServer(gs, service.New(p.Doc, cfg.Provider))
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(gs, hs)
+	if cfg.Reflection {
+		reflection.Register(gs)
+	}
+	lis, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("listen on --addr %s: %w", cfg.Addr, err)
+	}
+	var serving atomic.Bool
+	var hsrv *http.Server
+	if cfg.MetricsAddr != "" {
+		hl, err := net.Listen("tcp", cfg.MetricsAddr)
+		if err != nil {
+			lis.Close()
+			return fmt.Errorf("listen on --metrics-addr %s: %w", cfg.MetricsAddr, err)
+		}
+		hsrv = &http.Server{Handler: p.httpHandler(&serving), ReadHeaderTimeout: 5 * time.Second}
+		go hsrv.Serve(hl)
+		log.Info("metrics listening", "addr", hl.Addr().String())
+	}
+
+	loopCtx, stopLoop := context.WithCancel(context.Background())
+	workCtx, cancelWork := context.WithCancel(context.Background())
+	loopDone := make(chan struct{})
+	go func() {
+		p.Rec.Run(loopCtx, workCtx)
+		close(loopDone)
+	}()
+
+	grpcErr := make(chan error, 1)
+	go func() { grpcErr <- gs.Serve(lis) }()
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	hs.SetServingStatus(pb.CapacityProvider_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	serving.Store(true)
+	log.Info("serving CapacityProvider", "addr", lis.Addr().String(), "provider", cfg.Provider, "hypervisor", cfg.Hypervisor,
+		"backend", cfg.Backend, "security", security, "machines", p.Doc.Len(), "zones", strings.Join(cfg.Zones, ","))
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-grpcErr:
+	}
+	log.Info("shutting down", "grace", cfg.ShutdownGrace)
+	serving.Store(false)
+	hs.Shutdown()
+	stopped := make(chan struct{})
+	go func() { gs.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(5 * time.Second):
+		gs.Stop()
+	}
+	stopLoop()
+	select {
+	case <-loopDone:
+	case <-time.After(cfg.ShutdownGrace):
+		log.Warn("in-flight steps did not finish within the shutdown grace; their intents are re-driven at the next start")
+	}
+	cancelWork()
+	<-loopDone
+	if hsrv != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		hsrv.Shutdown(sctx)
+		cancel()
+	}
+	return serveErr
+}
+
+func (p *Provider) unaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
+	start := time.Now()
+	defer func() {
+		if r := recover(); r != nil {
+			p.log.Error("panic in handler", "method", info.FullMethod, "panic", fmt.Sprint(r))
+			err = status.Errorf(13, "internal error")
+		}
+		code := status.Code(err)
+		p.Metrics.GRPC(info.FullMethod, code.String(), time.Since(start))
+		level := slog.LevelDebug
+		if code != 0 {
+			level = slog.LevelWarn
+		}
+		p.log.Log(ctx, level, "rpc", "method", info.FullMethod, "machine", machineOf(req), "code", code.String(),
+			"ms", float64(time.Since(start).Microseconds())/1000)
+	}()
+	return h(ctx, req)
+}
+
+func machineOf(req any) string {
+	type idGetter interface{ GetMachineId() string }
+	if g, ok := req.(idGetter); ok {
+		return g.GetMachineId()
+	}
+	if r, ok := req.(*pb.MachineRef); ok {
+		return r.GetId()
+	}
+	return ""
+}
+
+func serverTLS(t config.TLS) (*tls.Config, error) {
+	cert, err := tls.LoadX509KeyPair(t.Cert, t.Key)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-cert/--tls-key: %w", err)
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert}}
+	if t.CA != "" {
+		pemBytes, err := os.ReadFile(t.CA)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pemBytes) {
+			return nil, fmt.Errorf("--tls-ca %s: no PEM certificate found", t.CA)
+		}
+		tc.ClientCAs = pool
+		tc.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return tc, nil
+}

@@ -1,0 +1,180 @@
+// Package service serves the bigfleet.v1alpha1.CapacityProvider gRPC API on
+// top of the desired document. Handlers validate, fence, resolve
+// idempotency and record intent through desired.Document.Mutate; they never
+// call a hypervisor and never wait for one.
+//
+// Error codes (documented for the shard): InvalidArgument for malformed
+// requests and caps, FailedPrecondition only for fencing, NotFound for an
+// unknown id, Aborted for a mutation out of position, a conflicting retry
+// or a mutation on a FAILED machine, Unimplemented for Delete on a
+// bare_metal pool, Unavailable when the state store cannot commit.
+package service
+
+import (
+	"context"
+	"math"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
+	"github.com/bigfleet-vm/provider/desired"
+)
+
+// Service implements pb.CapacityProviderServer.
+type Service struct {
+	pb.UnimplementedCapacityProviderServer
+	doc      *desired.Document
+	provider string
+}
+
+// New returns the service. provider is the label stamped on HostRef.
+func New(doc *desired.Document, provider string) *Service {
+	return &Service{doc: doc, provider: provider}
+}
+
+func (s *Service) mutate(ctx context.Context, r desired.Request) (*pb.TransitionAck, error) {
+	ack, err := s.doc.Mutate(ctx, r)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.TransitionAck{OperationId: ack.OpID, Machine: s.machine(ack.Machine)}, nil
+}
+
+// Create starts SPECULATIVE → CREATING → IDLE.
+func (s *Service) Create(ctx context.Context, r *pb.CreateRequest) (*pb.TransitionAck, error) {
+	return s.mutate(ctx, desired.Request{Kind: desired.KindCreate, MachineID: r.GetMachineId(),
+		Token: desired.Token{Shard: r.GetShardId(), Epoch: r.GetShardEpoch(), Seq: r.GetSequenceNumber()}})
+}
+
+// Configure starts IDLE → CONFIGURING → CONFIGURED.
+func (s *Service) Configure(ctx context.Context, r *pb.ConfigureRequest) (*pb.TransitionAck, error) {
+	return s.mutate(ctx, desired.Request{Kind: desired.KindConfigure, MachineID: r.GetMachineId(),
+		Token:   desired.Token{Shard: r.GetShardId(), Epoch: r.GetShardEpoch(), Seq: r.GetSequenceNumber()},
+		Cluster: r.GetClusterId(), Blob: r.GetBootstrapBlob(), Metadata: r.GetShardMetadata()})
+}
+
+// Drain starts CONFIGURED → DRAINING → IDLE.
+func (s *Service) Drain(ctx context.Context, r *pb.DrainRequest) (*pb.TransitionAck, error) {
+	return s.mutate(ctx, desired.Request{Kind: desired.KindDrain, MachineID: r.GetMachineId(),
+		Token: desired.Token{Shard: r.GetShardId(), Epoch: r.GetShardEpoch(), Seq: r.GetSequenceNumber()},
+		Grace: r.GetGracePeriodSeconds()})
+}
+
+// Delete starts IDLE → DELETING → SPECULATIVE.
+func (s *Service) Delete(ctx context.Context, r *pb.DeleteRequest) (*pb.TransitionAck, error) {
+	return s.mutate(ctx, desired.Request{Kind: desired.KindDelete, MachineID: r.GetMachineId(),
+		Token: desired.Token{Shard: r.GetShardId(), Epoch: r.GetShardEpoch(), Seq: r.GetSequenceNumber()}})
+}
+
+// Get returns one machine from memory.
+func (s *Service) Get(_ context.Context, r *pb.MachineRef) (*pb.Machine, error) {
+	if r.GetId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "id is empty")
+	}
+	m := s.doc.Get(r.GetId())
+	if m == nil {
+		return nil, status.Errorf(codes.NotFound, "machine %s not found", r.GetId())
+	}
+	return s.machine(m), nil
+}
+
+// List returns machines in revision order; see desired.Document.List for
+// the cursor semantics. A cursor it cannot read is treated as none.
+func (s *Service) List(_ context.Context, f *pb.ListFilter) (*pb.MachineList, error) {
+	var states map[desired.State]bool
+	if len(f.GetStates()) > 0 {
+		states = make(map[desired.State]bool, len(f.GetStates()))
+		for _, st := range f.GetStates() {
+			states[desired.State(st)] = true
+		}
+	}
+	since, ok := uint64(0), false
+	if c := f.GetSinceRevision(); len(c) > 0 {
+		since, ok = s.doc.ParseCursor(c)
+	}
+	max := int(f.GetMaxResults())
+	if max < 0 {
+		max = 0
+	}
+	ms, rev := s.doc.List(states, max, since, ok)
+	out := &pb.MachineList{Machines: make([]*pb.Machine, len(ms)), Revision: s.doc.Cursor(rev)}
+	for i, m := range ms {
+		out.Machines[i] = s.machine(m)
+	}
+	return out, nil
+}
+
+// machine returns the wire form of an immutable machine value, built once.
+func (s *Service) machine(m *desired.Machine) *pb.Machine {
+	return m.Memo(s.build).(*pb.Machine)
+}
+
+func (s *Service) build(m *desired.Machine) any {
+	ct := pb.CapacityType_CAPACITY_TYPE_ON_DEMAND
+	price := m.Price
+	if m.Capacity == desired.BareMetal {
+		ct, price = pb.CapacityType_CAPACITY_TYPE_BARE_METAL, 0
+	}
+	if math.IsNaN(price) || math.IsInf(price, 0) || price < 0 {
+		price = 0
+	}
+	pm := &pb.Machine{
+		Id:                      m.ID,
+		State:                   pb.MachineState(m.State),
+		InstanceType:            m.InstanceType,
+		Zone:                    m.Zone,
+		CapacityType:            ct,
+		PricePerHour:            price,
+		InterruptionProbability: 0,
+		Resources:               &pb.Resources{Resources: resources(m)},
+		Labels:                  m.Labels,
+		LastError:               m.LastError,
+		Allocatable:             &pb.Resources{Resources: m.Allocatable()},
+	}
+	switch m.State {
+	case desired.Speculative:
+	case desired.Creating:
+		// The host exists only once the transition settles.
+	default:
+		if m.Host != "" {
+			pm.Host = &pb.HostRef{Provider: s.provider, Ref: m.Host}
+		}
+	}
+	switch m.State {
+	case desired.Configuring, desired.Configured, desired.Draining:
+		pm.Cluster = m.Cluster
+		pm.ShardMetadata = m.ShardMetadata
+	case desired.Failed:
+		pm.ShardMetadata = m.ShardMetadata
+	}
+	return pm
+}
+
+// resources is the per-replica shape; a slot without one serves the whole
+// instance type, so the map is never empty.
+func resources(m *desired.Machine) map[string]string {
+	if len(m.Resources) > 0 {
+		return m.Resources
+	}
+	return m.Allocatable()
+}
+
+func toStatus(err error) error {
+	de, ok := err.(*desired.Error)
+	if !ok {
+		return status.Error(codes.Internal, err.Error())
+	}
+	code := map[desired.ErrCode]codes.Code{
+		desired.CodeInvalid:       codes.InvalidArgument,
+		desired.CodeFenced:        codes.FailedPrecondition,
+		desired.CodeNotFound:      codes.NotFound,
+		desired.CodeConflict:      codes.Aborted,
+		desired.CodeUnimplemented: codes.Unimplemented,
+		desired.CodeUnavailable:   codes.Unavailable,
+	}[de.Code]
+	if code == codes.OK {
+		code = codes.Internal
+	}
+	return status.Error(code, de.Msg)
+}
