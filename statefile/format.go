@@ -1,0 +1,355 @@
+package statefile
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+)
+
+// On-disk format, version 1. See doc.go for the layout.
+const (
+	formatVersion   = 1
+	headerSize      = 32
+	frameHeaderSize = 12
+
+	kindSnapshot byte = 'S'
+	kindJournal  byte = 'J'
+
+	opPut    byte = 1
+	opDelete byte = 2
+
+	// maxFrame bounds a frame's payload; a larger length is corruption.
+	maxFrame = 1 << 30
+	// maxRecord bounds one Apply call's encoded size; Apply rejects more.
+	maxRecord = 256 << 20
+	// batchLimit is the size at which Apply starts a new group commit
+	// frame instead of growing the queued one.
+	batchLimit = 8 << 20
+	// snapshotChunk is the payload size at which a snapshot frame is cut.
+	snapshotChunk = 64 << 10
+)
+
+var (
+	magic      = [8]byte{'B', 'F', 'S', 'T', 'A', 'T', 'E', 0}
+	castagnoli = crc32.MakeTable(crc32.Castagnoli)
+)
+
+// ErrCorrupt is matched (errors.Is) by every *CorruptError.
+var ErrCorrupt = errors.New("state file is corrupt")
+
+// CorruptError reports damage that recovery must not paper over.
+type CorruptError struct {
+	Path   string
+	Offset int64
+	Reason string
+}
+
+func (e *CorruptError) Error() string {
+	return fmt.Sprintf("state file %s is corrupt at offset %d: %s", e.Path, e.Offset, e.Reason)
+}
+
+// Unwrap lets errors.Is(err, ErrCorrupt) match.
+func (e *CorruptError) Unwrap() error { return ErrCorrupt }
+
+func corrupt(path string, off int64, format string, args ...any) *CorruptError {
+	return &CorruptError{Path: path, Offset: off, Reason: fmt.Sprintf(format, args...)}
+}
+
+// fileHeader is the first headerSize bytes of every file.
+type fileHeader struct {
+	kind  byte
+	gen   uint64
+	count uint64 // snapshot: number of entries; journal: 0
+}
+
+func (h fileHeader) encode() []byte {
+	b := make([]byte, headerSize)
+	copy(b, magic[:])
+	binary.LittleEndian.PutUint16(b[8:], formatVersion)
+	b[10] = h.kind
+	binary.LittleEndian.PutUint64(b[12:], h.gen)
+	binary.LittleEndian.PutUint64(b[20:], h.count)
+	binary.LittleEndian.PutUint32(b[28:], crc32.Checksum(b[:28], castagnoli))
+	return b
+}
+
+func decodeHeader(path string, b []byte, want byte) (fileHeader, error) {
+	if len(b) < headerSize {
+		return fileHeader{}, corrupt(path, int64(len(b)), "file is shorter than its %d-byte header", headerSize)
+	}
+	if !bytes.Equal(b[:8], magic[:]) {
+		return fileHeader{}, corrupt(path, 0, "bad magic %q: not a statefile", b[:8])
+	}
+	if got := binary.LittleEndian.Uint32(b[28:]); got != crc32.Checksum(b[:28], castagnoli) {
+		return fileHeader{}, corrupt(path, 28, "header checksum mismatch")
+	}
+	if v := binary.LittleEndian.Uint16(b[8:]); v != formatVersion {
+		return fileHeader{}, corrupt(path, 8, "unsupported format version %d (this build reads version %d)", v, formatVersion)
+	}
+	h := fileHeader{kind: b[10], gen: binary.LittleEndian.Uint64(b[12:]), count: binary.LittleEndian.Uint64(b[20:])}
+	if h.kind != want {
+		return fileHeader{}, corrupt(path, 10, "file kind %q, want %q", h.kind, want)
+	}
+	if h.gen == 0 {
+		return fileHeader{}, corrupt(path, 12, "generation 0")
+	}
+	return h, nil
+}
+
+// putFrameHeader fills b[:frameHeaderSize] for the payload b[frameHeaderSize:].
+func putFrameHeader(b []byte) {
+	payload := b[frameHeaderSize:]
+	binary.LittleEndian.PutUint32(b[0:], uint32(len(payload)))
+	binary.LittleEndian.PutUint32(b[4:], crc32.Checksum(payload, castagnoli))
+	binary.LittleEndian.PutUint32(b[8:], crc32.Checksum(b[:8], castagnoli))
+}
+
+// frameHeaderOK reports whether h (frameHeaderSize bytes) is intact, and
+// the payload length and checksum it declares.
+func frameHeaderOK(h []byte) (n uint32, sum uint32, ok bool) {
+	if crc32.Checksum(h[:8], castagnoli) != binary.LittleEndian.Uint32(h[8:]) {
+		return 0, 0, false
+	}
+	return binary.LittleEndian.Uint32(h[0:]), binary.LittleEndian.Uint32(h[4:]), true
+}
+
+// recordSize is the encoded size of one Apply call.
+func recordSize(ops []Op) int {
+	n := binary.MaxVarintLen64
+	for _, op := range ops {
+		n += 1 + 2*binary.MaxVarintLen64 + len(op.Key)
+		if !op.Delete {
+			n += len(op.Value)
+		}
+	}
+	return n
+}
+
+// appendRecord encodes one Apply call: op count, then per op a tag, the
+// key and, for puts, the value.
+func appendRecord(b []byte, ops []Op) []byte {
+	b = binary.AppendUvarint(b, uint64(len(ops)))
+	for _, op := range ops {
+		if op.Delete {
+			b = append(b, opDelete)
+			b = appendBytes(b, op.Key)
+			continue
+		}
+		b = append(b, opPut)
+		b = appendBytes(b, op.Key)
+		b = appendBytes(b, op.Value)
+	}
+	return b
+}
+
+func appendBytes[T string | []byte](b []byte, s T) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+// decoder walks a checksummed payload; any malformation is corruption
+// because the checksum already proved the bytes are what was written.
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) uvarint() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.err = errors.New("bad varint")
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) byte() byte {
+	if d.err != nil {
+		return 0
+	}
+	if len(d.b) == 0 {
+		d.err = errors.New("payload ends inside a record")
+		return 0
+	}
+	c := d.b[0]
+	d.b = d.b[1:]
+	return c
+}
+
+func (d *decoder) bytes() []byte {
+	n := d.uvarint()
+	if d.err != nil {
+		return nil
+	}
+	if n > uint64(len(d.b)) {
+		d.err = fmt.Errorf("length %d exceeds the %d bytes left in the frame", n, len(d.b))
+		return nil
+	}
+	v := d.b[:n:n]
+	d.b = d.b[n:]
+	return v
+}
+
+// cloneValue copies v into a non-nil slice, so that an empty value reads
+// back the same way whether it came from Apply or from disk.
+func cloneValue(v []byte) []byte {
+	c := make([]byte, len(v))
+	copy(c, v)
+	return c
+}
+
+// applyJournalPayload replays the records of one journal frame into state
+// and returns how many records it held.
+func applyJournalPayload(payload []byte, state map[string][]byte) (int, error) {
+	d := decoder{b: payload}
+	records := 0
+	for len(d.b) > 0 && d.err == nil {
+		n := d.uvarint()
+		if d.err == nil && n == 0 {
+			d.err = errors.New("record with no ops")
+		}
+		for i := uint64(0); i < n && d.err == nil; i++ {
+			switch tag := d.byte(); tag {
+			case opPut:
+				k := d.bytes()
+				v := d.bytes()
+				if d.err == nil {
+					state[string(k)] = cloneValue(v)
+				}
+			case opDelete:
+				k := d.bytes()
+				if d.err == nil {
+					delete(state, string(k))
+				}
+			default:
+				if d.err == nil {
+					d.err = fmt.Errorf("unknown op tag %d", tag)
+				}
+			}
+		}
+		records++
+	}
+	return records, d.err
+}
+
+// applySnapshotPayload loads the entries of one snapshot frame.
+func applySnapshotPayload(payload []byte, state map[string][]byte) (int, error) {
+	d := decoder{b: payload}
+	n := 0
+	for len(d.b) > 0 && d.err == nil {
+		k := d.bytes()
+		v := d.bytes()
+		if d.err == nil {
+			state[string(k)] = cloneValue(v)
+			n++
+		}
+	}
+	return n, d.err
+}
+
+// frameReader reads the frames of one file from its header up to size,
+// the file's length when it was opened.
+type frameReader struct {
+	path string
+	f    *os.File
+	r    *bufio.Reader
+	off  int64
+	size int64
+	hdr  [frameHeaderSize]byte
+	buf  []byte
+}
+
+func newFrameReader(path string, f *os.File, size int64) *frameReader {
+	return &frameReader{
+		path: path,
+		f:    f,
+		r:    bufio.NewReaderSize(io.NewSectionReader(f, headerSize, size-headerSize), 1<<20),
+		off:  headerSize,
+		size: size,
+	}
+}
+
+// frameFault describes a frame that could not be read whole. mayBeTorn is
+// set when the damage is consistent with an interrupted final write.
+type frameFault struct {
+	off       int64
+	reason    string
+	mayBeTorn bool
+}
+
+// next returns the next payload (valid until the following call), io.EOF
+// at a clean end, or a *frameFault.
+func (fr *frameReader) next() ([]byte, *frameFault, error) {
+	left := fr.size - fr.off
+	if left == 0 {
+		return nil, nil, io.EOF
+	}
+	if left < frameHeaderSize {
+		return nil, &frameFault{fr.off, fmt.Sprintf("%d trailing bytes are too short for a frame header", left), true}, nil
+	}
+	if _, err := io.ReadFull(fr.r, fr.hdr[:]); err != nil {
+		return nil, nil, fmt.Errorf("read %s at offset %d: %w", fr.path, fr.off, err)
+	}
+	n, sum, ok := frameHeaderOK(fr.hdr[:])
+	if !ok {
+		torn, err := fr.tornAfterBadHeader()
+		if err != nil {
+			return nil, nil, err
+		}
+		return nil, &frameFault{fr.off, "frame header checksum mismatch", torn}, nil
+	}
+	if n > maxFrame {
+		return nil, &frameFault{fr.off, fmt.Sprintf("frame length %d exceeds the %d limit", n, maxFrame), false}, nil
+	}
+	end := fr.off + frameHeaderSize + int64(n)
+	if end > fr.size {
+		return nil, &frameFault{fr.off, fmt.Sprintf("frame of %d bytes extends past the end of the file (%d)", n, fr.size), true}, nil
+	}
+	if cap(fr.buf) < int(n) {
+		fr.buf = make([]byte, n)
+	}
+	fr.buf = fr.buf[:n]
+	if _, err := io.ReadFull(fr.r, fr.buf); err != nil {
+		return nil, nil, fmt.Errorf("read %s at offset %d: %w", fr.path, fr.off, err)
+	}
+	if crc32.Checksum(fr.buf, castagnoli) != sum {
+		// Only the last frame can be a torn write: a group commit writes
+		// exactly one frame and fsyncs it before the next is written.
+		return nil, &frameFault{fr.off, "frame checksum mismatch", end == fr.size}, nil
+	}
+	fr.off = end
+	return fr.buf, nil, nil
+}
+
+// tornAfterBadHeader decides whether a frame header that fails its checksum
+// is the start of a torn final write (nothing valid follows) or damage in
+// the middle of the file (a whole valid frame follows somewhere later).
+func (fr *frameReader) tornAfterBadHeader() (bool, error) {
+	from := fr.off + 1
+	if fr.size-from < frameHeaderSize {
+		return true, nil
+	}
+	rest := make([]byte, fr.size-from)
+	if _, err := fr.f.ReadAt(rest, from); err != nil {
+		return false, fmt.Errorf("read %s at offset %d: %w", fr.path, from, err)
+	}
+	for i := 0; i+frameHeaderSize <= len(rest); i++ {
+		n, sum, ok := frameHeaderOK(rest[i : i+frameHeaderSize])
+		if !ok || int64(n) > int64(len(rest)-i-frameHeaderSize) {
+			continue
+		}
+		if crc32.Checksum(rest[i+frameHeaderSize:i+frameHeaderSize+int(n)], castagnoli) == sum {
+			return false, nil
+		}
+	}
+	return true, nil
+}
