@@ -1,0 +1,26 @@
+// Package libvirt implements hypervisors.Hypervisor (ShapeLibvirt) on
+// libvirt hosts through the pure-Go go-libvirt client: one connection per
+// zone, dialled through go-libvirt's own URI support (qemu:///system,
+// qemu+libssh://, qemu+ssh://, qemu+tls://, test:///default via the daemon).
+//
+// Invariants callers may rely on:
+//   - New never dials: connections are made and re-made in the background
+//     with backoff, so an unreachable host never blocks startup or another
+//     zone. Calls on a zone that is not connected fail at once with an error
+//     wrapping hypervisors.ErrUnreachable.
+//   - Every libvirt call has a deadline (Config.CallTimeout, or the context's
+//     if earlier). A call that exceeds CallTimeout marks its connection
+//     broken; the background loop reconnects.
+//   - Ownership lives in a metadata element in the namespace Namespace,
+//     written to both the live and the persistent definition. Nothing is
+//     stopped, undefined or adopted unless that element names this
+//     installation (and, for adoption, the machine id); DeleteVolume only
+//     touches volumes named with hypervisors.VolumePrefix.
+//   - Observe costs O(1 + changed domains) libvirt calls: one stats listing,
+//     one autostart listing and one volume listing per tick, plus one XML read
+//     per domain that is new, changed state or id, was mutated through this
+//     adapter, or whose cached read is older than Config.RefreshEvery.
+//   - Errors are wrapped with what was being done and map onto the
+//     hypervisors error classes; the bootstrap blob written with
+//     AgentWriteFile never appears in an error or log line.
+package libvirt

@@ -1,0 +1,451 @@
+package libvirt
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"io"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	golibvirt "github.com/digitalocean/go-libvirt"
+	"github.com/google/go-cmp/cmp"
+	"github.com/kdomanski/iso9660"
+
+	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/observed"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata golden files")
+
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	p := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(p, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatalf("read golden (run with -update): %v", err)
+	}
+	if d := cmp.Diff(string(want), got); d != "" {
+		t.Errorf("%s (-want +got):\n%s", name, d)
+	}
+}
+
+var testMarker = observed.Marker{Installation: "inst-1", MachineID: "m/1 <&>", OpID: "op-9", InstanceType: "kvm.small"}
+
+func TestDomainDefinitionGolden(t *testing.T) {
+	base := hypervisors.DomainSpec{Name: "bf-inst-1-m-1-abcd-c1", VCPU: 2, MemoryMiB: 4096, Pool: "default",
+		Overlay: "bf-inst-1-m-1-abcd-c1-disk.qcow2", Seed: "bf-inst-1-m-1-abcd-c1-cidata.iso", Marker: testMarker}
+	kernel := base
+	kernel.DomainType, kernel.Network = "qemu", "user"
+	kernel.Kernel, kernel.Initrd, kernel.Cmdline = "/boot/vmlinuz", "/boot/initrd.gz", "console=ttyS0 quiet"
+	kernel.Seed = ""
+	tests := []struct {
+		name, file string
+		spec       hypervisors.DomainSpec
+	}{
+		{"network disk boot", "domain-network.xml", base},
+		{"direct kernel boot user nic", "domain-kernel-user.xml", kernel},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := domainDefinition(tc.spec, "kvm", "br-net")
+			if err != nil {
+				t.Fatal(err)
+			}
+			golden(t, tc.file, got+"\n")
+			// Idempotence: what we write parses back to the spec's facts.
+			d, err := parseDomain(got)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := testMarker
+			wantVols := []string{tc.spec.Overlay}
+			if tc.spec.Seed != "" {
+				wantVols = append(wantVols, tc.spec.Seed)
+			}
+			if diff := cmp.Diff(&m, d.marker()); diff != "" {
+				t.Errorf("marker round trip (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff([]any{tc.spec.Name, tc.spec.VCPU, tc.spec.MemoryMiB, wantVols},
+				[]any{d.Name, d.VCPU, d.memoryMiB(), d.volumes()}); diff != "" {
+				t.Errorf("round trip (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestDomainDefinitionInvalid(t *testing.T) {
+	ok := hypervisors.DomainSpec{Name: "bf-x", VCPU: 1, MemoryMiB: 64, Pool: "p", Overlay: "bf-x.qcow2", Marker: testMarker}
+	tests := []struct {
+		name string
+		mut  func(*hypervisors.DomainSpec)
+	}{
+		{"no name", func(s *hypervisors.DomainSpec) { s.Name = "" }},
+		{"no vcpu", func(s *hypervisors.DomainSpec) { s.VCPU = 0 }},
+		{"no overlay", func(s *hypervisors.DomainSpec) { s.Overlay = "" }},
+		{"bad type", func(s *hypervisors.DomainSpec) { s.DomainType = "xen" }},
+		{"no marker", func(s *hypervisors.DomainSpec) { s.Marker = observed.Marker{} }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := ok
+			tc.mut(&s)
+			if _, err := domainDefinition(s, "kvm", ""); !errors.Is(err, hypervisors.ErrInvalid) {
+				t.Errorf("got %v, want ErrInvalid", err)
+			}
+		})
+	}
+}
+
+// Libvirt hands back metadata with its own prefix (or none); readers match
+// by namespace only, and other namespaces are ignored.
+func TestParseDomainMarker(t *testing.T) {
+	tests := []struct {
+		name, xml string
+		want      *observed.Marker
+	}{
+		{"libvirt prefix", `<domain><name>d</name><metadata><bf:marker xmlns:bf="https://bigfleet-vm.dev/provider/v1"><bf:installation>i</bf:installation><bf:machine-id>m</bf:machine-id><bf:cluster>c</bf:cluster></bf:marker></metadata></domain>`,
+			&observed.Marker{Installation: "i", MachineID: "m", Cluster: "c"}},
+		{"other prefix unprefixed children", `<domain><metadata><x:marker xmlns:x="https://bigfleet-vm.dev/provider/v1"><installation>i</installation><machine-id>m</machine-id></x:marker></metadata></domain>`,
+			&observed.Marker{Installation: "i", MachineID: "m"}},
+		{"foreign namespace", `<domain><metadata><bf:marker xmlns:bf="https://example.com/other"><bf:installation>i</bf:installation><bf:machine-id>m</bf:machine-id></bf:marker></metadata></domain>`, nil},
+		{"no metadata", `<domain><name>d</name></domain>`, nil},
+		{"incomplete", `<domain><metadata><bf:marker xmlns:bf="https://bigfleet-vm.dev/provider/v1"><bf:installation>i</bf:installation></bf:marker></metadata></domain>`, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d, err := parseDomain(tc.xml)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, d.marker()); diff != "" {
+				t.Errorf("(-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestMarkerBody(t *testing.T) {
+	got, err := markerBody(testMarker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `<marker><installation>inst-1</installation><machine-id>m/1 &lt;&amp;&gt;</machine-id><op-id>op-9</op-id><instance-type>kvm.small</instance-type></marker>`
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+}
+
+func TestVolumeDefinitionGolden(t *testing.T) {
+	ov, err := overlayDefinition("bf-a-disk.qcow2", 40<<30, "/pool/golden.raw", "raw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := rawDefinition("bf-a-cidata.iso", 374784)
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "volume-overlay.xml", ov+"\n")
+	golden(t, "volume-raw.xml", raw+"\n")
+}
+
+func TestParseVolume(t *testing.T) {
+	// As libvirt 9.0 prints a dir-pool overlay.
+	x := `<volume type='file'><name>bf-a.qcow2</name><key>/p/bf-a.qcow2</key><capacity unit='bytes'>67108864</capacity>
+<target><path>/p/bf-a.qcow2</path><format type='qcow2'/></target>
+<backingStore><path>/p/golden.raw</path><format type='raw'/></backingStore></volume>`
+	v, err := parseVolume(x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := []any{v.format(), v.backingFormat(), volumeBytes(v.Capacity), v.Target.Path}
+	want := []any{"qcow2", "raw", uint64(64 << 20), "/p/bf-a.qcow2"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+}
+
+func TestToBytes(t *testing.T) {
+	tests := []struct {
+		in   sizeXML
+		want uint64
+	}{
+		{sizeXML{"", 1024}, 1 << 20},
+		{sizeXML{"KiB", 4194304}, 4 << 30},
+		{sizeXML{"MiB", 256}, 256 << 20},
+		{sizeXML{"G", 2}, 2 << 30},
+		{sizeXML{"bytes", 7}, 7},
+		{sizeXML{"MB", 1}, 1000000},
+	}
+	for _, tc := range tests {
+		if got := toBytes(tc.in); got != tc.want {
+			t.Errorf("toBytes(%+v) = %d, want %d", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestBuildSeed(t *testing.T) {
+	tests := []struct {
+		name string
+		spec hypervisors.SeedSpec
+		want map[string]string
+	}{
+		{"default user-data", hypervisors.SeedSpec{Name: "bf-s", InstanceID: "m-1", Hostname: "bf-host"},
+			map[string]string{"user-data": "#cloud-config\n", "meta-data": "instance-id: \"m-1\"\nlocal-hostname: \"bf-host\"\n"}},
+		{"given user-data, quoted id", hypervisors.SeedSpec{Name: "bf-s", InstanceID: "a\"b: c", Hostname: "h", UserData: "#cloud-config\npackages: [jq]\n"},
+			map[string]string{"user-data": "#cloud-config\npackages: [jq]\n", "meta-data": "instance-id: \"a\\\"b: c\"\nlocal-hostname: \"h\"\n"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			iso, err := buildSeed(tc.spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			img, err := iso9660.OpenImage(bytes.NewReader(iso))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if l, _ := img.Label(); l != "cidata" {
+				t.Errorf("label %q, want cidata", l)
+			}
+			root, err := img.RootDir()
+			if err != nil {
+				t.Fatal(err)
+			}
+			kids, err := root.GetChildren()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]string{}
+			for _, k := range kids {
+				b, _ := io.ReadAll(k.Reader())
+				got[k.Name()] = string(b)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("ISO files (-want +got):\n%s", diff)
+			}
+		})
+	}
+	if _, err := buildSeed(hypervisors.SeedSpec{Name: "bf-s"}); !errors.Is(err, hypervisors.ErrInvalid) {
+		t.Errorf("empty seed: %v, want ErrInvalid", err)
+	}
+}
+
+func TestParseURI(t *testing.T) {
+	tests := []struct {
+		uri string
+		ok  bool
+	}{
+		{"qemu:///system", true},
+		{"qemu:///system?socket=/run/x.sock", true},
+		{"test:///default", true},
+		{"qemu+libssh://bf@host/system?keyfile=/k&known_hosts=/kh&known_hosts_verify=normal", true},
+		{"qemu+libssh://bf@host/system?known_hosts_verify=ignore", false},
+		{"qemu+libssh://bf@host/system?known_hosts_verify=auto", false},
+		{"qemu+libssh2://bf@host/system?no_verify=1", false},
+		{"qemu+ssh://bf@host/system?keyfile=/k", true},
+		{"qemu+ssh://bf@host/system?known_hosts=/kh", false},
+		{"qemu+ssh://bf@host/system?no_verify=1", false},
+		{"qemu+tls://host/system?pkipath=/pki", true},
+		{"qemu+tls://host/system?no_verify=1", false},
+		{"qemu://host/system?no_verify=1", false},
+		{"qemu+tcp://host/system", false},
+		{"xen:///system", false},
+		{"qemu+ext://host/system", false},
+		{"/no/scheme", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.uri, func(t *testing.T) {
+			_, err := ParseURI(tc.uri)
+			if (err == nil) != tc.ok {
+				t.Errorf("ParseURI = %v, want ok=%v", err, tc.ok)
+			}
+			if err != nil && !errors.Is(err, hypervisors.ErrInvalid) {
+				t.Errorf("error %v does not wrap ErrInvalid", err)
+			}
+		})
+	}
+}
+
+func TestParseZones(t *testing.T) {
+	tests := []struct {
+		in   string
+		want []ZoneURI
+		ok   bool
+	}{
+		{"qemu:///system", []ZoneURI{{Zone: "local", URI: "qemu:///system"}}, true},
+		{"rack1=qemu+libssh://u@a/system?keyfile=/k&known_hosts=/h,rack2=qemu:///system",
+			[]ZoneURI{{Zone: "rack1", URI: "qemu+libssh://u@a/system?keyfile=/k&known_hosts=/h"}, {Zone: "rack2", URI: "qemu:///system"}}, true},
+		{"", nil, false},
+		{"rack1=,x", nil, false},
+	}
+	for _, tc := range tests {
+		got, err := ParseZones(tc.in, "local")
+		if (err == nil) != tc.ok {
+			t.Errorf("ParseZones(%q) err = %v, want ok=%v", tc.in, err, tc.ok)
+		}
+		if diff := cmp.Diff(tc.want, got); diff != "" {
+			t.Errorf("ParseZones(%q) (-want +got):\n%s", tc.in, diff)
+		}
+	}
+}
+
+func TestValidateReportsEverything(t *testing.T) {
+	err := Config{Zones: []ZoneURI{{Zone: "a", URI: "qemu+tcp://h/system"}, {Zone: "a", URI: "qemu:///system"}, {URI: "qemu:///system"}}, DomainType: "xen"}.Validate()
+	if !errors.Is(err, hypervisors.ErrInvalid) {
+		t.Fatalf("got %v, want ErrInvalid", err)
+	}
+	for _, want := range []string{"installation is empty", "tcp transport", "listed twice", "has no name", "xen"} {
+		if !bytes.Contains([]byte(err.Error()), []byte(want)) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
+}
+
+func TestClassify(t *testing.T) {
+	le := func(code golibvirt.ErrorNumber, msg string) error {
+		return golibvirt.Error{Code: uint32(code), Message: msg}
+	}
+	tests := []struct {
+		name string
+		err  error
+		want error
+	}{
+		{"no domain", le(golibvirt.ErrNoDomain, "Domain not found"), hypervisors.ErrNotFound},
+		{"no volume", le(golibvirt.ErrNoStorageVol, "Storage volume not found"), hypervisors.ErrNotFound},
+		{"no pool", le(golibvirt.ErrNoStoragePool, "no pool"), hypervisors.ErrNotFound},
+		{"vol exists", le(golibvirt.ErrStorageVolExist, "exists"), hypervisors.ErrExists},
+		{"denied", le(golibvirt.ErrAccessDenied, "access denied"), hypervisors.ErrPermission},
+		{"auth", le(golibvirt.ErrAuthFailed, "auth failed"), hypervisors.ErrPermission},
+		{"agent", le(golibvirt.ErrAgentUnresponsive, "Guest agent is not responding: QEMU guest agent is not connected"), hypervisors.ErrAgentNotReady},
+		{"unsupported", le(golibvirt.ErrNoSupport, "this function is not supported by the connection driver: virStorageVolUpload"), hypervisors.ErrUnsupported},
+		{"invalid", le(golibvirt.ErrOperationInvalid, "domain is not running"), hypervisors.ErrInvalid},
+		{"busy", le(golibvirt.ErrResourceBusy, "busy"), hypervisors.ErrTransient},
+		{"io", io.ErrUnexpectedEOF, hypervisors.ErrTransient},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := classify("op", tc.err)
+			if !errors.Is(got, tc.want) {
+				t.Errorf("classify = %v, want %v", got, tc.want)
+			}
+			if !errors.Is(got, tc.err) {
+				t.Errorf("classify lost the original error")
+			}
+		})
+	}
+	if classify("op", nil) != nil {
+		t.Error("classify(nil) != nil")
+	}
+}
+
+func TestAgentError(t *testing.T) {
+	tests := []struct {
+		name string
+		err  error
+		want error
+	}{
+		{"not connected", classify("x", golibvirt.Error{Code: uint32(golibvirt.ErrAgentUnresponsive), Message: "QEMU guest agent is not connected"}), hypervisors.ErrAgentNotReady},
+		{"timeout", classify("x", golibvirt.Error{Code: uint32(golibvirt.ErrAgentCommandTimeout), Message: "Guest agent command timed out"}), hypervisors.ErrAgentNotReady},
+		{"message only", errors.New("Guest agent is not responding"), hypervisors.ErrAgentNotReady},
+		{"missing file", classify("x", golibvirt.Error{Code: uint32(golibvirt.ErrInternalError), Message: "failed to open file '/x': No such file or directory"}), hypervisors.ErrNotFound},
+	}
+	for _, tc := range tests {
+		if got := agentError(tc.err); !errors.Is(got, tc.want) {
+			t.Errorf("%s: agentError = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestTailAndStateParam(t *testing.T) {
+	if diff := cmp.Diff([]byte("def"), tail([]byte("abcdef"), 3)); diff != "" {
+		t.Error(diff)
+	}
+	if tail(nil, 3) != nil {
+		t.Error("tail(nil) != nil")
+	}
+	ps := []golibvirt.TypedParam{{Field: "state.reason", Value: golibvirt.TypedParamValue{D: 1, I: int32(1)}},
+		{Field: "state.state", Value: golibvirt.TypedParamValue{D: 1, I: int32(5)}}}
+	if got := stateParam(ps); got != golibvirt.DomainShutoff {
+		t.Errorf("stateParam = %v, want shutoff", got)
+	}
+	if got := stateParam(nil); got != golibvirt.DomainNostate {
+		t.Errorf("stateParam(nil) = %v", got)
+	}
+}
+
+// New never dials synchronously: a zone on a dead socket is unreachable at
+// once and reported by ZoneHealth; an unknown zone is ErrInvalid.
+func TestNewDoesNotBlockOnDeadZone(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "none.sock")
+	t0 := time.Now()
+	h, err := New(Config{Installation: "i", Zones: []ZoneURI{{Zone: "dead", URI: "qemu:///system?socket=" + sock}},
+		MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if d := time.Since(t0); d > 100*time.Millisecond {
+		t.Errorf("New took %s", d)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := h.WaitConnected(ctx); err != nil {
+		t.Fatal(err)
+	}
+	z, err := h.Observe(ctx, "dead")
+	if !errors.Is(err, hypervisors.ErrUnreachable) {
+		t.Errorf("Observe: %v, want ErrUnreachable", err)
+	}
+	if z == nil || z.Status != observed.StatusUnknown {
+		t.Errorf("zone = %+v, want StatusUnknown", z)
+	}
+	if err := h.ZoneHealth()["dead"]; !errors.Is(err, hypervisors.ErrUnreachable) {
+		t.Errorf("ZoneHealth = %v", err)
+	}
+	if _, err := h.Observe(ctx, "nope"); !errors.Is(err, hypervisors.ErrInvalid) {
+		t.Errorf("unknown zone: %v, want ErrInvalid", err)
+	}
+	if got := h.Shape(); got != hypervisors.ShapeLibvirt {
+		t.Errorf("Shape = %v", got)
+	}
+	if _, err := h.CloneVM(ctx, "dead", hypervisors.CloneSpec{}); !errors.Is(err, hypervisors.ErrUnsupported) {
+		t.Errorf("CloneVM = %v, want ErrUnsupported", err)
+	}
+}
+
+// A call that never answers times out, and the connection is marked broken
+// so that the background loop redials.
+func TestCallTimeoutMarksBroken(t *testing.T) {
+	cfg := Config{CallTimeout: 50 * time.Millisecond}
+	cfg.defaults()
+	var calls = new(atomicCounter)
+	z := newZoneConn("z", nil, &cfg, nil, &calls.Int64)
+	z.lv = &golibvirt.Libvirt{}
+	z.gen = 1
+	block := make(chan struct{})
+	defer close(block)
+	err := z.call(context.Background(), "hang", 0, func(*golibvirt.Libvirt) error { <-block; return nil })
+	if !errors.Is(err, hypervisors.ErrTransient) {
+		t.Fatalf("got %v, want ErrTransient", err)
+	}
+	select {
+	case <-z.broken:
+	default:
+		t.Error("connection not marked broken")
+	}
+	if calls.Load() != 1 {
+		t.Errorf("calls = %d, want 1", calls.Load())
+	}
+}
+
+type atomicCounter struct{ atomic.Int64 }

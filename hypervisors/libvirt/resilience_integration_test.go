@@ -1,0 +1,284 @@
+//go:build integration
+
+package libvirt
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/observed"
+)
+
+// smallSpec is a domain that is defined but never started.
+func smallSpec(pool string, m machine) hypervisors.DomainSpec {
+	return hypervisors.DomainSpec{Name: m.name, VCPU: 1, MemoryMiB: 64, DomainType: "qemu", Pool: pool,
+		Overlay: m.overlay, Seed: m.seed, Network: "user", Marker: m.marker}
+}
+
+func countOwned(z *observed.Zone, machineID string) int {
+	n := 0
+	for _, v := range z.VMs {
+		if v.Marker != nil && v.Marker.MachineID == machineID {
+			n++
+		}
+	}
+	return n
+}
+
+// A crash between define and start: a restarted adapter re-defines (adopts)
+// and starts without making a second domain; a foreign installation's
+// domain of the same name is ErrExists and is never stopped or undefined.
+func TestIntegrationCrashBetweenDefineAndStart(t *testing.T) {
+	e := needEnv(t)
+	inst := "it-" + randHex(4)
+	h1 := newITInst(t, e, inst, ZoneURI{Zone: "a", URI: e.URI})
+	m := newMachine(h1, "crash-1")
+	ctx := ctxT(t, 2*time.Minute)
+	if err := h1.CreateOverlay(ctx, "a", hypervisors.OverlaySpec{Pool: e.Pool, Name: m.overlay, BaseImage: e.Image}); err != nil {
+		t.Fatal(err)
+	}
+	spec := smallSpec(e.Pool, m)
+	spec.Seed = ""
+	if err := h1.DefineDomain(ctx, "a", spec); err != nil {
+		t.Fatalf("define: %v", err)
+	}
+	_ = h1.Close() // "crash"
+
+	h2 := newITInst(t, e, inst, ZoneURI{Zone: "a", URI: e.URI})
+	cleanupMachine(t, h2, "a", e.Pool, m)
+	if err := h2.DefineDomain(ctx, "a", spec); err != nil {
+		t.Fatalf("re-define after crash: %v", err)
+	}
+	tg := hypervisors.Target{Zone: "a", Name: m.name}
+	if err := h2.Start(ctx, tg); err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	if err := h2.Start(ctx, tg); err != nil {
+		t.Fatalf("second start: %v", err)
+	}
+	z, err := h2.Observe(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := countOwned(z, m.marker.MachineID); n != 1 {
+		t.Errorf("owned domains for the machine = %d, want 1", n)
+	}
+
+	// Another installation sees the name as taken and may not touch it.
+	other := newIT(t, e, ZoneURI{Zone: "a", URI: e.URI})
+	ospec := spec
+	ospec.Marker.Installation = other.cfg.Installation
+	if err := other.DefineDomain(ctx, "a", ospec); !errors.Is(err, hypervisors.ErrExists) {
+		t.Errorf("foreign define: %v, want ErrExists", err)
+	}
+	if err := other.Stop(ctx, tg, 0); !errors.Is(err, hypervisors.ErrNotOwned) {
+		t.Errorf("foreign stop: %v, want ErrNotOwned", err)
+	}
+	if err := other.UndefineDomain(ctx, tg); !errors.Is(err, hypervisors.ErrNotOwned) {
+		t.Errorf("foreign undefine: %v, want ErrNotOwned", err)
+	}
+	oz, err := other.Observe(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range oz.VMs {
+		if v.Name == m.name && v.Marker != nil {
+			t.Errorf("foreign installation sees our domain as owned: %+v", v.Marker)
+		}
+	}
+	// Same installation, other machine: also ErrExists.
+	wrong := spec
+	wrong.Marker.MachineID = "someone-else"
+	if err := h2.DefineDomain(ctx, "a", wrong); !errors.Is(err, hypervisors.ErrExists) {
+		t.Errorf("define for another machine: %v, want ErrExists", err)
+	}
+}
+
+// A zone whose URI points at a dead socket is unreachable at once and
+// never blocks the healthy zone; New does not wait for it.
+func TestIntegrationDeadZone(t *testing.T) {
+	e := needEnv(t)
+	t0 := time.Now()
+	h := newIT(t, e, ZoneURI{Zone: "good", URI: e.URI},
+		ZoneURI{Zone: "dead", URI: "qemu:///system?socket=/run/bigfleet-no-such.sock"})
+	ctx := ctxT(t, time.Minute)
+	if _, err := h.Observe(ctx, "good"); err != nil {
+		t.Fatalf("good zone: %v", err)
+	}
+	t1 := time.Now()
+	z, err := h.Observe(ctx, "dead")
+	if !errors.Is(err, hypervisors.ErrUnreachable) || z == nil || z.Status != observed.StatusUnknown {
+		t.Fatalf("dead zone: %v %+v, want ErrUnreachable and StatusUnknown", err, z)
+	}
+	if d := time.Since(t1); d > time.Second {
+		t.Errorf("dead zone Observe took %s", d)
+	}
+	if err := h.Start(ctx, hypervisors.Target{Zone: "dead", Name: "x"}); !errors.Is(err, hypervisors.ErrUnreachable) {
+		t.Errorf("Start on dead zone: %v", err)
+	}
+	health := h.ZoneHealth()
+	if health["good"] != nil || !errors.Is(health["dead"], hypervisors.ErrUnreachable) {
+		t.Errorf("ZoneHealth = %v", health)
+	}
+	t.Logf("MEASURE New+first dial of both zones: %s", t1.Sub(t0).Round(time.Millisecond))
+}
+
+// Two zones on two pools: volumes land in and are observed from each
+// zone's own pool.
+func TestIntegrationTwoZonesTwoPools(t *testing.T) {
+	e := needEnv(t)
+	if e.Pool2 == "" {
+		t.Fatal("BIGFLEET_LIBVIRT_POOL2 unset")
+	}
+	h := newIT(t, e, ZoneURI{Zone: "a", URI: e.URI, Pool: e.Pool}, ZoneURI{Zone: "b", URI: e.URI, Pool: e.Pool2})
+	ctx := ctxT(t, time.Minute)
+	ma, mb := newMachine(h, "two-a"), newMachine(h, "two-b")
+	cleanupMachine(t, h, "a", e.Pool, ma)
+	cleanupMachine(t, h, "b", e.Pool2, mb)
+	if err := h.CreateOverlay(ctx, "a", hypervisors.OverlaySpec{Pool: e.Pool, Name: ma.overlay, BaseImage: e.Image}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.CreateOverlay(ctx, "b", hypervisors.OverlaySpec{Pool: e.Pool2, Name: mb.overlay, BaseImage: e.Image}); err != nil {
+		t.Fatal(err)
+	}
+	for zone, want := range map[string]string{"a": ma.overlay, "b": mb.overlay} {
+		z, err := h.Observe(ctx, zone)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, v := range z.Volumes {
+			if strings.Contains(v.Name, "-two-") {
+				names = append(names, v.Pool+"/"+v.Name)
+			}
+		}
+		if len(names) != 1 || !strings.HasSuffix(names[0], "/"+want) {
+			t.Errorf("zone %s volumes = %v, want only %s", zone, names, want)
+		}
+	}
+}
+
+func daemonPID(t *testing.T) int {
+	b, err := os.ReadFile("/run/libvirtd.pid")
+	if err != nil {
+		t.Fatalf("libvirtd pid: %v", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatalf("libvirtd pid: %v", err)
+	}
+	return pid
+}
+
+// libvirtd killed and restarted mid-run: calls fail with a retryable class
+// meanwhile, and the adapter reconnects by itself.
+func TestIntegrationDaemonRestart(t *testing.T) {
+	e := needEnv(t)
+	h := newIT(t, e, ZoneURI{Zone: "a", URI: e.URI})
+	ctx := ctxT(t, 2*time.Minute)
+	if _, err := h.Observe(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	pid := daemonPID(t)
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		t.Fatalf("kill libvirtd: %v", err)
+	}
+	restarted := false
+	t.Cleanup(func() {
+		if !restarted {
+			_ = exec.Command("libvirtd", "-d").Run()
+		}
+	})
+	for i := 0; syscall.Kill(pid, 0) == nil; i++ {
+		if i > 100 {
+			t.Fatal("libvirtd did not exit")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	_, err := h.Observe(ctx, "a")
+	if err == nil || !hypervisors.Retryable(err) {
+		t.Errorf("Observe with the daemon down: %v, want a retryable error", err)
+	}
+	if out, err := exec.Command("libvirtd", "-d").CombinedOutput(); err != nil {
+		t.Fatalf("restart libvirtd: %v %s", err, out)
+	}
+	restarted = true
+	t0 := time.Now()
+	for {
+		_, err := h.Observe(ctx, "a")
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("adapter never recovered: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("MEASURE reconnect after daemon restart: %s", time.Since(t0).Round(time.Millisecond))
+	if h.ZoneHealth()["a"] != nil {
+		t.Errorf("health after recovery: %v", h.ZoneHealth()["a"])
+	}
+}
+
+// Observe's libvirt calls per tick at 200 defined domains: cold, steady,
+// and after one domain changes.
+func TestIntegrationObserveCalls200(t *testing.T) {
+	e := needEnv(t)
+	h := newIT(t, e, ZoneURI{Zone: "a", URI: e.URI})
+	ctx := ctxT(t, 5*time.Minute)
+	const n = 200
+	var ms []machine
+	t0 := time.Now()
+	for i := 0; i < n; i++ {
+		m := newMachine(h, fmt.Sprintf("scale-%03d", i))
+		ms = append(ms, m)
+		cleanupMachine(t, h, "a", e.Pool, m)
+		if err := h.DefineDomain(ctx, "a", smallSpec(e.Pool, m)); err != nil {
+			t.Fatalf("define %d: %v", i, err)
+		}
+	}
+	t.Logf("MEASURE define %d domains: %s", n, time.Since(t0).Round(time.Millisecond))
+	tick := func(label string) (int64, time.Duration) {
+		before := h.Calls()
+		t0 := time.Now()
+		z, err := h.Observe(ctx, "a")
+		if err != nil {
+			t.Fatalf("Observe %s: %v", label, err)
+		}
+		d := time.Since(t0)
+		got := 0
+		for _, v := range z.VMs {
+			if v.Marker != nil {
+				got++
+			}
+		}
+		if got != n {
+			t.Errorf("%s: owned VMs = %d, want %d", label, got, n)
+		}
+		calls := h.Calls() - before
+		t.Logf("MEASURE observe %s at %d domains: %d libvirt calls, %s", label, n, calls, d.Round(time.Millisecond))
+		return calls, d
+	}
+	tick("cold")
+	steady, _ := tick("steady")
+	if steady > 5 {
+		t.Errorf("steady-state tick made %d calls, want O(1) (<= 5)", steady)
+	}
+	bound := ms[7].marker
+	bound.Cluster = "c1"
+	if err := h.SetMarker(ctx, hypervisors.Target{Zone: "a", Name: ms[7].name}, bound); err != nil {
+		t.Fatal(err)
+	}
+	one, _ := tick("after 1 change")
+	if one != steady+1 {
+		t.Errorf("tick after one change made %d calls, want %d", one, steady+1)
+	}
+}

@@ -1,0 +1,207 @@
+#!/usr/bin/env bash
+# libvirt-up.sh: bring up a real libvirtd (no systemd) plus everything the
+# libvirt adapter's integration tests need, idempotently and without stdin.
+#
+# It installs the Debian packages named in docs (real-substrate.md), applies
+# the three fix-ups (log dir, libvirt-qemu user/group, qemu runs as root),
+# starts virtlogd and libvirtd in the background, waits for a real call to
+# work, defines two dir pools and an IP-less isolated network, and builds a
+# tiny guest (Debian cloud kernel + busybox initramfs running the host's real
+# qemu-ga on org.qemu.guest_agent.0, with /opt/bigfleet/bootstrap).
+#
+# Everything it creates lives under $BIGFLEET_TEST_DIR (default
+# /var/lib/bigfleet-test); it writes $BIGFLEET_TEST_DIR/env for the tests
+# (source it, then `go test -tags integration ./hypervisors/libvirt/...`).
+# It exits non-zero with a clear message if the daemon cannot be started.
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+
+STATE=${BIGFLEET_TEST_DIR:-/var/lib/bigfleet-test}
+URI=qemu:///system
+POOL_A=bigfleet-test-a
+POOL_B=bigfleet-test-b
+NET=bigfleet-isolated
+BRIDGE=virbr-bftest
+
+die() { echo "libvirt-up: FATAL: $*" >&2; exit 1; }
+log() { echo "libvirt-up: $*" >&2; }
+
+[ "$(id -u)" = 0 ] || die "must run as root"
+mkdir -p "$STATE"/{debs,guest,pool-a,pool-b}
+
+# 1. Packages (never libvirt-daemon-system: it pulls in systemd).
+PKGS=(libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 qemu-utils qemu-guest-agent)
+missing=()
+for p in "${PKGS[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+	log "installing ${missing[*]}"
+	apt-get update -qq </dev/null
+	apt-get install -y -qq --no-install-recommends -o DPkg::Lock::Timeout=600 "${missing[@]}" </dev/null >/dev/null ||
+		die "apt-get install ${missing[*]} failed"
+fi
+
+# 2. Fix-ups for a daemon without systemd.
+getent group libvirt-qemu >/dev/null || groupadd -r libvirt-qemu
+id libvirt-qemu >/dev/null 2>&1 || useradd -r -g libvirt-qemu -d /var/lib/libvirt -s /usr/sbin/nologin libvirt-qemu
+printf 'user = "root"\ngroup = "root"\n' >/etc/libvirt/qemu.conf
+mkdir -p /var/log/libvirt /var/lib/libvirt /run/libvirt
+
+alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+# 3. Daemons, in the background, by PID file.
+alive /run/virtlogd.pid || { log "starting virtlogd"; virtlogd -d || die "virtlogd failed to start"; }
+if ! alive /run/libvirtd.pid; then
+	log "starting libvirtd"
+	libvirtd -d || die "libvirtd failed to start (see /var/log/libvirt/libvirtd.log)"
+fi
+ok=""
+for _ in $(seq 300); do
+	if virsh -c "$URI" uri >/dev/null 2>&1; then ok=1; break; fi
+	alive /run/libvirtd.pid || break
+	sleep 0.1
+done
+if [ -z "$ok" ]; then
+	tail -20 /var/log/libvirt/libvirtd.log >&2 2>/dev/null || true
+	die "libvirtd is not answering on $URI"
+fi
+# The first capabilities probe takes ~7 s once; pay it here, not in a test.
+virsh -c "$URI" version >/dev/null || die "virsh version failed"
+virsh -c "$URI" list >/dev/null || die "virsh list failed"
+
+# 4. Guest artefacts (cached).
+G=$STATE/guest
+if [ ! -s "$G/vmlinuz" ] || [ ! -s "$G/initrd.gz" ]; then
+	log "building tiny guest"
+	cd "$STATE/debs"
+	abi_pkg=$(apt-cache depends linux-image-cloud-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
+	[ -n "$abi_pkg" ] || { apt-get update -qq </dev/null; abi_pkg=$(apt-cache depends linux-image-cloud-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}'); }
+	[ -n "$abi_pkg" ] || die "cannot resolve the cloud kernel package"
+	ls "$abi_pkg"_*.deb >/dev/null 2>&1 || apt-get download "$abi_pkg" </dev/null >/dev/null || die "download $abi_pkg"
+	ls busybox-static_*.deb >/dev/null 2>&1 || apt-get download busybox-static </dev/null >/dev/null || die "download busybox-static"
+	rm -rf "$G/x" "$G/root" && mkdir -p "$G/x" "$G/root"
+	dpkg-deb --fsys-tarfile "$abi_pkg"_*.deb | tar -x -C "$G/x" --wildcards './boot/vmlinuz-*' \
+		'./lib/modules/*/kernel/drivers/virtio/*' './lib/modules/*/kernel/drivers/char/virtio_console.ko'
+	dpkg-deb -x busybox-static_*.deb "$G/x"
+	R=$G/root
+	mkdir -p "$R"/{bin,sbin,proc,sys,dev,run,tmp,etc,lib/bfmod,opt/bigfleet,var/lib/bigfleet,usr/bin}
+	cp "$G/x/bin/busybox" "$R/bin/busybox"
+	for a in $("$R/bin/busybox" --list); do [ -e "$R/bin/$a" ] || ln -s busybox "$R/bin/$a"; done
+	find "$G/x/lib/modules" -name '*.ko' -exec cp {} "$R/lib/bfmod/" \;
+	QGA=$(command -v qemu-ga) || die "qemu-ga not found"
+	cp "$QGA" "$R/usr/bin/qemu-ga"
+	for lib in $(ldd "$QGA" | grep -o '/[^ ]*'); do
+		mkdir -p "$R$(dirname "$lib")" && cp -L "$lib" "$R$lib"
+	done
+	cat >"$R/init" <<'EOF'
+#!/bin/sh
+# Tiny BigFleet test guest: starts the real qemu-ga on org.qemu.guest_agent.0.
+export PATH=/bin:/sbin:/usr/bin
+mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
+mount -t tmpfs run /run; mount -t tmpfs tmp /tmp
+for m in virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci virtio_console; do
+	[ -f /lib/bfmod/$m.ko ] && insmod /lib/bfmod/$m.ko 2>/dev/null
+done
+hostname bigfleet-guest
+port=""
+for _ in $(seq 200); do
+	for n in /sys/class/virtio-ports/*/name; do
+		[ -f "$n" ] && [ "$(cat "$n")" = org.qemu.guest_agent.0 ] && port=$(basename "$(dirname "$n")")
+	done
+	[ -n "$port" ] && [ -e "/dev/$port" ] && break
+	sleep 0.05
+done
+echo "BIGFLEET-GUEST agent port=$port"
+mkdir -p /run/qga
+while true; do
+	qemu-ga -m virtio-serial -p "/dev/$port" -t /run/qga
+	echo "BIGFLEET-GUEST qemu-ga exited $?"; sleep 1
+done
+EOF
+	cat >"$R/sbin/shutdown" <<'EOF'
+#!/bin/sh
+sync; poweroff -f
+EOF
+	# The bootstrap hook: argv[1] is the cluster id, argv[2] (optional) the
+	# blob path (default /opt/bigfleet/bootstrap.blob). It records what it
+	# received under /var/lib/bigfleet/received and prints a summary. Cluster
+	# "fail" makes it exit 3 (to test non-zero hooks).
+	cat >"$R/opt/bigfleet/bootstrap" <<'EOF'
+#!/bin/sh
+cluster="$1"; blob="${2:-/opt/bigfleet/bootstrap.blob}"
+out=/var/lib/bigfleet/received
+mkdir -p "$out"
+printf '%s' "$cluster" >"$out/cluster"
+if [ -f "$blob" ]; then
+	cp "$blob" "$out/blob"
+	sum=$(sha256sum "$blob" | cut -d' ' -f1)
+	size=$(wc -c <"$blob" | tr -d ' ')
+	mode=$(stat -c %a "$blob")
+else
+	sum=none; size=0; mode=none
+fi
+printf 'cluster=%s sha256=%s size=%s mode=%s\n' "$cluster" "$sum" "$size" "$mode" | tee "$out/summary"
+if [ "$cluster" = fail ]; then echo "bootstrap: refusing cluster fail" >&2; exit 3; fi
+exit 0
+EOF
+	chmod 0755 "$R/init" "$R/sbin/shutdown" "$R/opt/bigfleet/bootstrap"
+	cp "$G"/x/boot/vmlinuz-* "$G/vmlinuz.tmp" && mv "$G/vmlinuz.tmp" "$G/vmlinuz"
+	(cd "$R" && find . | "$R/bin/busybox" cpio -o -H newc 2>/dev/null | gzip -1 >"$G/initrd.gz.tmp") && mv "$G/initrd.gz.tmp" "$G/initrd.gz"
+	rm -rf "$G/x"
+fi
+
+# 5. Golden images (a qcow2 in both pools, a raw one in pool A).
+for d in pool-a pool-b; do
+	[ -f "$STATE/$d/golden.qcow2" ] || qemu-img create -q -f qcow2 "$STATE/$d/golden.qcow2" 64M
+done
+[ -f "$STATE/pool-a/golden.raw" ] || qemu-img create -q -f raw "$STATE/pool-a/golden.raw" 32M
+
+# 6. Pools and the IP-less isolated network.
+ensure_pool() {
+	local name=$1 dir=$2
+	if ! virsh -c "$URI" pool-info "$name" >/dev/null 2>&1; then
+		virsh -c "$URI" pool-define-as "$name" dir --target "$dir" >/dev/null || die "pool-define $name"
+	fi
+	# (capture first: grep -q under pipefail would SIGPIPE virsh)
+	local info
+	info=$(virsh -c "$URI" pool-info "$name" 2>/dev/null || true)
+	if ! grep -Eq 'State: *running' <<<"$info"; then
+		virsh -c "$URI" pool-start "$name" >/dev/null || die "pool-start $name"
+	fi
+	virsh -c "$URI" pool-refresh "$name" >/dev/null || die "pool-refresh $name"
+}
+ensure_pool "$POOL_A" "$STATE/pool-a"
+ensure_pool "$POOL_B" "$STATE/pool-b"
+# libvirt 9.0 inserts iptables rules even for an IP-less network, so the
+# network is only made when iptables is present (BIGFLEET_TEST_NETWORK=1
+# installs it); otherwise the tests use a user-mode NIC ("user").
+if [ "${BIGFLEET_TEST_NETWORK:-0}" = 1 ] && ! command -v iptables >/dev/null; then
+	apt-get install -y -qq --no-install-recommends -o DPkg::Lock::Timeout=600 iptables </dev/null >/dev/null || die "install iptables"
+fi
+if command -v iptables >/dev/null; then
+	if ! virsh -c "$URI" net-info "$NET" >/dev/null 2>&1; then
+		cat >"$STATE/net.xml" <<EOF
+<network><name>$NET</name><bridge name='$BRIDGE' stp='off'/></network>
+EOF
+		virsh -c "$URI" net-define "$STATE/net.xml" >/dev/null || die "net-define $NET"
+	fi
+	grep -Eq 'Active: *yes' <<<"$(virsh -c "$URI" net-info "$NET")" || virsh -c "$URI" net-start "$NET" >/dev/null || die "net-start $NET"
+else
+	virsh -c "$URI" net-undefine "$NET" >/dev/null 2>&1 || true
+	log "iptables not installed: no isolated network, tests use a user-mode NIC"
+	NET=user
+fi
+
+cat >"$STATE/env" <<EOF
+export BIGFLEET_LIBVIRT_URI=$URI
+export BIGFLEET_LIBVIRT_POOL=$POOL_A
+export BIGFLEET_LIBVIRT_POOL2=$POOL_B
+export BIGFLEET_LIBVIRT_NETWORK=$NET
+export BIGFLEET_LIBVIRT_IMAGE=golden.qcow2
+export BIGFLEET_LIBVIRT_IMAGE_RAW=golden.raw
+export BIGFLEET_LIBVIRT_KERNEL=$G/vmlinuz
+export BIGFLEET_LIBVIRT_INITRD=$G/initrd.gz
+export BIGFLEET_LIBVIRT_STATE=$STATE
+EOF
+log "up: libvirtd pid $(cat /run/libvirtd.pid), env in $STATE/env"
