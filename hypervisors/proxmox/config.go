@@ -1,0 +1,225 @@
+package proxmox
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-multierror"
+)
+
+// Config configures an Adapter.
+type Config struct {
+	// APIURL is the API base, e.g. https://pve1:8006/api2/json ("/api2/json"
+	// is appended when missing). Only https is accepted.
+	APIURL string
+	// TokenID is USER@REALM!TOKENID; TokenSecret its secret (never logged).
+	TokenID     string
+	TokenSecret string
+	// CAFile is a PEM bundle verifying the API certificate (chain and host
+	// name).
+	CAFile string
+	// Fingerprint pins the API leaf certificate: the hex SHA-256 of its DER
+	// (colons and case are ignored). With CAFile both checks must pass;
+	// alone it replaces chain verification.
+	Fingerprint string
+	// Pool is the resource pool clones are placed in ("" for none).
+	Pool string
+	// Storage is the target storage of full clones ("" keeps the
+	// template's); it is also the path of the Datastore.AllocateSpace check.
+	Storage string
+	// Nodes are the cluster nodes managed, one zone each.
+	Nodes []string
+	// Installation names this provider installation (ownership tag and
+	// marker).
+	Installation string
+
+	// HTTPTimeout bounds one API request (default 30 s).
+	HTTPTimeout time.Duration
+	// CloneConcurrency bounds concurrent clones per node (default 2).
+	CloneConcurrency int
+	// ListingTTL is how long one /cluster/resources listing serves Observe
+	// calls for other zones (default 2 s).
+	ListingTTL time.Duration
+	// ConfigTTL forces a config re-read of an unchanged owned VM after this
+	// age, to catch out-of-band description edits (default 10 min).
+	ConfigTTL time.Duration
+	// Retries is how many times the adapter itself retries a locked or
+	// transient call within ctx (default 3; the executor retries too).
+	Retries int
+	// RetryBase is the first retry backoff (default 250 ms, jittered,
+	// doubling).
+	RetryBase time.Duration
+	// PollMin and PollMax bound the task and exec-status poll backoff
+	// (defaults 100 ms doubling to 2 s).
+	PollMin, PollMax time.Duration
+	// OutputLimit bounds the stdout/stderr tail kept from an exec (default
+	// 64 KiB each).
+	OutputLimit int
+	// VMIDMin and VMIDMax bound the VMIDs the allocator hands out (defaults
+	// 100 and 999999999).
+	VMIDMin, VMIDMax int
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+func (c *Config) defaults() {
+	if c.HTTPTimeout == 0 {
+		c.HTTPTimeout = 30 * time.Second
+	}
+	if c.CloneConcurrency == 0 {
+		c.CloneConcurrency = 2
+	}
+	if c.ListingTTL == 0 {
+		c.ListingTTL = 2 * time.Second
+	}
+	if c.ConfigTTL == 0 {
+		c.ConfigTTL = 10 * time.Minute
+	}
+	if c.Retries == 0 {
+		c.Retries = 3
+	}
+	if c.RetryBase == 0 {
+		c.RetryBase = 250 * time.Millisecond
+	}
+	if c.PollMin == 0 {
+		c.PollMin = 100 * time.Millisecond
+	}
+	if c.PollMax == 0 {
+		c.PollMax = 2 * time.Second
+	}
+	if c.OutputLimit == 0 {
+		c.OutputLimit = 64 << 10
+	}
+	if c.VMIDMin == 0 {
+		c.VMIDMin = 100
+	}
+	if c.VMIDMax == 0 {
+		c.VMIDMax = 999999999
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+// Validate reports every configuration problem at once.
+func (c *Config) Validate() error {
+	var errs *multierror.Error
+	u, err := url.Parse(c.APIURL)
+	switch {
+	case c.APIURL == "":
+		errs = multierror.Append(errs, errors.New("api url is required"))
+	case err != nil:
+		errs = multierror.Append(errs, fmt.Errorf("api url: %w", err))
+	case u.Scheme != "https":
+		errs = multierror.Append(errs, fmt.Errorf("api url %q: scheme %q refused: only https keeps the token and bootstrap data private", redactURL(u), u.Scheme))
+	case u.Host == "":
+		errs = multierror.Append(errs, fmt.Errorf("api url %q has no host", redactURL(u)))
+	}
+	if c.TokenID == "" || !strings.Contains(c.TokenID, "@") || !strings.Contains(c.TokenID, "!") {
+		errs = multierror.Append(errs, fmt.Errorf("token id %q must look like USER@REALM!TOKENID", c.TokenID))
+	}
+	if c.TokenSecret == "" {
+		errs = multierror.Append(errs, errors.New("token secret is required"))
+	}
+	if c.CAFile == "" && c.Fingerprint == "" {
+		errs = multierror.Append(errs, errors.New("set a CA file or a certificate fingerprint: the API certificate must be verified"))
+	}
+	if c.Fingerprint != "" {
+		if _, err := parseFingerprint(c.Fingerprint); err != nil {
+			errs = multierror.Append(errs, err)
+		}
+	}
+	if len(c.Nodes) == 0 {
+		errs = multierror.Append(errs, errors.New("at least one node is required"))
+	}
+	if c.Installation == "" {
+		errs = multierror.Append(errs, errors.New("installation is required"))
+	}
+	if c.VMIDMin != 0 && c.VMIDMin < 100 {
+		errs = multierror.Append(errs, fmt.Errorf("vmid minimum %d is below 100", c.VMIDMin))
+	}
+	return errs.ErrorOrNil()
+}
+
+func redactURL(u *url.URL) string {
+	c := *u
+	c.User = nil
+	return c.String()
+}
+
+func parseFingerprint(s string) ([]byte, error) {
+	h := strings.ToLower(strings.ReplaceAll(strings.TrimSpace(s), ":", ""))
+	b, err := hex.DecodeString(h)
+	if err != nil || len(b) != sha256.Size {
+		return nil, fmt.Errorf("fingerprint %q is not a hex SHA-256 (64 hex digits, colons allowed)", s)
+	}
+	return b, nil
+}
+
+// ErrFingerprintMismatch is returned (wrapped, with ErrPermission) when the
+// API server's leaf certificate does not match the pinned fingerprint.
+var ErrFingerprintMismatch = errors.New("certificate fingerprint mismatch")
+
+// httpClient builds the TLS-verifying HTTP client for the API.
+func (c *Config) httpClient() (*http.Client, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if c.CAFile != "" {
+		pem, err := os.ReadFile(c.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("read CA file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("CA file %s holds no PEM certificate", c.CAFile)
+		}
+		tc.RootCAs = pool
+	}
+	if c.Fingerprint != "" {
+		want, err := parseFingerprint(c.Fingerprint)
+		if err != nil {
+			return nil, err
+		}
+		// Without a CA file the chain is not verified; the pin is the trust.
+		tc.InsecureSkipVerify = c.CAFile == ""
+		tc.VerifyConnection = func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return fmt.Errorf("%w: server sent no certificate", ErrFingerprintMismatch)
+			}
+			got := sha256.Sum256(cs.PeerCertificates[0].Raw)
+			if subtle.ConstantTimeCompare(got[:], want) != 1 {
+				return fmt.Errorf("%w: server presented %s, pinned %s", ErrFingerprintMismatch,
+					hex.EncodeToString(got[:]), hex.EncodeToString(want))
+			}
+			return nil
+		}
+	}
+	tr := &http.Transport{
+		Proxy:                 nil, // never send the token through an environment proxy
+		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		TLSClientConfig:       tc,
+		TLSHandshakeTimeout:   10 * time.Second,
+		MaxIdleConnsPerHost:   16,
+		IdleConnTimeout:       90 * time.Second,
+		ResponseHeaderTimeout: c.HTTPTimeout,
+	}
+	return &http.Client{Transport: tr, Timeout: c.HTTPTimeout}, nil
+}
+
+func (c *Config) baseURL() string {
+	u := strings.TrimRight(c.APIURL, "/")
+	if !strings.HasSuffix(u, "/api2/json") {
+		u += "/api2/json"
+	}
+	return u
+}
