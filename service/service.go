@@ -16,6 +16,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
 	"github.com/bigfleet-vm/provider/desired"
@@ -98,19 +100,56 @@ func (s *Service) List(_ context.Context, f *pb.ListFilter) (*pb.MachineList, er
 		max = 0
 	}
 	ms, rev := s.doc.List(states, max, since, ok)
-	out := &pb.MachineList{Machines: make([]*pb.Machine, len(ms)), Revision: s.doc.Cursor(rev)}
-	for i, m := range ms {
-		out.Machines[i] = s.machine(m)
+	// The machines go out as one pre-framed run of bytes: each machine's
+	// encoding was framed as a MachineList.machines entry when it was
+	// built, so the answer is one allocation and a copy per machine.
+	n := 0
+	for _, m := range ms {
+		n += len(s.wire(m).framed)
 	}
+	raw := make([]byte, 0, n)
+	for _, m := range ms {
+		raw = append(raw, s.wire(m).framed...)
+	}
+	out := &pb.MachineList{Revision: s.doc.Cursor(rev)}
+	out.ProtoReflect().SetUnknown(raw)
 	return out, nil
 }
 
-// machine returns the wire form of an immutable machine value, built once.
-func (s *Service) machine(m *desired.Machine) *pb.Machine {
-	return m.Memo(s.build).(*pb.Machine)
+// wireMachine is the encoded form of one immutable machine value, built
+// once per value. Messages built from it carry their fields as pre-encoded
+// raw bytes (protobuf "unknown" fields, which marshal as a plain copy and
+// which the client decodes as the real fields), so answering a
+// 100,000-machine List costs memory copies rather than re-encoding every
+// machine. Such messages are for the wire only: their Go fields are empty.
+type wireMachine struct {
+	msg    *pb.Machine // for Get and TransitionAck
+	framed []byte      // a complete MachineList.machines entry
 }
 
-func (s *Service) build(m *desired.Machine) any {
+func (s *Service) wire(m *desired.Machine) *wireMachine {
+	return m.Memo(s.encode).(*wireMachine)
+}
+
+func (s *Service) machine(m *desired.Machine) *pb.Machine { return s.wire(m).msg }
+
+func (s *Service) encode(m *desired.Machine) any {
+	raw, err := proto.MarshalOptions{Deterministic: true}.Marshal(s.build(m))
+	if err != nil {
+		panic("encode machine " + m.ID + ": " + err.Error()) // plain data: cannot fail
+	}
+	msg := &pb.Machine{}
+	msg.ProtoReflect().SetUnknown(raw)
+	framed := protowire.AppendTag(nil, machinesField, protowire.BytesType)
+	framed = protowire.AppendBytes(framed, raw)
+	return &wireMachine{msg: msg, framed: framed}
+}
+
+// machinesField is MachineList.machines.
+const machinesField = 1
+
+// build converts a machine to its wire message.
+func (s *Service) build(m *desired.Machine) *pb.Machine {
 	ct := pb.CapacityType_CAPACITY_TYPE_ON_DEMAND
 	price := m.Price
 	if m.Capacity == desired.BareMetal {

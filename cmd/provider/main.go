@@ -35,11 +35,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return serve(ctx, args, stderr)
 	case "plan":
 		return plan(ctx, args, stdout, stderr)
+	case "pve-sim":
+		return pveSim(ctx, args, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "provider", version)
 		return 0
 	case "help":
-		fmt.Fprintln(stdout, "usage: provider [serve|plan|version] [flags]; provider serve -h lists the flags")
+		fmt.Fprintln(stdout, "usage: provider [serve|plan|pve-sim|version] [flags]; provider serve -h lists the flags")
 		return 0
 	}
 	fmt.Fprintf(stderr, "provider: unknown subcommand %q (want serve, plan or version)\n", sub)
