@@ -87,9 +87,11 @@ type ZoneURI struct {
 
 // Libvirt holds the libvirt settings (zero for Proxmox).
 type Libvirt struct {
-	Connect      []ZoneURI
-	Image        string
-	StoragePool  string
+	Connect     []ZoneURI
+	Image       string
+	StoragePool string
+	// ZonePools overrides StoragePool per zone (--storage-pool zone=pool,...).
+	ZonePools    map[string]string
 	Network      string
 	BaseUserData []byte
 	DomainType   string // "kvm" or "qemu"

@@ -45,6 +45,11 @@ func TestErrors(t *testing.T) {
 		{"docs smoke test without the fake flag", []string{"--seed-count", "32", "--addr", ":9000", "--metrics-addr", ":9090"}, []string{
 			"--libvirt-backend: is auto but no --connect is set, so there is no real libvirt host to manage: pass --connect to use real hosts, or pass --use-fake-backend to run on the built-in simulator",
 		}},
+		{"storage pools per zone", with(realLV[:0], "--connect", "a=qemu:///system,b=qemu:///system", "--image", "x", "--storage-pool", "a=p1,a=p2,c=p3,bad"), []string{
+			`--storage-pool: zone "a" is named twice`,
+			`--storage-pool: zone "c" is not a --connect zone`,
+			`--storage-pool: entry "bad" is not zone=pool`,
+		}},
 		{"unknown libvirt backend", with(fakeArgs, "--libvirt-backend", "qemu"), []string{
 			`--libvirt-backend: unknown backend "qemu"; use libvirt, fake or auto`,
 		}},

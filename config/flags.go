@@ -74,7 +74,7 @@ func RegisterFlags(fs *flag.FlagSet) *Flags {
 	f.libvirtBackend = fs.String("libvirt-backend", "auto", "libvirt, fake or auto (libvirt when --connect is set; otherwise refuse unless --use-fake-backend).")
 	f.connect = fs.String("connect", "", "A bare libvirt URI for --default-zone, or a comma-separated zone=uri list (one zone per host).")
 	f.image = fs.String("image", "", "Golden base-image volume the overlay disk backs onto (qcow2 or raw). Required for the libvirt backend.")
-	f.storagePool = fs.String("storage-pool", "default", "libvirt storage pool for the overlay and cloud-init volumes.")
+	f.storagePool = fs.String("storage-pool", "default", "libvirt storage pool for the overlay and cloud-init volumes: one name, or zone=pool,... per host.")
 	f.network = fs.String("network", "default", "libvirt network the domain NIC attaches to.")
 	f.baseUserData = fs.String("base-user-data", "", "File with the generic pre-binding cloud-init baked into the NoCloud seed at define.")
 	f.capacityType = fs.String("capacity-type", "on_demand", "Capacity type of the default offerings: on_demand or bare_metal.")

@@ -28,10 +28,7 @@ func (f *Flags) resolveLibvirt(c *Config, real bool, defaultZone string, p *prob
 	if real && l.Image == "" {
 		p.add("image", "is required by the libvirt backend: name the golden base-image volume in --storage-pool, e.g. ubuntu-24.04.qcow2")
 	}
-	l.StoragePool = strings.TrimSpace(*f.storagePool)
-	if l.StoragePool == "" {
-		p.add("storage-pool", "is empty; name the libvirt storage pool for overlay and seed volumes (default: default)")
-	}
+	l.StoragePool, l.ZonePools = parseStoragePool(*f.storagePool, conns, p)
 	l.Network = strings.TrimSpace(*f.network)
 	if l.Network == "" {
 		p.add("network", "is empty; name the libvirt network the NIC attaches to (default: default)")
@@ -246,4 +243,37 @@ func urlErrorReason(err error) error {
 func isBareURI(s string) bool {
 	before, _, found := strings.Cut(strings.TrimSpace(s), "=")
 	return !found || strings.Contains(before, ":")
+}
+
+// parseStoragePool reads --storage-pool: one pool for every host, or
+// zone=pool pairs (hosts not named use "default").
+func parseStoragePool(v string, conns []ZoneURI, p *problems) (string, map[string]string) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		p.add("storage-pool", "is empty; name the libvirt storage pool for overlay and seed volumes (default: default)")
+		return "", nil
+	}
+	if !strings.Contains(v, "=") {
+		return v, nil
+	}
+	zones := map[string]bool{}
+	for _, c := range conns {
+		zones[c.Zone] = true
+	}
+	pools := map[string]string{}
+	for _, entry := range strings.Split(v, ",") {
+		zone, pool, ok := strings.Cut(strings.TrimSpace(entry), "=")
+		zone, pool = strings.TrimSpace(zone), strings.TrimSpace(pool)
+		switch {
+		case !ok || zone == "" || pool == "":
+			p.add("storage-pool", "entry %q is not zone=pool", entry)
+		case pools[zone] != "":
+			p.add("storage-pool", "zone %q is named twice", zone)
+		case len(conns) > 0 && !zones[zone]:
+			p.add("storage-pool", "zone %q is not a --connect zone", zone)
+		default:
+			pools[zone] = pool
+		}
+	}
+	return "default", pools
 }

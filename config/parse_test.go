@@ -126,3 +126,16 @@ func TestParseHelp(t *testing.T) {
 		t.Errorf("help output starts %q", stderr.String()[:min(60, stderr.Len())])
 	}
 }
+
+func TestStoragePoolPerZone(t *testing.T) {
+	cfg, err := Parse([]string{"--connect", "a=qemu:///system,b=qemu:///system", "--image", "x", "--storage-pool", "a=pool-a, b=pool-b"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(map[string]string{"a": "pool-a", "b": "pool-b"}, cfg.Libvirt.ZonePools); diff != "" {
+		t.Errorf("zone pools (-want +got):\n%s", diff)
+	}
+	if cfg.Libvirt.StoragePool != "default" {
+		t.Errorf("pool for unnamed zones = %q", cfg.Libvirt.StoragePool)
+	}
+}

@@ -25,7 +25,9 @@ type Config struct {
 	Installation string
 	// libvirt
 	Pool, Image, Network, DomainType, UserData string
-	Kernel, Initrd, Cmdline                    string
+	// ZonePools overrides Pool per zone.
+	ZonePools               map[string]string
+	Kernel, Initrd, Cmdline string
 	// Proxmox
 	ProxmoxPool   string
 	BootstrapPath string
@@ -299,16 +301,16 @@ func (p *machinePlanner) creating(vm *observed.VM) {
 		t := hypervisors.Target{Zone: m.Zone, Name: m.VMName}
 		var deps []string
 		if p.ix.Volume(m.Zone, overlay) == nil {
-			p.addStep(ActionCreateOverlay, t, "disk", Params{Overlay: &hypervisors.OverlaySpec{Pool: p.cfg.Pool, Name: overlay, BaseImage: p.cfg.Image}}, "missing")
+			p.addStep(ActionCreateOverlay, t, "disk", Params{Overlay: &hypervisors.OverlaySpec{Pool: p.pool(), Name: overlay, BaseImage: p.cfg.Image}}, "missing")
 			deps = append(deps, p.last)
 		}
 		if p.ix.Volume(m.Zone, seed) == nil {
-			p.addStep(ActionCreateSeed, t, "cidata", Params{Seed: &hypervisors.SeedSpec{Pool: p.cfg.Pool, Name: seed,
+			p.addStep(ActionCreateSeed, t, "cidata", Params{Seed: &hypervisors.SeedSpec{Pool: p.pool(), Name: seed,
 				InstanceID: m.ID, Hostname: m.VMName, UserData: p.cfg.UserData}}, "missing")
 			deps = append(deps, p.last)
 		}
 		p.addStepDeps(ActionDefine, t, "", Params{Domain: &hypervisors.DomainSpec{Name: m.VMName, VCPU: m.VCPU, MemoryMiB: m.MemoryMiB,
-			DomainType: p.cfg.DomainType, Pool: p.cfg.Pool, Overlay: overlay, Seed: seed, Network: p.cfg.Network,
+			DomainType: p.cfg.DomainType, Pool: p.pool(), Overlay: overlay, Seed: seed, Network: p.cfg.Network,
 			Kernel: p.cfg.Kernel, Initrd: p.cfg.Initrd, Cmdline: p.cfg.Cmdline, Marker: p.marker(""), Labels: m.Labels}}, "missing", deps)
 		p.addStep(ActionStart, t, "", Params{}, "intent:create")
 		p.addStep(ActionAutostart, t, "", Params{Autostart: true}, "intent:create")
@@ -413,7 +415,7 @@ func (p *machinePlanner) destroy(vm *observed.VM, z *observed.Zone, reason strin
 	t := hypervisors.Target{Zone: m.Zone, Name: m.VMName}
 	for _, vol := range []struct{ name, tag string }{{hypervisors.OverlayVolume(m.VMName), "disk"}, {hypervisors.SeedVolume(m.VMName), "cidata"}} {
 		if p.ix.Volume(m.Zone, vol.name) != nil || !authoritative {
-			p.addStep(ActionDeleteVolume, t, vol.tag, Params{Pool: p.cfg.Pool, Volume: vol.name}, reason)
+			p.addStep(ActionDeleteVolume, t, vol.tag, Params{Pool: p.pool(), Volume: vol.name}, reason)
 		}
 	}
 }
@@ -438,6 +440,13 @@ func (p *machinePlanner) destroyFailed(vm *observed.VM, z *observed.Zone) {
 		kept = append(kept, s)
 	}
 	p.c.Steps = kept
+}
+
+func (p *machinePlanner) pool() string {
+	if pool := p.cfg.ZonePools[p.m.Zone]; pool != "" {
+		return pool
+	}
+	return p.cfg.Pool
 }
 
 func (p *machinePlanner) marker(cluster string) observed.Marker {

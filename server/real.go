@@ -19,7 +19,7 @@ func openLibvirt(_ context.Context, cfg *config.Config, installation string, log
 	lc := libvirt.Config{Installation: installation, Pool: cfg.Libvirt.StoragePool, Image: cfg.Libvirt.Image,
 		Network: cfg.Libvirt.Network, DomainType: cfg.Libvirt.DomainType}
 	for _, z := range cfg.Libvirt.Connect {
-		lc.Zones = append(lc.Zones, libvirt.ZoneURI{Zone: z.Zone, URI: z.URI})
+		lc.Zones = append(lc.Zones, libvirt.ZoneURI{Zone: z.Zone, URI: z.URI, Pool: cfg.Libvirt.ZonePools[z.Zone]})
 	}
 	return libvirt.New(lc, log.With("hypervisor", "libvirt"))
 }

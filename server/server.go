@@ -150,7 +150,7 @@ func plannerConfig(cfg *config.Config, installation string) planner.Config {
 		StopGrace: 60 * time.Second, ReapFailed: true}
 	if cfg.Hypervisor == hypervisors.ShapeLibvirt {
 		l := cfg.Libvirt
-		pc.Pool, pc.Image, pc.Network, pc.DomainType = l.StoragePool, l.Image, l.Network, l.DomainType
+		pc.Pool, pc.ZonePools, pc.Image, pc.Network, pc.DomainType = l.StoragePool, l.ZonePools, l.Image, l.Network, l.DomainType
 		pc.UserData = string(l.BaseUserData)
 		pc.Kernel, pc.Initrd, pc.Cmdline = l.Kernel, l.Initrd, l.Cmdline
 		if pc.Image == "" && cfg.Backend == config.BackendFake {
