@@ -1,0 +1,161 @@
+package executor
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/fake"
+	"github.com/bigfleet-vm/provider/observed"
+	"github.com/bigfleet-vm/provider/planner"
+)
+
+const inst = "inst"
+
+func newExec(hv hypervisors.Hypervisor, blob []byte) *Executor {
+	return New(Options{Hypervisor: hv, Installation: inst, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond,
+		Blob: func(string, string) ([]byte, bool) { return blob, blob != nil }})
+}
+
+func step(a planner.Action, t hypervisors.Target, p planner.Params) planner.Step {
+	return planner.Step{ID: t.Zone + "/" + t.Name + "/" + string(a), Action: a, Target: t, Params: p}
+}
+
+func TestScrub(t *testing.T) {
+	blob := []byte("line-one-secret\nshort\nline-three-secret")
+	tests := []struct{ in, want string }{
+		{"error: line-one-secret is bad", "error: [redacted] is bad"},
+		{"short stays", "short stays"},
+		{"all: " + string(blob), "all: [redacted]"},
+	}
+	for _, tc := range tests {
+		if got := string(Scrub([]byte(tc.in), blob)); got != tc.want {
+			t.Errorf("Scrub(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestDestructiveStepRefusesForeignVM(t *testing.T) {
+	hv := fake.NewLibvirt(fake.Options{Zones: []string{"z"}})
+	if err := hv.AddForeignVM("z", "victim", &observed.Marker{Installation: "someone-else", MachineID: "m"}); err != nil {
+		t.Fatal(err)
+	}
+	tg := hypervisors.Target{Zone: "z", Name: "victim"}
+	_, err := newExec(hv, nil).Run(context.Background(), planner.Change{Machine: "m", Steps: []planner.Step{
+		step(planner.ActionStop, tg, planner.Params{}), step(planner.ActionUndefine, tg, planner.Params{})}}, "op-1")
+	if !errors.Is(err, hypervisors.ErrNotOwned) {
+		t.Fatalf("err = %v, want ErrNotOwned", err)
+	}
+	if _, err := hv.Lookup(context.Background(), tg); err != nil {
+		t.Fatalf("foreign VM was touched: %v", err)
+	}
+}
+
+func TestDestructiveStepOnMissingVMSucceeds(t *testing.T) {
+	hv := fake.NewLibvirt(fake.Options{Zones: []string{"z"}})
+	tg := hypervisors.Target{Zone: "z", Name: "gone"}
+	if _, err := newExec(hv, nil).Run(context.Background(), planner.Change{Machine: "m", Steps: []planner.Step{
+		step(planner.ActionStop, tg, planner.Params{}), step(planner.ActionUndefine, tg, planner.Params{})}}, "op"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// owned creates a running owned VM with a connected agent.
+func owned(t *testing.T, hv *fake.Libvirt, name string) hypervisors.Target {
+	t.Helper()
+	if err := hv.AddOwnedVM("z", name, observed.Marker{Installation: inst, MachineID: "m"}, observed.PowerRunning); err != nil {
+		t.Fatal(err)
+	}
+	return hypervisors.Target{Zone: "z", Name: name}
+}
+
+func TestTransientErrorsAreRetriedTerminalAreNot(t *testing.T) {
+	hv := fake.NewLibvirt(fake.Options{Zones: []string{"z"}})
+	tg := owned(t, hv, "vm")
+	hv.SetHook(fake.FailN("AgentPing", 3, hypervisors.ErrTransient))
+	if _, err := newExec(hv, nil).Run(context.Background(), planner.Change{Machine: "m",
+		Steps: []planner.Step{step(planner.ActionWaitAgent, tg, planner.Params{})}}, "op"); err != nil {
+		t.Fatalf("transient errors should be retried: %v", err)
+	}
+	hv.SetHook(fake.FailN("AgentPing", 1, hypervisors.ErrPermission))
+	calls := hv.Calls()["AgentPing"]
+	_, err := newExec(hv, nil).Run(context.Background(), planner.Change{Machine: "m",
+		Steps: []planner.Step{step(planner.ActionWaitAgent, tg, planner.Params{})}}, "op")
+	if !errors.Is(err, hypervisors.ErrPermission) {
+		t.Fatalf("err = %v", err)
+	}
+	if got := hv.Calls()["AgentPing"] - calls; got > 1 {
+		t.Errorf("terminal error retried: %d calls", got)
+	}
+}
+
+func TestBootstrapDeliversBlobAndRemovesIt(t *testing.T) {
+	hv := fake.NewLibvirt(fake.Options{Zones: []string{"z"}, Faults: true})
+	tg := owned(t, hv, "vm")
+	blob := []byte("kubeadm join --token abc")
+	ex := newExec(hv, blob)
+	run := func(cluster string) error {
+		if err := hv.SetMarker(context.Background(), tg, observed.Marker{Installation: inst, MachineID: "m", Cluster: cluster}); err != nil {
+			t.Fatal(err)
+		}
+		_, err := ex.Run(context.Background(), planner.Change{Machine: "m", Steps: []planner.Step{
+			step(planner.ActionExecBootstrap, tg, planner.Params{Exec: []string{planner.LibvirtHook, cluster}, BlobPath: planner.LibvirtBlobPath})}}, "op")
+		return err
+	}
+	if err := run("c1"); err != nil {
+		t.Fatal(err)
+	}
+	bs := hv.Bootstraps(tg)
+	if diff := cmp.Diff([]string{"c1", string(blob)}, []string{bs[0].Cluster, string(bs[0].Blob)}); diff != "" {
+		t.Errorf("delivered (-want +got):\n%s", diff)
+	}
+	if _, ok := hv.GuestFile(tg, planner.LibvirtBlobPath); ok {
+		t.Error("blob left in the guest")
+	}
+	err := run("fault-error")
+	if err == nil || !strings.Contains(err.Error(), "bootstrap hook exited") || strings.Contains(err.Error(), string(blob)) {
+		t.Fatalf("failing hook: %v", err)
+	}
+	if _, ok := hv.GuestFile(tg, planner.LibvirtBlobPath); ok {
+		t.Error("blob left in the guest after a failing hook")
+	}
+}
+
+func TestReadinessGateWaitsUntilDeadline(t *testing.T) {
+	hv := fake.NewLibvirt(fake.Options{Zones: []string{"z"}, Faults: true})
+	tg := owned(t, hv, "vm")
+	if err := hv.SetMarker(context.Background(), tg, observed.Marker{Installation: inst, MachineID: "m", Cluster: "fault-readiness-block"}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_, err := newExec(hv, nil).Run(ctx, planner.Change{Machine: "m", Steps: []planner.Step{
+		step(planner.ActionExecReady, tg, planner.Params{Exec: []string{fake.DefaultReadyCommand}})}}, "op")
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want the deadline", err)
+	}
+}
+
+func TestCloneVMIDFlowsToLaterSteps(t *testing.T) {
+	hv := fake.NewProxmox(fake.Options{Zones: []string{"z"}})
+	mk := observed.Marker{Installation: inst, MachineID: "m"}
+	tg := hypervisors.Target{Zone: "z", Name: "vm"}
+	out, err := newExec(hv, nil).Run(context.Background(), planner.Change{Machine: "m", Steps: []planner.Step{
+		step(planner.ActionClone, tg, planner.Params{Clone: &hypervisors.CloneSpec{Name: "vm", TemplateVMID: 9000, Marker: mk}}),
+		step(planner.ActionConfigureVM, tg, planner.Params{Size: &hypervisors.SizeSpec{VCPU: 4, MemoryMiB: 4096, OnBoot: true, Marker: mk}}),
+		step(planner.ActionStart, tg, planner.Params{}),
+		step(planner.ActionWaitAgent, tg, planner.Params{}),
+	}}, "op")
+	if err != nil || out.VMID == 0 {
+		t.Fatalf("run: %v %+v", err, out)
+	}
+	vm, err := hv.Lookup(context.Background(), hypervisors.Target{Zone: "z", VMID: out.VMID})
+	if err != nil || vm.VCPU != 4 || vm.Power != observed.PowerRunning {
+		t.Fatalf("vm: %v %+v", err, vm)
+	}
+}
