@@ -194,7 +194,7 @@ func (p *machinePlanner) plan() (Change, []Drift) {
 	}
 	switch m.State {
 	case desired.Speculative:
-		p.speculative(vm)
+		p.speculative(vm, z)
 	case desired.Creating:
 		p.creating(vm)
 	case desired.Idle, desired.Configured:
@@ -259,10 +259,11 @@ func (p *machinePlanner) observedAfter(z *observed.Zone, t time.Time) bool {
 	return !z.At.Before(t)
 }
 
-func (p *machinePlanner) speculative(vm *observed.VM) {
-	if vm == nil || vm.Power != observed.PowerRunning {
+func (p *machinePlanner) speculative(vm *observed.VM, z *observed.Zone) {
+	if vm == nil || vm.Power != observed.PowerRunning || !p.observedAfter(z, p.m.Since) {
 		// A shut-off owned VM stays behind a SPECULATIVE slot until a
-		// Create powers it back on.
+		// Create powers it back on; a listing older than the slot's last
+		// change (e.g. a Delete that just finished) proves nothing.
 		return
 	}
 	p.addDrift(DriftOrphan, PolicyAdopt, vm.Name, "running VM carries this machine's marker; adopting it")

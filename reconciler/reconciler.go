@@ -260,6 +260,14 @@ func (r *Reconciler) fullPass(ctx context.Context) {
 
 func (r *Reconciler) adoptOrphan(ctx context.Context, c planner.Change) {
 	a := c.Adopt
+	// The listing may predate a Delete that removed this machine: adopt
+	// only what a fresh read still shows carrying our marker.
+	lctx, cancel := context.WithTimeout(ctx, r.o.ObserveTimeout)
+	vm, err := r.o.Hypervisor.Lookup(lctx, hypervisors.Target{Zone: c.Zone, Name: a.VMName, VMID: a.VMID})
+	cancel()
+	if err != nil || !vm.Owned(r.o.Planner.Installation) || vm.Marker.MachineID != c.Machine || r.o.Doc.Get(c.Machine) != nil {
+		return
+	}
 	vcpu, mem, ok := 0, 0, false
 	if r.o.Types != nil {
 		vcpu, mem, ok = r.o.Types(a.InstanceType)
