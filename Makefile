@@ -16,7 +16,7 @@ build: ## Build bin/provider.
 
 run: build ## Run the provider on the embedded libvirt-shaped simulator.
 	@echo "provider: gRPC on 127.0.0.1:9000, metrics on 127.0.0.1:9090 (simulator, $(RUN_FLAGS))"
-	@echo "try:  go run github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.3 -plaintext -d '{\"max_results\":3}' 127.0.0.1:9000 bigfleet.v1alpha1.CapacityProvider/List"
+	@echo "try:  go run github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.4 -plaintext -d '{\"max_results\":3}' 127.0.0.1:9000 bigfleet.v1alpha1.CapacityProvider/List"
 	./$(BIN) $(RUN_FLAGS)
 
 test: ## Unit, golden and black-box tests (with -race).

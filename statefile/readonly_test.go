@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 // TestReadOnlyWhileWriting reads the state without the lock while a writer
@@ -31,7 +33,7 @@ func TestReadOnlyWhileWriting(t *testing.T) {
 		// Record i sets slot i%slots to i and meta/last to i, atomically.
 		// Write until the readers have had plenty of chances to race a
 		// compaction.
-		for i := 0; i < 100000 && (i < 1000 || reads.Load() < 200); i++ {
+		for i := 0; i < 100000 && (i < 1000 || reads.Load() < 150); i++ {
 			seq := f.Apply(put(fmt.Sprintf("m/%d", i%slots), strconv.Itoa(i)+pad), put("meta/last", strconv.Itoa(i)))
 			if err := f.Wait(context.Background(), seq); err != nil {
 				t.Errorf("Wait: %v", err)
@@ -123,6 +125,74 @@ func TestReadOnlyNoticesReplacedFiles(t *testing.T) {
 				t.Errorf("unchanged = %v, want %v", got, tt.want)
 			}
 		})
+	}
+	mustClose(t, f)
+}
+
+// TestReadOnlyRacingCompaction stops ReadOnly between opening the journal
+// and the next journal, and lets a compaction finish there: without the
+// replaced-file check it would return the new snapshot without the
+// records acknowledged in the next journal.
+func TestReadOnlyRacingCompaction(t *testing.T) {
+	path := statePath(t)
+	f := mustOpen(t, path, Options{CompactBytes: -1})
+	mustApply(t, f, put("m/a", "1"))
+
+	type stop struct {
+		step   string
+		resume chan struct{}
+	}
+	stops := make(chan stop)
+	var passThrough atomic.Bool
+	testHook = func(step string) {
+		if passThrough.Load() {
+			return
+		}
+		s := stop{step, make(chan struct{})}
+		stops <- s
+		<-s.resume
+	}
+	defer func() { testHook = nil }()
+	expect := func(step string) stop {
+		t.Helper()
+		s := <-stops
+		if s.step != step {
+			t.Fatalf("stopped at %q, want %q", s.step, step)
+		}
+		return s
+	}
+
+	compacted := make(chan error, 1)
+	go func() { compacted <- f.compactNow(context.Background()) }()
+	s := expect("rotated")
+	mustApply(t, f, put("m/b", "acked in the next journal"))
+	close(s.resume)
+	close(expect("snapshot-written").resume)
+	installed := expect("snapshot-installed")
+
+	type result struct {
+		state map[string][]byte
+		err   error
+	}
+	read := make(chan result, 1)
+	go func() {
+		s, err := ReadOnly(path)
+		read <- result{s, err}
+	}()
+	reader := expect("opened-journal")
+	passThrough.Store(true)
+	close(installed.resume)
+	if err := <-compacted; err != nil {
+		t.Fatalf("compact: %v", err)
+	}
+	close(reader.resume)
+	got := <-read
+	if got.err != nil {
+		t.Fatalf("ReadOnly: %v", got.err)
+	}
+	want := bytesMap(map[string]string{"m/a": "1", "m/b": "acked in the next journal"})
+	if diff := cmp.Diff(want, got.state, asStrings); diff != "" {
+		t.Errorf("ReadOnly (-want +got):\n%s", diff)
 	}
 	mustClose(t, f)
 }

@@ -56,6 +56,9 @@ func openAll(p paths) (openFiles, error) {
 			o.close()
 			return openFiles{}, fmt.Errorf("open %s: %w", s.path, err)
 		}
+		if s.path == p.journal {
+			hook("opened-journal")
+		}
 	}
 	return o, nil
 }
