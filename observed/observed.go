@@ -140,47 +140,77 @@ func (s *Snapshot) ZoneNames() []string {
 }
 
 // Index is a read-only lookup structure over a snapshot, built once per
-// plan so that planning one machine costs O(1) map lookups.
+// plan so that planning one machine costs O(1) map lookups. Building it is
+// the planner's hot path at fleet scale: the common case (one VM per
+// machine id and per name) costs one map assignment per key, and the rare
+// duplicates are collected by a second pass only when there are any.
 type Index struct {
 	snap *Snapshot
-	// owned maps machine id to the VMs carrying that id in our marker
-	// (normally one; more means a leak).
-	owned map[string][]*VM
-	// byName maps zone+"\x00"+name to every VM with that name.
-	byName map[string][]*VM
-	// byVMID maps zone-independent VMIDs (Proxmox VMIDs are cluster-wide).
+	// owned maps a machine id to a VM carrying it in our marker; further
+	// ones (a leak) are in ownedMore.
+	owned     map[string]*VM
+	ownedMore map[string][]*VM
+	// byName maps a VM name to one VM with it; names repeated within or
+	// across zones are in nameMore.
+	byName   map[string]*VM
+	nameMore map[string][]*VM
+	// byVMID: Proxmox VMIDs are cluster-wide.
 	byVMID  map[int]*VM
-	volumes map[string]*Volume
+	volumes map[volKey]*Volume
 }
+
+type volKey struct{ zone, name string }
 
 // NewIndex indexes a snapshot for the given installation.
 func NewIndex(s *Snapshot, installation string) *Index {
-	ix := &Index{
-		snap:    s,
-		owned:   map[string][]*VM{},
-		byName:  map[string][]*VM{},
-		byVMID:  map[int]*VM{},
-		volumes: map[string]*Volume{},
-	}
+	ix := &Index{snap: s}
 	if s == nil {
 		return ix
 	}
+	nVM, nVol, nOwned := 0, 0, 0
+	for _, z := range s.Zones {
+		nVM += len(z.VMs)
+		nVol += len(z.Volumes)
+	}
+	ix.owned = make(map[string]*VM, nVM)
+	ix.byName = make(map[string]*VM, nVM)
+	ix.byVMID = make(map[int]*VM)
+	ix.volumes = make(map[volKey]*Volume, nVol)
 	for _, z := range s.Zones {
 		for _, vm := range z.VMs {
 			if vm.Owned(installation) {
-				ix.owned[vm.Marker.MachineID] = append(ix.owned[vm.Marker.MachineID], vm)
+				ix.owned[vm.Marker.MachineID] = vm
+				nOwned++
 			}
-			k := z.Name + "\x00" + vm.Name
-			ix.byName[k] = append(ix.byName[k], vm)
+			ix.byName[vm.Name] = vm
 			if vm.VMID != 0 {
 				ix.byVMID[vm.VMID] = vm
 			}
 		}
 		for _, vol := range z.Volumes {
-			ix.volumes[z.Name+"\x00"+vol.Name] = vol
+			ix.volumes[volKey{z.Name, vol.Name}] = vol
 		}
 	}
+	if len(ix.owned) != nOwned || len(ix.byName) != nVM {
+		ix.collectDuplicates(installation)
+	}
 	return ix
+}
+
+// collectDuplicates moves every VM but the indexed one of a repeated
+// machine id or name into the side maps.
+func (ix *Index) collectDuplicates(installation string) {
+	ix.ownedMore, ix.nameMore = map[string][]*VM{}, map[string][]*VM{}
+	for _, zn := range ix.snap.ZoneNames() {
+		for _, vm := range ix.snap.Zones[zn].VMs {
+			if vm.Owned(installation) && ix.owned[vm.Marker.MachineID] != vm {
+				ix.ownedMore[vm.Marker.MachineID] = append(ix.ownedMore[vm.Marker.MachineID], vm)
+			}
+			if ix.byName[vm.Name] != vm {
+				ix.nameMore[vm.Name] = append(ix.nameMore[vm.Name], vm)
+			}
+		}
+	}
 }
 
 // Zone returns the observation of a zone, or nil if the zone was not
@@ -198,24 +228,41 @@ func (ix *Index) Known(zone string) bool {
 	return z != nil && z.Status == StatusOK
 }
 
-// Owned returns the VMs that carry our marker for a machine id.
-func (ix *Index) Owned(machineID string) []*VM { return ix.owned[machineID] }
+// Owned returns the VMs that carry our marker for a machine id: first is
+// nil when there is none; more is non-empty only for a leak.
+func (ix *Index) Owned(machineID string) (first *VM, more []*VM) {
+	return ix.owned[machineID], ix.ownedMore[machineID]
+}
 
-// OwnedIDs returns every machine id found in a marker, sorted.
-func (ix *Index) OwnedIDs() []string {
-	ids := make([]string, 0, len(ix.owned))
+// OwnedIDs returns, sorted, every machine id found in a marker for which
+// keep returns true.
+func (ix *Index) OwnedIDs(keep func(id string) bool) []string {
+	var ids []string
 	for id := range ix.owned {
-		ids = append(ids, id)
+		if keep(id) {
+			ids = append(ids, id)
+		}
 	}
 	sort.Strings(ids)
 	return ids
 }
 
 // ByName returns the VMs with a name in a zone.
-func (ix *Index) ByName(zone, name string) []*VM { return ix.byName[zone+"\x00"+name] }
+func (ix *Index) ByName(zone, name string) []*VM {
+	var out []*VM
+	if vm := ix.byName[name]; vm != nil && vm.Zone == zone {
+		out = append(out, vm)
+	}
+	for _, vm := range ix.nameMore[name] {
+		if vm.Zone == zone {
+			out = append(out, vm)
+		}
+	}
+	return out
+}
 
 // ByVMID returns the VM with a Proxmox VMID, or nil.
 func (ix *Index) ByVMID(vmid int) *VM { return ix.byVMID[vmid] }
 
 // Volume returns a volume by zone and name, or nil.
-func (ix *Index) Volume(zone, name string) *Volume { return ix.volumes[zone+"\x00"+name] }
+func (ix *Index) Volume(zone, name string) *Volume { return ix.volumes[volKey{zone, name}] }
