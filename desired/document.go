@@ -770,8 +770,9 @@ func copyMap(m map[string]string) map[string]string {
 
 // Result carries what a finished Create learned about its VM.
 type Result struct {
-	Host string
-	VMID int
+	Host   string
+	VMName string
+	VMID   int
 }
 
 // Complete settles the transition opID of machine id at its target state.
@@ -794,6 +795,9 @@ func (d *Document) Complete(ctx context.Context, id, opID string, res Result) (b
 		n.State = Idle
 		n.Host = res.Host
 		n.VMID = res.VMID
+		if res.VMName != "" {
+			n.VMName = res.VMName
+		}
 	case KindConfigure:
 		n.State = Configured
 		n.blob = nil

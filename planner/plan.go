@@ -160,7 +160,10 @@ type Change struct {
 	Zone    string  `json:"zone"`
 	State   string  `json:"state"`
 	Intent  *Intent `json:"intent,omitempty"`
-	Steps   []Step  `json:"steps,omitempty"`
+	// VM is the VM the change works on and, for a Create, settles the
+	// machine on (its VMID is 0 until a clone step allocates one).
+	VM    *hypervisors.Target `json:"vm,omitempty"`
+	Steps []Step              `json:"steps,omitempty"`
 	// Finish is the state the machine settles in once every step has
 	// succeeded (empty: the steps repair drift only).
 	Finish string `json:"finish,omitempty"`

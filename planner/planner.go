@@ -88,11 +88,8 @@ func Build(in Inputs) *Plan {
 	}
 	// Owned VMs that no machine claims: adopt them so they stay visible
 	// and deletable.
-	for _, id := range ix.OwnedIDs() {
-		if known[id] {
-			continue
-		}
-		vm := ix.Owned(id)[0]
+	for _, id := range ix.OwnedIDs(func(id string) bool { return !known[id] }) {
+		vm, _ := ix.Owned(id)
 		d := Drift{Machine: id, Zone: vm.Zone, VM: vm.Name, Kind: DriftOrphan, Policy: PolicyAdopt,
 			Detail: "VM carries this installation's marker for a machine not in the inventory"}
 		p.Drift = append(p.Drift, d)
@@ -189,6 +186,11 @@ func (p *machinePlanner) plan() (Change, []Drift) {
 		return p.c, p.drift
 	}
 	vm, others := p.findVM()
+	if vm != nil {
+		p.c.VM = &hypervisors.Target{Zone: vm.Zone, Name: vm.Name, VMID: vm.VMID}
+	} else if m.VMName != "" && m.State == desired.Creating {
+		p.c.VM = &hypervisors.Target{Zone: m.Zone, Name: m.VMName}
+	}
 	for _, o := range others {
 		p.addDrift(DriftLeaked, PolicyReport, o.Name, fmt.Sprintf("another VM (%s) carries this machine's marker", o.Ref()))
 	}
@@ -234,7 +236,11 @@ func (p *machinePlanner) plan() (Change, []Drift) {
 // findVM returns the machine's VM (the owned VM matching its current name
 // or VMID, else any owned VM for it) and any further owned VMs (leaks).
 func (p *machinePlanner) findVM() (*observed.VM, []*observed.VM) {
-	owned := p.ix.Owned(p.m.ID)
+	first, more := p.ix.Owned(p.m.ID)
+	if first == nil || len(more) == 0 {
+		return first, nil
+	}
+	owned := append([]*observed.VM{first}, more...)
 	var best *observed.VM
 	for _, vm := range owned {
 		if p.m.VMID != 0 && vm.VMID == p.m.VMID || p.m.VMID == 0 && vm.Name == p.m.VMName {
@@ -354,7 +360,9 @@ func (p *machinePlanner) stable(vm *observed.VM, z *observed.Zone) {
 		p.addDrift(DriftPaused, PolicyRepair, vm.Name, "VM is paused; resuming it")
 	}
 	p.ensureRunning(vm, "drift:"+string(vm.Power))
-	if vm.VCPU != 0 && (vm.VCPU != m.VCPU || vm.MemoryMiB != m.MemoryMiB) {
+	// A machine adopted with an instance type missing from the catalog has
+	// no size to compare against.
+	if vm.VCPU != 0 && m.VCPU != 0 && m.MemoryMiB != 0 && (vm.VCPU != m.VCPU || vm.MemoryMiB != m.MemoryMiB) {
 		p.addDrift(DriftResized, PolicyReport, vm.Name, fmt.Sprintf("VM has %d vCPU / %d MiB; %s is %d vCPU / %d MiB", vm.VCPU, vm.MemoryMiB, m.InstanceType, m.VCPU, m.MemoryMiB))
 	}
 }

@@ -311,6 +311,14 @@ func (r *Reconciler) view(ctx context.Context, m *desired.Machine) *observed.Sna
 	lctx, cancel := context.WithTimeout(ctx, r.o.ObserveTimeout)
 	defer cancel()
 	vm, err := r.o.Hypervisor.Lookup(lctx, t)
+	if errors.Is(err, hypervisors.ErrNotFound) && last != nil {
+		// An owned VM under another name (an earlier cycle's, adopted
+		// after a crash) is still this machine's.
+		if prev, _ := observed.NewIndex(&observed.Snapshot{Zones: map[string]*observed.Zone{m.Zone: last.Zones[m.Zone]}},
+			r.o.Planner.Installation).Owned(m.ID); prev != nil && prev.Name != t.Name {
+			vm, err = r.o.Hypervisor.Lookup(lctx, hypervisors.Target{Zone: prev.Zone, Name: prev.Name, VMID: prev.VMID})
+		}
+	}
 	switch {
 	case err == nil:
 		z.VMs = []*observed.VM{vm}
@@ -331,7 +339,7 @@ func (r *Reconciler) target(m *desired.Machine, last *observed.Snapshot) (hyperv
 	}
 	if last != nil {
 		ix := observed.NewIndex(last, r.o.Planner.Installation)
-		for _, vm := range ix.Owned(m.ID) {
+		if vm, _ := ix.Owned(m.ID); vm != nil {
 			return hypervisors.Target{Zone: vm.Zone, Name: vm.Name, VMID: vm.VMID}, true
 		}
 	}
@@ -402,24 +410,34 @@ func (r *Reconciler) reconcile(ctx context.Context, id string) {
 	if change.Finish == "" || m.Intent == nil {
 		return
 	}
-	host := m.Host
-	vmid := m.VMID
-	if res.VMID != 0 {
-		vmid = res.VMID
-	}
-	if m.Intent.Kind == desired.KindCreate {
-		if vmid != 0 {
-			host = m.Zone + "/" + itoa(vmid)
-		} else {
-			host = m.Zone + "/" + m.VMName
-		}
-	}
-	if _, err := r.o.Doc.Complete(ctx, id, opID, desired.Result{Host: host, VMID: vmid}); err != nil {
+	if _, err := r.o.Doc.Complete(ctx, id, opID, Settle(m, change, res)); err != nil {
 		outcome = "error"
 		r.o.Logger.Error("record completion", "machine", id, "op", opID, "err", err)
 		return
 	}
 	r.o.Logger.Info("transition done", "machine", id, "op", opID, "state", change.Finish)
+}
+
+// Settle says what a change that ran to completion settles its machine
+// on: for a Create, the VM the plan worked on (which may be an owned VM
+// adopted after a crash) with the VMID a clone step allocated.
+func Settle(m *desired.Machine, c planner.Change, out executor.Outcome) desired.Result {
+	res := desired.Result{Host: m.Host, VMName: m.VMName, VMID: m.VMID}
+	if m.Intent == nil || m.Intent.Kind != desired.KindCreate {
+		return res
+	}
+	if c.VM != nil {
+		res.VMName, res.VMID = c.VM.Name, c.VM.VMID
+	}
+	if out.VMID != 0 {
+		res.VMID = out.VMID
+	}
+	if res.VMID != 0 {
+		res.Host = m.Zone + "/" + strconv.Itoa(res.VMID)
+	} else {
+		res.Host = m.Zone + "/" + res.VMName
+	}
+	return res
 }
 
 func (r *Reconciler) fail(ctx context.Context, m *desired.Machine, opID, reason string) {
@@ -433,5 +451,3 @@ func (r *Reconciler) fail(ctx context.Context, m *desired.Machine, opID, reason 
 		r.Enqueue(m.ID) // reap what it left behind
 	}
 }
-
-func itoa(n int) string { return strconv.Itoa(n) }

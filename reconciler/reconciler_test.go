@@ -94,7 +94,9 @@ func TestLifecycleBothShapes(t *testing.T) {
 			r.mutate(t, desired.Request{Kind: desired.KindConfigure, MachineID: id, Cluster: "c1", Blob: []byte("join-secret")})
 			r.await(t, id, desired.Configured)
 			tg := hypervisors.Target{Zone: "z1", Name: m.VMName, VMID: m.VMID}
-			type bootstrapper interface{ Bootstraps(hypervisors.Target) []fake.Bootstrap }
+			type bootstrapper interface {
+				Bootstraps(hypervisors.Target) []fake.Bootstrap
+			}
 			bs := r.hv.(bootstrapper).Bootstraps(tg)
 			if len(bs) != 1 || string(bs[0].Blob) != "join-secret" || bs[0].Cluster != "c1" {
 				t.Fatalf("bootstraps: %+v", bs)

@@ -1,0 +1,312 @@
+package planner
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// TextOptions shape the human plan.
+type TextOptions struct {
+	// Color adds ANSI colour; callers set it only for a terminal.
+	Color bool
+}
+
+// MarshalJSON renders a plan as the versioned, indented JSON that
+// `provider plan --json` prints and RenderText reads.
+func MarshalJSON(p *Plan) ([]byte, error) {
+	b, err := json.MarshalIndent(p, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("encode plan: %w", err)
+	}
+	return append(b, '\n'), nil
+}
+
+// DecodeJSON reads a versioned JSON plan. It refuses a plan of another
+// major format version, because its fields may mean something else.
+func DecodeJSON(planJSON []byte) (*Plan, error) {
+	var p Plan
+	dec := json.NewDecoder(bytes.NewReader(planJSON))
+	if err := dec.Decode(&p); err != nil {
+		return nil, fmt.Errorf("decode plan: %w", err)
+	}
+	major := func(v string) string { m, _, _ := strings.Cut(v, "."); return m }
+	if major(p.FormatVersion) != major(FormatVersion) {
+		return nil, fmt.Errorf("decode plan: format_version %q is not supported (this build reads %s.x)", p.FormatVersion, major(FormatVersion))
+	}
+	return &p, nil
+}
+
+// WriteText renders a plan as text the only way it is ever rendered: it
+// marshals the plan to its JSON form and renders that, so the human plan
+// can never show something the JSON plan does not carry.
+func WriteText(w io.Writer, p *Plan, opts TextOptions) error {
+	b, err := MarshalJSON(p)
+	if err != nil {
+		return err
+	}
+	return RenderText(w, b, opts)
+}
+
+// RenderText renders a versioned JSON plan as the human, terraform-plan
+// style text: zones, one block per machine with its intent and steps,
+// the drift, and a summary line starting "Plan: N to create, N to
+// configure, N to drain, N to delete" (or "No changes.").
+func RenderText(w io.Writer, planJSON []byte, opts TextOptions) error {
+	p, err := DecodeJSON(planJSON)
+	if err != nil {
+		return err
+	}
+	r := &textRenderer{color: opts.Color}
+	r.plan(p)
+	_, err = w.Write(r.b.Bytes())
+	return err
+}
+
+const (
+	ansiReset   = "\x1b[0m"
+	ansiBold    = "\x1b[1m"
+	ansiRed     = "\x1b[31m"
+	ansiGreen   = "\x1b[32m"
+	ansiYellow  = "\x1b[33m"
+	ansiCyan    = "\x1b[36m"
+	ansiMagenta = "\x1b[35m"
+	ansiDim     = "\x1b[2m"
+)
+
+type textRenderer struct {
+	b     bytes.Buffer
+	color bool
+}
+
+func (r *textRenderer) paint(code, s string) string {
+	if !r.color || s == "" {
+		return s
+	}
+	return code + s + ansiReset
+}
+
+func (r *textRenderer) line(format string, a ...any) {
+	fmt.Fprintf(&r.b, format, a...)
+	r.b.WriteByte('\n')
+}
+
+func symbolColor(sym string) string {
+	switch sym {
+	case "+":
+		return ansiGreen
+	case "-":
+		return ansiRed
+	case ">":
+		return ansiCyan
+	}
+	return ansiYellow
+}
+
+func (r *textRenderer) plan(p *Plan) {
+	r.line("%s", r.paint(ansiBold, fmt.Sprintf("Plan for %s installation %s", p.Hypervisor, p.Installation)))
+	r.line("  state lineage %s serial %d; observed %s; planned %s", orDash(p.Lineage), p.Serial, stamp(p.ObservedAt), stamp(p.PlannedAt))
+	if len(p.Zones) > 0 {
+		r.line("")
+		r.line("Zones:")
+		for _, z := range p.Zones {
+			st := z.Status
+			if z.Status != "ok" {
+				st = r.paint(ansiRed, z.Status)
+				if z.Error != "" {
+					st += ": " + z.Error
+				}
+			}
+			r.line("  %s  %s", z.Name, st)
+		}
+	}
+	for i := range p.Changes {
+		r.line("")
+		r.change(&p.Changes[i])
+	}
+	if len(p.Drift) > 0 {
+		r.line("")
+		r.line("Drift:")
+		for _, d := range p.Drift {
+			who := d.Machine
+			if who == "" {
+				who = "-"
+			}
+			vm := ""
+			if d.VM != "" {
+				vm = " vm " + d.VM
+			}
+			r.line("  %s %s %s%s: %s", r.paint(ansiMagenta, string(d.Kind)), "("+string(d.Policy)+")", d.Zone+" "+who, vm, d.Detail)
+		}
+	}
+	r.line("")
+	s := p.Summary
+	changes := false
+	for i := range p.Changes {
+		if !p.Changes[i].Empty() {
+			changes = true
+		}
+	}
+	if !changes {
+		msg := "No changes."
+		if s.Drift > 0 {
+			msg += fmt.Sprintf(" %d drift reported.", s.Drift)
+		}
+		r.line("%s", r.paint(ansiBold, msg))
+		return
+	}
+	line := fmt.Sprintf("Plan: %d to create, %d to configure, %d to drain, %d to delete", s.Create, s.Configure, s.Drain, s.Delete)
+	if s.Repair > 0 {
+		line += fmt.Sprintf(", %d to repair", s.Repair)
+	}
+	if s.Fail > 0 {
+		line += fmt.Sprintf(", %d to fail", s.Fail)
+	}
+	if s.Adopt > 0 {
+		line += fmt.Sprintf(", %d to adopt", s.Adopt)
+	}
+	line += fmt.Sprintf("; %d drift.", s.Drift)
+	r.line("%s", r.paint(ansiBold, line))
+}
+
+// headline says what a change is for: its intent, "repair", "adopt" or
+// "FAILED: <reason>".
+func headline(c *Change) string {
+	var parts []string
+	if in := c.Intent; in != nil {
+		kind := in.Kind
+		if kind != "" {
+			kind = strings.ToUpper(kind[:1]) + kind[1:]
+		}
+		s := kind + " " + in.OpID
+		if in.Cluster != "" {
+			s += " cluster=" + in.Cluster
+		}
+		if in.Kind == "drain" {
+			s += " grace=" + (time.Duration(in.Grace) * time.Second).String()
+		}
+		parts = append(parts, s)
+	}
+	switch {
+	case c.Fail != "":
+		parts = append(parts, "FAILED: "+c.Fail)
+	case c.Adopt != nil:
+		parts = append(parts, "adopt")
+	case c.Intent == nil && len(c.Steps) > 0:
+		parts = append(parts, "repair")
+	case len(parts) == 0 && c.Wait != "":
+		parts = append(parts, "wait")
+	}
+	return strings.Join(parts, " -> ")
+}
+
+func (r *textRenderer) change(c *Change) {
+	head := headline(c)
+	if c.Fail != "" {
+		head = r.paint(ansiRed, head)
+	}
+	r.line("%s %s (%s, %s): %s", r.paint(ansiBold, "#"), r.paint(ansiBold, c.Machine), c.Zone, c.State, head)
+	if a := c.Adopt; a != nil {
+		s := "  adopt VM " + a.Host
+		if a.VMName != "" && !strings.HasSuffix(a.Host, "/"+a.VMName) {
+			s += " (" + a.VMName + ")"
+		}
+		if a.InstanceType != "" {
+			s += " type=" + a.InstanceType
+		}
+		if a.Cluster != "" {
+			s += " cluster=" + a.Cluster
+		}
+		r.line("%s", s)
+	}
+	if c.Wait != "" {
+		r.line("  waiting: %s", c.Wait)
+	}
+	for _, s := range c.Steps {
+		sym := s.Action.Symbol()
+		detail := stepDetail(&s)
+		if detail != "" {
+			detail = "  " + detail
+		}
+		r.line("  %s %s%s  %s", r.paint(symbolColor(sym), sym), s.ID, detail, r.paint(ansiDim, "("+s.Reason+")"))
+	}
+	if c.Finish != "" {
+		r.line("  => %s", c.Finish)
+	}
+}
+
+// stepDetail summarises the parameters people check: sizes, clusters,
+// grace periods, volumes. It never prints exec argv of the bootstrap
+// beyond its program (the blob is never in a plan anyway).
+func stepDetail(s *Step) string {
+	p := &s.Params
+	var parts []string
+	if s.Target.VMID != 0 {
+		parts = append(parts, "vmid="+strconv.Itoa(s.Target.VMID))
+	}
+	switch {
+	case p.Overlay != nil:
+		parts = append(parts, "pool="+p.Overlay.Pool, "volume="+p.Overlay.Name, "base="+p.Overlay.BaseImage)
+	case p.Seed != nil:
+		parts = append(parts, "pool="+p.Seed.Pool, "volume="+p.Seed.Name)
+	case p.Domain != nil:
+		parts = append(parts, fmt.Sprintf("vcpu=%d memory=%dMiB", p.Domain.VCPU, p.Domain.MemoryMiB), "network="+p.Domain.Network)
+	case p.Clone != nil:
+		parts = append(parts, "template="+strconv.Itoa(p.Clone.TemplateVMID))
+		if p.Clone.Pool != "" {
+			parts = append(parts, "pool="+p.Clone.Pool)
+		}
+	case p.Size != nil:
+		parts = append(parts, fmt.Sprintf("vcpu=%d memory=%dMiB onboot=%t", p.Size.VCPU, p.Size.MemoryMiB, p.Size.OnBoot))
+	case p.Marker != nil:
+		if p.Marker.Cluster != "" {
+			parts = append(parts, "cluster="+p.Marker.Cluster)
+		} else {
+			parts = append(parts, "cluster=(none)")
+		}
+	case p.Volume != "":
+		parts = append(parts, "volume="+p.Pool+"/"+p.Volume)
+	}
+	if s.Action == ActionAutostart {
+		parts = append(parts, "autostart="+strconv.FormatBool(p.Autostart))
+	}
+	if s.Action == ActionStop {
+		parts = append(parts, "grace="+time.Duration(p.Grace).String())
+	}
+	if len(p.Exec) > 0 && s.Action != ActionExecDrain {
+		parts = append(parts, "exec="+p.Exec[0])
+	}
+	if p.BlobPath != "" {
+		parts = append(parts, "blob_path="+p.BlobPath)
+	}
+	if len(s.DependsOn) > 1 {
+		// Only joins are worth showing; a chain is the listing order.
+		prefix := s.ID[:strings.LastIndexByte(s.ID, '/')+1]
+		deps := make([]string, 0, len(s.DependsOn))
+		for _, d := range s.DependsOn {
+			deps = append(deps, strings.TrimPrefix(d, prefix))
+		}
+		sort.Strings(deps)
+		parts = append(parts, "after="+strings.Join(deps, ","))
+	}
+	return strings.Join(parts, " ")
+}
+
+func stamp(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
