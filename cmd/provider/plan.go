@@ -2,11 +2,89 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"os"
+
+	"github.com/bigfleet-vm/provider/config"
+	"github.com/bigfleet-vm/provider/planner"
+	"github.com/bigfleet-vm/provider/server"
 )
 
+// plan prints what the next reconcile would do. Offline (the default) it
+// takes serve's flags and reads the state and the hypervisors read-only;
+// with --server it asks a running provider. Exit codes: 1 on error; else
+// 0, or with --detailed-exitcode 0 for no changes and 2 for changes
+// pending.
 func plan(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fmt.Fprintln(stderr, "provider plan: not available in this build")
-	return 1
+	fs := flag.NewFlagSet("provider plan", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	flags := config.RegisterFlags(fs)
+	srv := fs.String("server", "", "Ask a running provider instead of planning offline: its metrics listener, e.g. http://127.0.0.1:9090 (GET /debug/plan).")
+	asJSON := fs.Bool("json", false, "Print the versioned JSON plan instead of text.")
+	detailed := fs.Bool("detailed-exitcode", false, "Exit 0 when there are no changes, 2 when changes are pending, 1 on error.")
+	noColor := fs.Bool("no-color", false, "Never colour the text plan (it is coloured only on a terminal anyway).")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: provider plan [--server URL] [--json] [--detailed-exitcode] [--no-color] [serve flags]\n")
+		config.Usage(stderr, fs)
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 1
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "provider plan: unexpected argument %q\n", fs.Arg(0))
+		return 1
+	}
+
+	var p *planner.Plan
+	if *srv != "" {
+		var err error
+		if p, _, err = server.FetchPlan(ctx, *srv); err != nil {
+			fmt.Fprintf(stderr, "provider plan: %v\n", err)
+			return 1
+		}
+	} else {
+		cfg, err := flags.Resolve(fs)
+		if err != nil {
+			fmt.Fprintf(stderr, "provider plan: invalid configuration:\n%v\n", err)
+			return 1
+		}
+		if p, err = server.OfflinePlan(ctx, cfg); err != nil {
+			fmt.Fprintf(stderr, "provider plan: %v\n", err)
+			return 1
+		}
+	}
+
+	var err error
+	if *asJSON {
+		var b []byte
+		if b, err = planner.MarshalJSON(p); err == nil {
+			_, err = stdout.Write(b)
+		}
+	} else {
+		err = planner.WriteText(stdout, p, planner.TextOptions{Color: !*noColor && terminal(stdout)})
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "provider plan: %v\n", err)
+		return 1
+	}
+	if *detailed && p.HasChanges() {
+		return 2
+	}
+	return 0
+}
+
+// terminal reports whether w is a character device (a terminal).
+func terminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }

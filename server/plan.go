@@ -1,0 +1,184 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/bigfleet-vm/provider/config"
+	"github.com/bigfleet-vm/provider/desired"
+	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/fake"
+	"github.com/bigfleet-vm/provider/planner"
+	"github.com/bigfleet-vm/provider/reconciler"
+	"github.com/bigfleet-vm/provider/statefile"
+)
+
+// OfflinePlan computes what the next reconcile would do, the way `provider
+// plan` does without a running server: it reads the state file without
+// its lock (statefile.ReadOnly, safe while a server has it open), builds
+// the desired document in memory, observes the hypervisors read-only and
+// plans. It never writes anything: not the state file, not the
+// simulator's saved world, not a hypervisor.
+//
+// Machines are planned as stored, intents included, so the plan shows
+// what a running server would do next (a restarted server would first
+// fail interrupted Configures, whose blobs are not stored). Slots the
+// offerings add are planned as fresh SPECULATIVE machines, as Open would
+// add them. With no state file the inventory is the offerings' slots.
+func OfflinePlan(ctx context.Context, cfg *config.Config) (*planner.Plan, error) {
+	stored := map[string][]byte{}
+	if cfg.StatePath != "" {
+		s, err := statefile.ReadOnly(cfg.StatePath)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+		case err != nil:
+			return nil, err
+		default:
+			stored = s
+		}
+	}
+	slots := make([]desired.Slot, 0, len(cfg.Slots))
+	for _, s := range cfg.Slots {
+		slots = append(slots, desired.Slot{ID: s.ID, Zone: s.Zone, InstanceType: s.Type.Name, Capacity: string(s.Capacity),
+			VCPU: s.Type.VCPU, MemoryMiB: s.Type.MemoryMiB, TemplateVMID: s.Type.TemplateVMID, Price: s.PricePerHour,
+			Resources: s.Resources, Labels: s.Labels})
+	}
+	// Open validates the stored document against the flags (installation,
+	// zones and types of known ids) and merges the offerings, all in a
+	// throwaway memory store.
+	doc, _, err := desired.Open(ctx, desired.Options{Store: statefile.NewMemory(stored), Installation: cfg.InstallationID,
+		DefaultInstallation: cfg.Provider, DeleteSupported: !cfg.BareMetal}, slots)
+	if err != nil {
+		return nil, err
+	}
+	machines, serial, err := storedMachines(stored, doc)
+	if err != nil {
+		return nil, err
+	}
+
+	hv, err := openReadOnly(ctx, cfg, doc.Installation())
+	if err != nil {
+		return nil, err
+	}
+	defer hv.Close()
+	pc := plannerConfig(cfg, doc.Installation())
+	rec := reconciler.New(reconciler.Options{Doc: doc, Hypervisor: hv, Planner: pc})
+	snap := rec.ObserveAll(ctx)
+	return planner.Build(planner.Inputs{Config: pc, Machines: machines, Observed: snap,
+		Lineage: doc.Lineage(), Serial: serial, Now: time.Now()}), nil
+}
+
+// storedMachines returns the machines as the state file records them
+// (intents untouched), plus the machines the document added for new
+// slots, sorted by id; and the stored revision.
+func storedMachines(stored map[string][]byte, doc *desired.Document) ([]*desired.Machine, uint64, error) {
+	byID := map[string]*desired.Machine{}
+	var serial uint64
+	if raw, ok := stored["meta/doc"]; ok {
+		var meta struct {
+			Rev uint64 `json:"rev"`
+		}
+		if err := json.Unmarshal(raw, &meta); err != nil {
+			return nil, 0, fmt.Errorf("state: decode document header: %w", err)
+		}
+		serial = meta.Rev
+	}
+	for k, raw := range stored {
+		id, ok := strings.CutPrefix(k, "m/")
+		if !ok {
+			continue
+		}
+		m := &desired.Machine{}
+		if err := json.Unmarshal(raw, m); err != nil {
+			return nil, 0, fmt.Errorf("state: decode machine %q: %w", id, err)
+		}
+		byID[m.ID] = m
+		serial = max(serial, m.Rev)
+	}
+	for _, m := range doc.All() {
+		if _, ok := byID[m.ID]; !ok && m.State == desired.Speculative {
+			byID[m.ID] = m
+		}
+	}
+	out := make([]*desired.Machine, 0, len(byID))
+	for _, m := range byID {
+		out = append(out, m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, serial, nil
+}
+
+// openReadOnly opens the configured hypervisor for observation only. The
+// simulator's world is the one a server persisted next to the state file
+// (<state>.fake.json), loaded read-only; without --state (or before a
+// server saved one) it is a fresh, empty world.
+func openReadOnly(ctx context.Context, cfg *config.Config, installation string) (hypervisors.Hypervisor, error) {
+	if cfg.Backend != config.BackendFake {
+		return openHypervisor(ctx, cfg, installation, slog.New(slog.DiscardHandler))
+	}
+	opts := fake.Options{Zones: cfg.Zones, ReadOnly: true}
+	if cfg.Hypervisor == hypervisors.ShapeLibvirt {
+		opts.Pool, opts.Network, opts.Image = cfg.Libvirt.StoragePool, cfg.Libvirt.Network, cfg.Libvirt.Image
+	} else {
+		opts.TemplateVMID, opts.BootstrapPath = cfg.Proxmox.TemplateVMID, cfg.Proxmox.BootstrapPath
+	}
+	world := ""
+	if cfg.StatePath != "" {
+		world = cfg.StatePath + ".fake.json"
+		if _, err := os.Stat(world); errors.Is(err, fs.ErrNotExist) {
+			world = ""
+		} else if err != nil {
+			return nil, fmt.Errorf("simulator world: %w", err)
+		}
+	}
+	switch {
+	case world != "" && cfg.Hypervisor == hypervisors.ShapeLibvirt:
+		return fake.LoadLibvirt(world, opts)
+	case world != "":
+		return fake.LoadProxmox(world, opts)
+	case cfg.Hypervisor == hypervisors.ShapeLibvirt:
+		return fake.NewLibvirt(opts), nil
+	}
+	return fake.NewProxmox(opts), nil
+}
+
+// FetchPlan gets the plan of a running provider from its metrics
+// listener's /debug/plan (base is e.g. http://127.0.0.1:9090). It returns
+// the decoded plan and the JSON exactly as served.
+func FetchPlan(ctx context.Context, base string) (*planner.Plan, []byte, error) {
+	url := strings.TrimRight(base, "/") + "/debug/plan"
+	if !strings.Contains(base, "://") {
+		url = "http://" + url
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("fetch plan: %w", err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, nil, fmt.Errorf("fetch plan from %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
+	if err != nil {
+		return nil, nil, fmt.Errorf("fetch plan from %s: %w", url, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, nil, fmt.Errorf("fetch plan from %s: %s: %s", url, resp.Status, strings.TrimSpace(string(body)))
+	}
+	p, err := planner.DecodeJSON(body)
+	if err != nil {
+		return nil, nil, fmt.Errorf("fetch plan from %s: %w", url, err)
+	}
+	return p, body, nil
+}
