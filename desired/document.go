@@ -9,12 +9,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/statefile"
@@ -23,9 +23,12 @@ import (
 // Caps on Configure payloads. Above them the RPC answers InvalidArgument and
 // nothing changes; nothing is ever truncated.
 const (
-	MaxBlobBytes         = 8 << 20 // 8 MiB
-	MaxMetadataEntries   = 128
-	MaxMetadataBytes     = 64 << 10 // keys plus values
+	MaxBlobBytes       = 8 << 20 // 8 MiB
+	MaxMetadataEntries = 128
+	MaxMetadataBytes   = 64 << 10 // keys plus values
+	// MaxUnknownFences bounds the fence marks kept for machine ids that do
+	// not exist (any client can name arbitrary ids); the oldest go first.
+	MaxUnknownFences     = 65536
 	formatVersion        = 1
 	maxLastErrorBytes    = 2048
 	keyMachine           = "m/"
@@ -150,8 +153,11 @@ type Document struct {
 	head     *Machine // oldest revision
 	tail     *Machine // newest revision
 	fences   map[string]mark
-	meta     meta
-	dirty    map[string]bool
+	// unknownFences lists, oldest first, the fence keys recorded for
+	// machine ids that did not exist.
+	unknownFences []string
+	meta          meta
+	dirty         map[string]bool
 }
 
 // LoadReport says what Open changed while reconciling the stored document
@@ -227,6 +233,12 @@ func Open(ctx context.Context, opts Options, slots []Slot) (*Document, LoadRepor
 		d.machines[m.ID] = m
 		d.link(m)
 	}
+	for key := range d.fences {
+		if _, machine, _ := strings.Cut(key, "\x00"); d.machines[machine] == nil {
+			d.unknownFences = append(d.unknownFences, key)
+		}
+	}
+	sort.Strings(d.unknownFences)
 
 	now := opts.Now()
 	var ops []statefile.Op
@@ -588,14 +600,16 @@ func (d *Document) Mutate(ctx context.Context, r Request) (Ack, error) {
 			d.mu.Unlock()
 			return Ack{}, errorf(CodeFenced, "stale fencing token for shard %q on machine %s: (epoch %d, sequence %d) is not newer than the accepted (%d, %d)", t.Shard, r.MachineID, t.Epoch, t.Seq, old.Epoch, old.Seq)
 		}
-		if _, exists := d.machines[r.MachineID]; exists {
-			// Marks are kept only for machines that exist, so garbage ids
-			// cannot grow the table.
-			nm := mark{Epoch: t.Epoch, Seq: t.Seq}
-			d.fences[key] = nm
-			raw, _ := json.Marshal(nm)
-			waitSeq = d.opts.Store.Apply(statefile.Op{Key: keyFence + key, Value: raw})
+		// The mark advances even when the mutation is then rejected, also
+		// for an id that does not exist (bounded: see MaxUnknownFences).
+		nm := mark{Epoch: t.Epoch, Seq: t.Seq}
+		d.fences[key] = nm
+		raw, _ := json.Marshal(nm)
+		ops := []statefile.Op{{Key: keyFence + key, Value: raw}}
+		if _, exists := d.machines[r.MachineID]; !exists && !seen {
+			ops = append(ops, d.trackUnknownFence(key)...)
 		}
+		waitSeq = d.opts.Store.Apply(ops...)
 	}
 	ack, err := d.mutateLocked(r)
 	if ack.Machine != nil && ack.Machine.commitSeq > waitSeq {
@@ -618,6 +632,22 @@ func (d *Document) Mutate(ctx context.Context, r Request) (Ack, error) {
 	return ack, nil
 }
 
+// trackUnknownFence remembers a fence key of an unknown machine id and
+// returns the deletions that keep their number bounded. Callers hold mu.
+func (d *Document) trackUnknownFence(key string) []statefile.Op {
+	d.unknownFences = append(d.unknownFences, key)
+	var ops []statefile.Op
+	for len(d.unknownFences) > MaxUnknownFences {
+		old := d.unknownFences[0]
+		d.unknownFences = d.unknownFences[1:]
+		if _, machine, _ := strings.Cut(old, "\x00"); d.machines[machine] == nil {
+			delete(d.fences, old)
+			ops = append(ops, statefile.Op{Key: keyFence + old, Delete: true})
+		}
+	}
+	return ops
+}
+
 func (d *Document) mutateLocked(r Request) (Ack, error) {
 	m := d.machines[r.MachineID]
 	if m == nil {
@@ -628,6 +658,9 @@ func (d *Document) mutateLocked(r Request) (Ack, error) {
 	case KindConfigure:
 		if r.Cluster == "" {
 			return Ack{}, errorf(CodeInvalid, "cluster_id is empty")
+		}
+		if !utf8.ValidString(r.Cluster) {
+			return Ack{}, errorf(CodeInvalid, "cluster_id is not valid UTF-8")
 		}
 		if len(r.Blob) > MaxBlobBytes {
 			return Ack{}, errorf(CodeInvalid, "bootstrap_blob is %d bytes; the cap is %d bytes", len(r.Blob), MaxBlobBytes)
@@ -720,6 +753,11 @@ func (d *Document) mintOp() string {
 }
 
 func checkMetadata(md map[string]string) error {
+	for k, v := range md {
+		if !utf8.ValidString(k) || !utf8.ValidString(v) {
+			return errorf(CodeInvalid, "shard_metadata entry %q is not valid UTF-8 (proto3 map<string,string> carries UTF-8 text; encode binary values, e.g. base64)", strconv.QuoteToASCII(k))
+		}
+	}
 	if len(md) > MaxMetadataEntries {
 		return errorf(CodeInvalid, "shard_metadata has %d entries; the cap is %d", len(md), MaxMetadataEntries)
 	}
@@ -908,4 +946,3 @@ func (d *Document) SetVMID(ctx context.Context, id, opID string, vmid int) error
 	return d.opts.Store.Wait(ctx, seq)
 }
 
-var _ = math.MaxInt64

@@ -152,6 +152,7 @@ func TestFencing(t *testing.T) {
 		{"same token is stale", Request{Kind: KindCreate, MachineID: id, Token: tok("a", 1, 5)}, CodeFenced},
 		{"older seq", Request{Kind: KindCreate, MachineID: id, Token: tok("a", 1, 4)}, CodeFenced},
 		{"fence before not-found for unknown machine", Request{Kind: KindCreate, MachineID: "nope", Token: tok("a", 1, 1)}, CodeNotFound},
+		{"mark kept for an unknown machine", Request{Kind: KindCreate, MachineID: "nope", Token: tok("a", 1, 1)}, CodeFenced},
 		{"newer seq passes, then out of position", Request{Kind: KindConfigure, MachineID: id, Token: tok("a", 1, 6), Cluster: "c"}, CodeConflict},
 		{"mark advanced by rejected op", Request{Kind: KindCreate, MachineID: id, Token: tok("a", 1, 6)}, CodeFenced},
 		{"fence before argument checks", Request{Kind: KindDrain, MachineID: id, Token: tok("a", 1, 6), Grace: -1}, CodeFenced},
@@ -361,5 +362,25 @@ func BenchmarkListDelta20(b *testing.B) {
 		if ms, _ := d.List(nil, 0, rev, true); len(ms) != 20 {
 			b.Fatal(len(ms))
 		}
+	}
+}
+
+func TestUnknownFenceMarksAreBounded(t *testing.T) {
+	d := open(t, statefile.NewMemory(nil), slots(1))
+	tok := Token{Shard: "s", Epoch: 1, Seq: 1}
+	for i := 0; i < MaxUnknownFences+10; i++ {
+		if _, err := mut(t, d, Request{Kind: KindCreate, MachineID: fmt.Sprintf("ghost-%d", i), Token: tok}); code(err) != CodeNotFound {
+			t.Fatalf("ghost %d: %v", i, err)
+		}
+	}
+	if len(d.fences) != MaxUnknownFences {
+		t.Fatalf("%d marks kept, want %d", len(d.fences), MaxUnknownFences)
+	}
+	// The oldest marks were dropped; the newest still fence.
+	if _, err := mut(t, d, Request{Kind: KindCreate, MachineID: "ghost-0", Token: tok}); code(err) != CodeNotFound {
+		t.Errorf("oldest mark should be gone: %v", err)
+	}
+	if _, err := mut(t, d, Request{Kind: KindCreate, MachineID: fmt.Sprintf("ghost-%d", MaxUnknownFences+9), Token: tok}); code(err) != CodeFenced {
+		t.Errorf("newest mark should fence: %v", err)
 	}
 }

@@ -173,6 +173,7 @@ func (p *Provider) Serve(ctx context.Context) error {
 	cfg, log := p.cfg, p.log
 	gopts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(maxRecvBytes),
+		grpc.ForceServerCodecV2(service.Codec()),
 		grpc.ChainUnaryInterceptor(p.unaryInterceptor),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: 15 * time.Minute, Time: 2 * time.Hour, Timeout: 20 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 30 * time.Second, PermitWithoutStream: true}),
