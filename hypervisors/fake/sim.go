@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
@@ -162,11 +163,29 @@ type saver struct {
 	// writeMu serialises file writes so an older snapshot never renames
 	// over a newer one.
 	writeMu sync.Mutex
+	// gen counts changes; saved is the gen the file on disk includes
+	// (guarded by writeMu).
+	gen   atomic.Uint64
+	saved uint64
+}
+
+// sync writes the world unless the file already includes every change
+// made before the call. Concurrent callers share one write, like a group
+// commit.
+func (p *saver) sync() error {
+	want := p.gen.Load()
+	p.writeMu.Lock()
+	defer p.writeMu.Unlock()
+	if p.saved >= want {
+		return nil
+	}
+	return p.writeLocked()
 }
 
 // schedule arranges a save after the debounce interval. The caller may
 // hold the simulator lock.
 func (p *saver) schedule() {
+	p.gen.Add(1)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.timer != nil {
@@ -189,11 +208,30 @@ func (p *saver) schedule() {
 func (p *saver) flush() error {
 	p.writeMu.Lock()
 	defer p.writeMu.Unlock()
+	return p.writeLocked()
+}
+
+func (p *saver) writeLocked() error {
+	g := p.gen.Load()
 	data, err := p.encode()
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(p.path, data)
+	if err := writeFileAtomic(p.path, data); err != nil {
+		return err
+	}
+	p.saved = g
+	return nil
+}
+
+// Sync makes every change so far durable in the persisted world file (a
+// no-op without PersistPath). The provider calls it before it records an
+// outcome, so a kill -9 never leaves the state file ahead of the world.
+func (s *sim) Sync(context.Context) error {
+	if s.saver == nil {
+		return nil
+	}
+	return s.saver.sync()
 }
 
 // close cancels a pending save, waits for a running one, writes the world
