@@ -1,0 +1,13 @@
+// Package e2e is the black-box end-to-end suite for the provider binary: it
+// builds cmd/provider once, runs it as a subprocess on the built-in
+// simulators (libvirt-shaped and Proxmox-shaped) on free loopback ports, and
+// checks the CapacityProvider contract (/work/shared/contract/behavior.md)
+// over real gRPC, across kill -9 and SIGTERM restarts and fault modes.
+//
+// Invariants the tests rely on: every provider is started with
+// --use-fake-backend and its own state directory; no test asserts on
+// elapsed time except as a lower bound set by a configured timeout; async
+// state is awaited by polling with a generous deadline. Benchmarks
+// (bench_test.go) share one 100,000-machine provider and run only with
+// -bench.
+package e2e

@@ -1,0 +1,131 @@
+package e2e
+
+import (
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
+)
+
+// waitFailed polls until FAILED, failing if the machine ever shows
+// CONFIGURED first (a hook that did not succeed must never look bound).
+func waitFailed(t *testing.T, c pb.CapacityProviderClient, id string, never pb.MachineState) *pb.Machine {
+	t.Helper()
+	for end := time.Now().Add(pollDeadline); time.Now().Before(end); sleepPoll() {
+		m := get(t, c, id)
+		switch m.State {
+		case stFailed:
+			if m.LastError == "" {
+				t.Errorf("%s FAILED with an empty last_error", id)
+			}
+			return m
+		case never:
+			t.Fatalf("%s reached %v though its fault must fail it", id, m.State)
+		}
+	}
+	t.Fatalf("%s never went FAILED", id)
+	return nil
+}
+
+func TestFaults(t *testing.T) {
+	const timeout = 2 * time.Second
+	eachShape(t, func(t *testing.T, sh shape) {
+		s := start(t, append(sh.args, "--seed-count", "16", "--fake-faults", "--configure-timeout", timeout.String(),
+			"--drain-timeout", "5s", "--node-ready-exec", "/opt/bigfleet/node-ready")...)
+		sp := speculative(t, s.c, 6)
+		for _, id := range sp {
+			toIdle(t, s.c, id)
+		}
+		tests := []struct {
+			cluster  string
+			minAfter time.Duration // FAILED no sooner than this after the ack
+			drain    bool
+			hold     time.Duration // stay FAILED this long afterwards
+		}{
+			{cluster: "fault-error"},
+			{cluster: "fault-timeout", minAfter: timeout},
+			// The late success arrives at configure-timeout + 30s.
+			{cluster: "fault-slow-ok", minAfter: timeout, hold: 32 * time.Second},
+			{cluster: "fault-readiness-block", minAfter: timeout},
+			{cluster: "fault-drain-error", drain: true},
+		}
+		for i, tc := range tests {
+			id := sp[i]
+			t.Run(tc.cluster, func(t *testing.T) {
+				t.Parallel()
+				began := time.Now()
+				must(t, "configure")(configure(s.c, t, id, tc.cluster, map[string]string{"f": tc.cluster}, tok{}))
+				if tc.drain {
+					waitState(t, s.c, id, stConfigured)
+					must(t, "drain")(drain(s.c, t, id, tok{}))
+					m := waitFailed(t, s.c, id, stIdle)
+					t.Logf("drain failure: %q", m.LastError)
+					return
+				}
+				m := waitFailed(t, s.c, id, stConfigured)
+				if el := time.Since(began); el < tc.minAfter {
+					t.Errorf("FAILED after %v, before the %v configure timeout", el, tc.minAfter)
+				}
+				t.Logf("last_error: %q", m.LastError)
+				if tc.hold > 0 {
+					for end := time.Now().Add(tc.hold); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+						if g := get(t, s.c, id); g.State != stFailed || g.LastError != m.LastError {
+							t.Fatalf("FAILED machine changed after the late success: %v %q", g.State, g.LastError)
+						}
+					}
+				}
+			})
+		}
+	})
+}
+
+func TestFailedIsSticky(t *testing.T) {
+	eachShape(t, func(t *testing.T, sh shape) {
+		s := start(t, append(sh.args, "--seed-count", "4", "--fake-faults")...)
+		id := speculative(t, s.c, 1)[0]
+		toIdle(t, s.c, id)
+		must(t, "configure")(configure(s.c, t, id, "fault-error", nil, tok{}))
+		failed := waitFailed(t, s.c, id, stConfigured)
+		// Ordered: the fenced calls carry increasing tokens, so each passes
+		// the fence and must then be refused because the machine is FAILED.
+		calls := []struct {
+			name string
+			call func() error
+		}{
+			{"create", func() error { _, err := create(s.c, t, id, tok{}); return err }},
+			{"configure same", func() error { _, err := configure(s.c, t, id, "fault-error", nil, tok{}); return err }},
+			{"configure other", func() error { _, err := configure(s.c, t, id, "ok", nil, tok{}); return err }},
+			{"drain", func() error { _, err := drain(s.c, t, id, tok{}); return err }},
+			{"delete", func() error { _, err := del(s.c, t, id, tok{}); return err }},
+			{"fenced create", func() error { _, err := create(s.c, t, id, tok{"s", 1, 1}); return err }},
+			{"fenced delete newer", func() error { _, err := del(s.c, t, id, tok{"s", 1, 2}); return err }},
+		}
+		for _, c := range calls {
+			err := c.call()
+			if err == nil || code(err) == codes.FailedPrecondition {
+				t.Errorf("%s on FAILED: %v, want a rejection other than FAILED_PRECONDITION", c.name, err)
+			}
+		}
+		holds(t, s.c, id, stFailed, 300*time.Millisecond)
+		if diff := protoDiff(failed, get(t, s.c, id)); diff != "" {
+			t.Errorf("FAILED machine changed (-before +after):\n%s", diff)
+		}
+		if got := listAll(t, s.c, stFailed); len(got) != 1 || got[0].LastError != failed.LastError {
+			t.Errorf("List(FAILED) = %v, want the machine with its last_error verbatim", got)
+		}
+	})
+}
+
+func TestCreateFaultOffering(t *testing.T) {
+	eachShape(t, func(t *testing.T, sh shape) {
+		s := start(t, append(sh.args, "--fake-faults",
+			"--offerings", offeringsFile(t, sh, "on_demand", 2, map[string]string{"conformance.fault/create": "error"}))...)
+		id := speculative(t, s.c, 1)[0]
+		must(t, "create")(create(s.c, t, id, tok{}))
+		m := waitFailed(t, s.c, id, stIdle)
+		t.Logf("create failure: %q", m.LastError)
+		checkShape(t, m, providerOf(sh))
+	})
+}

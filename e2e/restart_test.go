@@ -1,0 +1,215 @@
+package e2e
+
+import (
+	"encoding/json"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/grpc/codes"
+
+	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
+)
+
+// planSummary is the part of /debug/plan the restart tests read.
+type planSummary struct {
+	Summary map[string]int `json:"summary"`
+	Drift   []struct {
+		Kind    string `json:"kind"`
+		Machine string `json:"machine"`
+	} `json:"drift"`
+}
+
+func (s *server) plan() planSummary {
+	s.t.Helper()
+	var p planSummary
+	if err := json.Unmarshal([]byte(s.httpGet("/debug/plan")), &p); err != nil {
+		s.t.Fatalf("decode /debug/plan: %v", err)
+	}
+	return p
+}
+
+// waitConverged polls /debug/plan until it has no steps and no drift: no
+// leaked, orphaned or missing VM (nothing lost or duplicated).
+func waitConverged(t testing.TB, s *server) {
+	t.Helper()
+	var p planSummary
+	for end := time.Now().Add(pollDeadline); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		p = s.plan()
+		if p.Summary["steps"] == 0 && len(p.Drift) == 0 {
+			return
+		}
+	}
+	t.Errorf("world never converged with the document: summary %v drift %v", p.Summary, p.Drift)
+}
+
+func TestRestartKill9(t *testing.T) {
+	eachShape(t, func(t *testing.T, sh shape) {
+		state := filepath.Join(t.TempDir(), "state")
+		s := start(t, append(sh.args, "--seed-count", "16", "--state", state, "--fake-latency", "200ms")...)
+		sp := speculative(t, s.c, 8)
+		bound, idle, inCreate, inConfigure, inDrain, inDelete := sp[0], sp[1], sp[2], sp[3], sp[4], sp[5]
+		ops := opSet{}
+		md := oddMetadata()
+
+		// Settled machines with history, fence marks and bindings.
+		opCreateBound := must(t, "create")(create(s.c, t, bound, tok{"s1", 1, 1})).OperationId
+		ops.fresh(t, "create bound", opCreateBound)
+		opCreateIdle := must(t, "create")(create(s.c, t, idle, tok{"s2", 7, 7})).OperationId
+		ops.fresh(t, "create idle", opCreateIdle)
+		for _, id := range []string{inConfigure, inDrain, inDelete} {
+			ops.fresh(t, "create "+id, must(t, "create")(create(s.c, t, id, tok{})).OperationId)
+		}
+		for _, id := range []string{bound, idle, inConfigure, inDrain, inDelete} {
+			waitState(t, s.c, id, stIdle)
+		}
+		opConfigureBound := must(t, "configure")(configure(s.c, t, bound, "c1", md, tok{"s1", 1, 5})).OperationId
+		ops.fresh(t, "configure bound", opConfigureBound)
+		ops.fresh(t, "configure drain", must(t, "configure")(configure(s.c, t, inDrain, "c9", nil, tok{})).OperationId)
+		waitState(t, s.c, bound, stConfigured)
+		waitState(t, s.c, inDrain, stConfigured)
+		boundHost := get(t, s.c, bound).Host
+		before := list(t, s.c, &pb.ListFilter{})
+
+		// Transitions in flight at the kill.
+		opInCreate := must(t, "create")(create(s.c, t, inCreate, tok{})).OperationId
+		ops.fresh(t, "in-flight create", opInCreate)
+		ops.fresh(t, "in-flight configure", must(t, "configure")(configure(s.c, t, inConfigure, "c2", map[string]string{"x": "y"}, tok{})).OperationId)
+		ops.fresh(t, "in-flight drain", must(t, "drain")(drain(s.c, t, inDrain, tok{})).OperationId)
+		ops.fresh(t, "in-flight delete", must(t, "delete")(del(s.c, t, inDelete, tok{})).OperationId)
+		for _, id := range []string{inCreate, inConfigure, inDrain, inDelete} {
+			if m := get(t, s.c, id); stable(m.State) {
+				t.Logf("note: %s already settled (%v) before the kill", id, m.State)
+			}
+		}
+		s.restart()
+
+		// Inventory: nothing lost or duplicated.
+		after := listAll(t, s.c)
+		if diff := cmp.Diff(ids(before.Machines), ids(after)); diff != "" {
+			t.Errorf("inventory changed across kill -9 (-before +after):\n%s", diff)
+		}
+		// Bindings and metadata.
+		m := get(t, s.c, bound)
+		if m.State != stConfigured || m.Cluster != "c1" {
+			t.Errorf("bound machine after restart: %v cluster %q", m.State, m.Cluster)
+		}
+		if diff := protoDiff(md, m.ShardMetadata); diff != "" {
+			t.Errorf("shard_metadata after restart (-want +got):\n%s", diff)
+		}
+		if diff := protoDiff(boundHost, m.Host); diff != "" {
+			t.Errorf("host after restart (-want +got):\n%s", diff)
+		}
+		// Interrupted transitions end stable: re-driven, or FAILED for
+		// Configure (the blob is never on disk).
+		waitState(t, s.c, inCreate, stIdle)
+		waitState(t, s.c, inDrain, stIdle)
+		waitState(t, s.c, inDelete, stSpec)
+		cm := waitSettled(t, s.c, inConfigure)
+		switch {
+		case cm.State == stFailed && cm.LastError != "":
+		case cm.State == stConfigured:
+			t.Logf("interrupted Configure had already finished before the kill")
+		default:
+			t.Errorf("interrupted Configure ended %v last_error %q, want FAILED with a last_error", cm.State, cm.LastError)
+		}
+		// Idempotency map.
+		for _, c := range []struct {
+			name string
+			got  func() (*pb.TransitionAck, error)
+			want string
+		}{
+			{"create on IDLE (unfenced retry)", func() (*pb.TransitionAck, error) { return create(s.c, t, idle, tok{}) }, opCreateIdle},
+			{"create re-driven after restart", func() (*pb.TransitionAck, error) { return create(s.c, t, inCreate, tok{}) }, opInCreate},
+			{"configure on CONFIGURED", func() (*pb.TransitionAck, error) { return configure(s.c, t, bound, "c1", md, tok{"s1", 1, 6}) }, opConfigureBound},
+		} {
+			a, err := c.got()
+			if err != nil || a.OperationId != c.want {
+				t.Errorf("%s after restart: %v %v, want the original op %q", c.name, a.GetOperationId(), err, c.want)
+			}
+		}
+		// Fence marks.
+		for _, c := range []struct {
+			name string
+			err  error
+			want codes.Code
+		}{
+			{"s1 stale on bound", func() error { _, err := drain(s.c, t, bound, tok{"s1", 1, 6}); return err }(), codes.FailedPrecondition},
+			{"s2 stale on idle", func() error { _, err := create(s.c, t, idle, tok{"s2", 7, 7}); return err }(), codes.FailedPrecondition},
+			{"brand-new shard first token", func() error { _, err := create(s.c, t, idle, tok{"s-new", 0, 0}); return err }(), codes.OK},
+		} {
+			if code(c.err) != c.want {
+				t.Errorf("%s: %v, want %v", c.name, c.err, c.want)
+			}
+		}
+		// Revision space: the pre-kill cursor still parses, so the delta is
+		// not a full list and holds the machines that moved.
+		d := ids(list(t, s.c, &pb.ListFilter{SinceRevision: before.Revision}).Machines)
+		if len(d) >= len(after) {
+			t.Errorf("pre-restart cursor treated as garbage: delta of %d machines (of %d)", len(d), len(after))
+		}
+		for _, id := range []string{inCreate, inConfigure, inDrain, inDelete} {
+			if !slices.Contains(d, id) {
+				t.Errorf("delta since the pre-kill cursor lacks %s: %v", id, d)
+			}
+		}
+		// Fresh op ids never repeat pre-restart ones, across a second kill.
+		ops.fresh(t, "post-restart create", must(t, "create")(create(s.c, t, sp[6], tok{})).OperationId)
+		s.restart()
+		ops.fresh(t, "post-2nd-restart create", must(t, "create")(create(s.c, t, sp[7], tok{})).OperationId)
+		ops.fresh(t, "post-2nd-restart delete", must(t, "delete")(del(s.c, t, inCreate, tok{})).OperationId)
+		waitState(t, s.c, sp[6], stIdle)
+		waitState(t, s.c, sp[7], stIdle)
+		waitState(t, s.c, inCreate, stSpec)
+		waitConverged(t, s)
+	})
+}
+
+func TestSIGTERMFlushes(t *testing.T) {
+	eachShape(t, func(t *testing.T, sh shape) {
+		state := filepath.Join(t.TempDir(), "state")
+		s := start(t, append(sh.args, "--seed-count", "8", "--state", state)...)
+		sp := speculative(t, s.c, 3)
+		toConfigured(t, s.c, sp[0], "c1", map[string]string{"k": "v"})
+		toIdle(t, s.c, sp[1])
+		opIdle := must(t, "create")(create(s.c, t, sp[1], tok{"s", 3, 3})).OperationId
+		before := listAll(t, s.c)
+		if code := s.terminate(); code != 0 {
+			t.Fatalf("SIGTERM exit code %d, want 0\nstderr:\n%s", code, s.stderr.String())
+		}
+		s.launch()
+		if diff := protoDiff(before, listAll(t, s.c)); diff != "" {
+			// Revision order is part of List; compare as sets by id.
+			t.Errorf("state after graceful restart (-before +after):\n%s", diff)
+		}
+		if a, err := create(s.c, t, sp[1], tok{"s", 3, 4}); err != nil || a.OperationId != opIdle {
+			t.Errorf("idempotent create after graceful restart: %v %v, want %q", a.GetOperationId(), err, opIdle)
+		}
+		if _, err := create(s.c, t, sp[1], tok{"s", 3, 4}); code(err) != codes.FailedPrecondition {
+			t.Errorf("fence mark lost across graceful restart: %v", err)
+		}
+		waitConverged(t, s)
+	})
+}
+
+// TestKill9RightAfterSettle kills the provider the moment a Create has
+// settled. The machine was reported IDLE and the document is durable, so
+// after the restart it must still be IDLE on the same host.
+func TestKill9RightAfterSettle(t *testing.T) {
+	eachShape(t, func(t *testing.T, sh shape) {
+		state := filepath.Join(t.TempDir(), "state")
+		s := start(t, append(sh.args, "--seed-count", "4", "--state", state)...)
+		id := speculative(t, s.c, 1)[0]
+		toIdle(t, s.c, id)
+		host := get(t, s.c, id).Host
+		s.restart()
+		for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+			m := get(t, s.c, id)
+			if m.State != stIdle || protoDiff(host, m.Host) != "" {
+				t.Fatalf("IDLE machine after kill -9: %v host %v last_error %q, want IDLE on %v", m.State, m.Host, m.LastError, host)
+			}
+		}
+	})
+}
