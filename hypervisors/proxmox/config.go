@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -213,7 +214,31 @@ func (c *Config) httpClient() (*http.Client, error) {
 		IdleConnTimeout:       90 * time.Second,
 		ResponseHeaderTimeout: c.HTTPTimeout,
 	}
-	return &http.Client{Transport: tr, Timeout: c.HTTPTimeout}, nil
+	return &http.Client{Transport: deniedTransport{tr}, Timeout: c.HTTPTimeout}, nil
+}
+
+// DeniedError is a 401 or 403 answer with PVE's reason phrase, which names
+// the path and privilege ("Permission check failed (/vms/100,
+// VM.Config.CPU)"). go-proxmox replaces both statuses with a bare
+// ErrNotAuthorized; deniedTransport surfaces them as this error instead so
+// last_error says what is missing.
+type DeniedError struct {
+	Code   int
+	Reason string
+}
+
+func (e *DeniedError) Error() string { return fmt.Sprintf("%d %s", e.Code, e.Reason) }
+
+type deniedTransport struct{ http.RoundTripper }
+
+func (t deniedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	res, err := t.RoundTripper.RoundTrip(r)
+	if err != nil || (res.StatusCode != http.StatusUnauthorized && res.StatusCode != http.StatusForbidden) {
+		return res, err
+	}
+	res.Body.Close()
+	reason := strings.TrimSpace(strings.TrimPrefix(res.Status, strconv.Itoa(res.StatusCode)))
+	return nil, &DeniedError{Code: res.StatusCode, Reason: reason}
 }
 
 func (c *Config) baseURL() string {

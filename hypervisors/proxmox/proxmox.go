@@ -120,7 +120,10 @@ func classify(err error) error {
 	}
 	msg := err.Error()
 	var class error
+	var denied *DeniedError
 	switch {
+	case errors.As(err, &denied):
+		class = hypervisors.ErrPermission
 	case errors.Is(err, ErrFingerprintMismatch):
 		class = hypervisors.ErrPermission
 	case errors.Is(err, pxapi.ErrNotAuthorized):

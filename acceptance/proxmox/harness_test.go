@@ -1,0 +1,545 @@
+package proxmox
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvesim"
+)
+
+// binary is the provider built once by TestMain.
+var binary string
+
+func TestMain(m *testing.M) { os.Exit(buildAndRun(m)) }
+
+func buildAndRun(m *testing.M) int {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "acceptance: go env GOMOD:", err)
+		return 1
+	}
+	root := filepath.Dir(strings.TrimSpace(string(out)))
+	dir, err := os.MkdirTemp("", "provider-acceptance-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "acceptance:", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	binary = filepath.Join(dir, "provider")
+	build := exec.Command("go", "build", "-o", binary, "./cmd/provider")
+	build.Dir = root
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "acceptance: build provider:", err)
+		return 1
+	}
+	return m.Run()
+}
+
+const (
+	tokenID     = "bigfleet@pve!acceptance"
+	templateID  = 9000
+	poolName    = "fleet"
+	pollTimeout = 60 * time.Second
+)
+
+// recGuest is the simulator's in-memory guest agent plus a record of every
+// file write (the MemGuest forgets a file once the provider removes it).
+type recGuest struct {
+	*pvesim.MemGuest
+	mu     sync.Mutex
+	writes []fileWrite
+}
+
+type fileWrite struct {
+	path string
+	data []byte
+}
+
+func (g *recGuest) FileWrite(ctx context.Context, path string, data []byte) error {
+	g.mu.Lock()
+	g.writes = append(g.writes, fileWrite{path, append([]byte(nil), data...)})
+	g.mu.Unlock()
+	return g.MemGuest.FileWrite(ctx, path, data)
+}
+
+func (g *recGuest) Writes() []fileWrite {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]fileWrite(nil), g.writes...)
+}
+
+// cluster is one simulated Proxmox VE cluster (nodes pve1 and pve2, a
+// template on pve1, pool "fleet") served over TLS on a loopback port with
+// a certificate the test controls.
+type cluster struct {
+	t         testing.TB
+	sim       *pvesim.Server
+	url       string // https://127.0.0.1:P/api2/json
+	fp        string // SHA-256 of the leaf certificate
+	caFile    string // the certificate as a PEM CA bundle
+	secret    string
+	tokenFile string
+	dir       string
+}
+
+type clusterOpts struct {
+	latencies *pvesim.Latencies      // default: pvesim.ZeroLatency()
+	acl       map[string][]string    // default: pvesim.FullAccess()
+	setup     func(s *pvesim.Server) // before serving
+}
+
+func newCluster(t testing.TB, o clusterOpts) *cluster {
+	t.Helper()
+	lat := o.latencies
+	if lat == nil {
+		lat = pvesim.ZeroLatency()
+	}
+	acl := o.acl
+	if acl == nil {
+		acl = pvesim.FullAccess()
+	}
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	c := &cluster{t: t, secret: "acc-" + hex.EncodeToString(b[:]), dir: t.TempDir()}
+	c.sim = pvesim.New(pvesim.Options{Nodes: []string{"pve1", "pve2"}, Latencies: lat})
+	c.sim.SetGuestFactory(func(int) pvesim.Guest { return &recGuest{MemGuest: pvesim.NewMemGuest()} })
+	c.sim.AddToken(pvesim.Token{ID: tokenID, Secret: c.secret, ACL: acl})
+	c.sim.AddPool(poolName)
+	if err := c.sim.AddVM(pvesim.VMSpec{VMID: templateID, Node: "pve1", Name: "debian-12-tmpl", Template: true,
+		Cores: 1, MemoryMiB: 1024, Tags: []string{"golden"}}); err != nil {
+		t.Fatal(err)
+	}
+	if o.setup != nil {
+		o.setup(c.sim)
+	}
+	cert, pemBytes, fp, err := pvesim.SelfSignedPEM([]string{"127.0.0.1", "localhost"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.fp = fp
+	c.caFile = c.write("pve-root-ca.pem", pemBytes)
+	c.tokenFile = c.write("token", []byte(c.secret+"\n"))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{
+		Handler:           c.sim.Handler(),
+		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
+		TLSNextProto:      map[string]func(*http.Server, *tls.Conn, http.Handler){}, // HTTP/1.1: reason phrases carry errors
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          log.New(io.Discard, "", 0), // refused handshakes are expected
+	}
+	go srv.ServeTLS(ln, "", "")
+	t.Cleanup(func() { srv.Close(); c.sim.Close() })
+	c.url = "https://" + ln.Addr().String() + "/api2/json"
+	return c
+}
+
+func (c *cluster) write(name string, b []byte) string {
+	c.t.Helper()
+	p := filepath.Join(c.dir, name)
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		c.t.Fatal(err)
+	}
+	return p
+}
+
+// guest returns the recording guest agent of a VM.
+func (c *cluster) guest(vmid int) *recGuest {
+	c.t.Helper()
+	g, ok := c.sim.GuestOf(vmid).(*recGuest)
+	if !ok {
+		c.t.Fatalf("vm %d has no recording guest", vmid)
+	}
+	return g
+}
+
+// clones lists the VMIDs of every non-template VM.
+func (c *cluster) clones() []int {
+	var out []int
+	for _, id := range c.sim.VMIDs() {
+		if v, ok := c.sim.VM(id); ok && !v.Template {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// offering is one line of an offerings file.
+type offering struct {
+	InstanceType string `json:"instance_type"`
+	Zone         string `json:"zone"`
+	CapacityType string `json:"capacity_type"`
+	Count        int    `json:"count"`
+}
+
+// trust selects how the binary verifies the simulator's certificate.
+type trust int
+
+const (
+	pinFingerprint trust = iota
+	caFile
+)
+
+func (tr trust) String() string { return [...]string{"fingerprint", "ca-file"}[tr] }
+
+// launch describes one provider process.
+type launch struct {
+	trust     trust
+	offerings []offering // default: 4 pve.small on pve1, 2 on pve2
+	state     string     // default: a fresh file in the test's temp dir
+	args      []string   // extra flags; they come last, so they win
+}
+
+var installSeq atomic.Int64
+
+// provider is one provider subprocess and a gRPC client to it.
+type provider struct {
+	t       testing.TB
+	c       *cluster
+	argv    []string
+	cmd     *exec.Cmd
+	done    chan struct{}
+	exitErr error
+	out     *syncBuffer
+	addr    string
+	maddr   string
+	conn    *grpc.ClientConn
+	api     pb.CapacityProviderClient
+}
+
+// flags returns the full argv for l against c (with fresh loopback ports).
+func (c *cluster) flags(t testing.TB, l launch) []string {
+	t.Helper()
+	offs := l.offerings
+	if offs == nil {
+		offs = []offering{{"pve.small", "pve1", "on_demand", 4}, {"pve.small", "pve2", "on_demand", 2}}
+	}
+	b, err := json.Marshal(offs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	offFile := filepath.Join(t.TempDir(), "offerings.json")
+	if err := os.WriteFile(offFile, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	state := l.state
+	if state == "" {
+		state = filepath.Join(t.TempDir(), "provider.state")
+	}
+	argv := []string{"serve",
+		"--proxmox-api-url", c.url,
+		"--proxmox-token-id", tokenID,
+		"--proxmox-token-file", c.tokenFile,
+		"--proxmox-pool", poolName,
+		"--nodes", "pve1,pve2",
+		"--template-vmid", fmt.Sprint(templateID),
+		"--offerings", offFile,
+		"--state", state,
+		"--installation-id", fmt.Sprintf("acc-%d-%d", os.Getpid(), installSeq.Add(1)),
+		"--reconcile-interval", "1s",
+		"--create-timeout", "60s",
+		"--configure-timeout", "30s",
+		"--drain-timeout", "30s",
+		"--delete-timeout", "30s",
+		"--log-level", "debug",
+	}
+	switch l.trust {
+	case pinFingerprint:
+		argv = append(argv, "--proxmox-tls-fingerprint", c.fp)
+	case caFile:
+		argv = append(argv, "--proxmox-ca-file", c.caFile)
+	}
+	return append(argv, l.args...)
+}
+
+// start launches the provider against c and waits until it is ready.
+func (c *cluster) start(t testing.TB, l launch) *provider {
+	t.Helper()
+	p := &provider{t: t, c: c, argv: c.flags(t, l)}
+	p.launch()
+	t.Cleanup(func() {
+		p.kill()
+		if strings.Contains(p.out.String(), c.secret) {
+			t.Errorf("the token secret appears in the provider's output")
+		}
+		if t.Failed() {
+			t.Logf("provider output:\n%s", p.out.String())
+		}
+	})
+	return p
+}
+
+func freeAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func (p *provider) launch() {
+	p.t.Helper()
+	for attempt := 0; ; attempt++ {
+		p.addr, p.maddr = freeAddr(p.t), freeAddr(p.t)
+		argv := append(append([]string(nil), p.argv...), "--addr", p.addr, "--metrics-addr", p.maddr)
+		p.cmd = exec.Command(binary, argv...)
+		if p.out == nil {
+			p.out = &syncBuffer{}
+		}
+		p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+		if err := p.cmd.Start(); err != nil {
+			p.t.Fatalf("start provider: %v", err)
+		}
+		p.done = make(chan struct{})
+		go func(cmd *exec.Cmd, done chan struct{}) {
+			p.exitErr = cmd.Wait()
+			close(done)
+		}(p.cmd, p.done)
+		err := p.waitReady(60 * time.Second)
+		if err == nil {
+			break
+		}
+		p.kill()
+		if attempt < 2 && strings.Contains(p.out.String(), "address already in use") {
+			continue
+		}
+		p.t.Fatalf("provider did not become ready: %v\noutput:\n%s", err, p.out.String())
+	}
+	conn, err := grpc.NewClient(p.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	p.conn, p.api = conn, pb.NewCapacityProviderClient(conn)
+}
+
+func (p *provider) waitReady(max time.Duration) error {
+	hc := &http.Client{Timeout: 2 * time.Second}
+	for deadline := time.Now().Add(max); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		select {
+		case <-p.done:
+			return fmt.Errorf("exited: %v", p.exitErr)
+		default:
+		}
+		resp, err := hc.Get("http://" + p.maddr + "/readyz")
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+	}
+	return fmt.Errorf("not ready after %v", max)
+}
+
+// kill sends SIGKILL (no graceful shutdown) and reaps the process.
+func (p *provider) kill() {
+	if p.conn != nil {
+		p.conn.Close()
+		p.conn = nil
+	}
+	if p.cmd == nil || p.cmd.Process == nil {
+		return
+	}
+	select {
+	case <-p.done:
+	default:
+		p.cmd.Process.Signal(syscall.SIGKILL)
+		<-p.done
+	}
+}
+
+// restart kills the process with SIGKILL and starts it again with the
+// same flags (same --state and installation, new ports).
+func (p *provider) restart() {
+	p.t.Helper()
+	p.kill()
+	p.launch()
+}
+
+// runExit runs the binary expecting it to exit on its own (startup
+// refusal) and returns its output and exit code.
+func runExit(t testing.TB, argv []string) (string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	argv = append(append([]string(nil), argv...), "--addr", freeAddr(t), "--metrics-addr", freeAddr(t))
+	cmd := exec.CommandContext(ctx, binary, argv...)
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		t.Fatalf("provider did not exit on its own:\n%s", out)
+	}
+	if err != nil && cmd.ProcessState == nil {
+		t.Fatalf("run provider: %v", err)
+	}
+	return string(out), cmd.ProcessState.ExitCode()
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// rpcCtx is a per-call context.
+func rpcCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+const (
+	stSpec        = pb.MachineState_MACHINE_STATE_SPECULATIVE
+	stCreating    = pb.MachineState_MACHINE_STATE_CREATING
+	stIdle        = pb.MachineState_MACHINE_STATE_IDLE
+	stConfiguring = pb.MachineState_MACHINE_STATE_CONFIGURING
+	stConfigured  = pb.MachineState_MACHINE_STATE_CONFIGURED
+	stDraining    = pb.MachineState_MACHINE_STATE_DRAINING
+	stFailed      = pb.MachineState_MACHINE_STATE_FAILED
+)
+
+func (p *provider) get(id string) *pb.Machine {
+	p.t.Helper()
+	m, err := p.api.Get(rpcCtx(p.t), &pb.MachineRef{Id: id})
+	if err != nil {
+		p.t.Fatalf("Get %s: %v", id, err)
+	}
+	return m
+}
+
+// machines returns the ids of the SPECULATIVE machines in zone.
+func (p *provider) machines(zone string) []string {
+	p.t.Helper()
+	l, err := p.api.List(rpcCtx(p.t), &pb.ListFilter{States: []pb.MachineState{stSpec}})
+	if err != nil {
+		p.t.Fatalf("List: %v", err)
+	}
+	var ids []string
+	for _, m := range l.Machines {
+		if m.Zone == zone {
+			ids = append(ids, m.Id)
+		}
+	}
+	return ids
+}
+
+// wait polls Get until the machine is in want; FAILED (unless wanted) is
+// fatal, with last_error.
+func (p *provider) wait(id string, want pb.MachineState) *pb.Machine {
+	p.t.Helper()
+	var m *pb.Machine
+	for deadline := time.Now().Add(pollTimeout); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		m = p.get(id)
+		if m.State == want {
+			return m
+		}
+		if m.State == stFailed {
+			p.t.Fatalf("machine %s went FAILED while waiting for %v: %s", id, want, m.LastError)
+		}
+	}
+	p.t.Fatalf("machine %s still %v after %v, want %v (last_error %q)", id, m.GetState(), pollTimeout, want, m.GetLastError())
+	return nil
+}
+
+func (p *provider) create(id string) {
+	p.t.Helper()
+	if _, err := p.api.Create(rpcCtx(p.t), &pb.CreateRequest{MachineId: id}); err != nil {
+		p.t.Fatalf("Create %s: %v", id, err)
+	}
+}
+
+func (p *provider) configure(id, cluster string, blob []byte) {
+	p.t.Helper()
+	if _, err := p.api.Configure(rpcCtx(p.t), &pb.ConfigureRequest{MachineId: id, ClusterId: cluster, BootstrapBlob: blob}); err != nil {
+		p.t.Fatalf("Configure %s: %v", id, err)
+	}
+}
+
+func (p *provider) drain(id string, grace int64) {
+	p.t.Helper()
+	if _, err := p.api.Drain(rpcCtx(p.t), &pb.DrainRequest{MachineId: id, GracePeriodSeconds: grace}); err != nil {
+		p.t.Fatalf("Drain %s: %v", id, err)
+	}
+}
+
+func (p *provider) delete(id string) {
+	p.t.Helper()
+	if _, err := p.api.Delete(rpcCtx(p.t), &pb.DeleteRequest{MachineId: id}); err != nil {
+		p.t.Fatalf("Delete %s: %v", id, err)
+	}
+}
+
+// toIdle creates a machine, waits for IDLE and returns its VMID.
+func (p *provider) toIdle(id string) int {
+	p.t.Helper()
+	p.create(id)
+	return vmidOf(p.t, p.wait(id, stIdle))
+}
+
+// vmidOf parses the "<node>/<vmid>" host ref of a machine.
+func vmidOf(t testing.TB, m *pb.Machine) int {
+	t.Helper()
+	ref := m.GetHost().GetRef()
+	var node string
+	var vmid int
+	if i := strings.LastIndexByte(ref, '/'); i < 0 {
+		t.Fatalf("machine %s: host ref %q is not <node>/<vmid>", m.Id, ref)
+	} else {
+		node = ref[:i]
+		if _, err := fmt.Sscanf(ref[i+1:], "%d", &vmid); err != nil || node != m.Zone {
+			t.Fatalf("machine %s in %s: host ref %q is not %s/<vmid>", m.Id, m.Zone, ref, m.Zone)
+		}
+	}
+	return vmid
+}
+
+// eventually polls cond until it holds or the poll timeout passes.
+func eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(pollTimeout); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}

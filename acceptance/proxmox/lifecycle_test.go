@@ -1,0 +1,129 @@
+package proxmox
+
+import (
+	"bytes"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/bigfleet-vm/provider/hypervisors"
+)
+
+const bootstrapPath = "/run/bigfleet-acc/bootstrap.blob"
+
+// TestLifecycle walks one machine on pve2 (the template lives on pve1)
+// through Create, Configure, Drain and Delete, once per way of trusting
+// the API certificate.
+func TestLifecycle(t *testing.T) {
+	for _, tr := range []trust{pinFingerprint, caFile} {
+		t.Run(tr.String(), func(t *testing.T) {
+			t.Parallel()
+			c := newCluster(t, clusterOpts{})
+			p := c.start(t, launch{trust: tr, args: []string{
+				"--bootstrap-path", bootstrapPath, "--bootstrap-exec", "/bin/sh"}})
+			id := p.machines("pve2")[0]
+
+			// Create.
+			p.create(id)
+			m := p.wait(id, stIdle)
+			vmid := vmidOf(t, m)
+			if m.Host.GetProvider() != "proxmox" {
+				t.Errorf("host provider = %q, want proxmox", m.Host.GetProvider())
+			}
+			vm, ok := c.sim.VM(vmid)
+			if !ok {
+				t.Fatalf("vm %d of host ref %q does not exist", vmid, m.Host.Ref)
+			}
+			mk := hypervisors.ParseDescription(vm.Description)
+			if mk == nil {
+				t.Fatalf("vm %d description %q carries no marker", vmid, vm.Description)
+			}
+			type facts struct {
+				Node, Status, Pool string
+				Cores, MemoryMiB   int
+				OnBoot, Template   bool
+				Lock, Machine      string
+			}
+			want := facts{Node: "pve2", Status: "running", Pool: poolName, Cores: 2, MemoryMiB: 4096, OnBoot: true, Machine: id}
+			got := facts{Node: vm.Node, Status: vm.Status, Pool: vm.Pool, Cores: vm.Cores, MemoryMiB: vm.MemoryMiB,
+				OnBoot: vm.OnBoot, Template: vm.Template, Lock: vm.Lock, Machine: mk.MachineID}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("vm %d after Create (-want +got):\n%s", vmid, diff)
+			}
+			tags := strings.Split(vm.Tags, ";")
+			if !hypervisors.HasOwnershipTags(tags, mk.Installation) || !slices.Contains(tags, hypervisors.MachineTag(id)) {
+				t.Errorf("vm %d tags %q lack the ownership or machine tag", vmid, vm.Tags)
+			}
+			if slices.Contains(tags, "golden") {
+				t.Errorf("vm %d kept the template's tags: %q", vmid, vm.Tags)
+			}
+			if got := c.clones(); !slices.Equal(got, []int{vmid}) {
+				t.Errorf("clones after Create = %v, want [%d]", got, vmid)
+			}
+
+			// Configure.
+			blob := []byte("#!/bin/sh\n# acceptance bootstrap\necho joining\n")
+			p.configure(id, "cluster-a", blob)
+			if m := p.wait(id, stConfigured); m.Cluster != "cluster-a" {
+				t.Errorf("cluster = %q, want cluster-a", m.Cluster)
+			}
+			g := c.guest(vmid)
+			writes := g.Writes()
+			if len(writes) != 1 || writes[0].path != bootstrapPath || !bytes.Equal(writes[0].data, blob) {
+				t.Errorf("guest file writes = %v, want the blob once at %s", writes, bootstrapPath)
+			}
+			if _, ok := g.File(bootstrapPath); ok {
+				t.Errorf("blob still at %s after Configure", bootstrapPath)
+			}
+			hook := []string{"/bin/sh", bootstrapPath}
+			execs := g.Execs()
+			ih, ir := slices.IndexFunc(execs, func(a []string) bool { return slices.Equal(a, hook) }),
+				slices.IndexFunc(execs, func(a []string) bool { return len(a) > 0 && a[0] == "rm" && slices.Contains(a, bootstrapPath) })
+			if ih < 0 || ir < ih {
+				t.Errorf("guest execs = %q; want the hook %q, then the blob removed", execs, hook)
+			}
+			if got := g.Mode(bootstrapPath); got != "0600" {
+				t.Errorf("blob mode = %q, want 0600", got)
+			}
+			if vm, _ := c.sim.VM(vmid); hypervisors.ParseDescription(vm.Description).Cluster != "cluster-a" {
+				t.Errorf("description marker after Configure = %q, want cluster-a bound", vm.Description)
+			}
+
+			// Drain.
+			p.drain(id, 30)
+			p.wait(id, stIdle)
+			var drain []string
+			for _, a := range g.Execs() {
+				if len(a) == 3 && a[0] == "/bin/sh" && a[1] == "-c" && strings.Contains(a[2], "kubectl drain") {
+					drain = a
+				}
+			}
+			if drain == nil {
+				t.Fatalf("no kubectl drain among the guest execs %q", g.Execs())
+			}
+			for _, want := range []string{"--grace-period=30", "kubectl cordon"} {
+				if !strings.Contains(drain[2], want) {
+					t.Errorf("drain script lacks %q:\n%s", want, drain[2])
+				}
+			}
+			if strings.Contains(drain[2], "|| true") {
+				t.Errorf("drain script swallows failures:\n%s", drain[2])
+			}
+
+			// Delete.
+			p.delete(id)
+			if m := p.wait(id, stSpec); m.Host != nil {
+				t.Errorf("host after Delete = %v, want none", m.Host)
+			}
+			if _, ok := c.sim.VM(vmid); ok {
+				t.Errorf("vm %d still exists after Delete", vmid)
+			}
+			if got := c.clones(); len(got) != 0 {
+				t.Errorf("clones after Delete = %v, want none", got)
+			}
+			t.Logf("vm %d: %d API requests over the lifecycle; guest execs %q", vmid, c.sim.RequestCount(""), g.Execs())
+		})
+	}
+}
