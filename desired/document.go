@@ -945,4 +945,3 @@ func (d *Document) SetVMID(ctx context.Context, id, opID string, vmid int) error
 	d.mu.Unlock()
 	return d.opts.Store.Wait(ctx, seq)
 }
-
