@@ -222,10 +222,15 @@ func (r *Reconciler) ObserveAll(ctx context.Context) *observed.Snapshot {
 }
 
 // Plan observes everything and plans without executing (live `provider
-// plan`).
+// plan`). The drift it finds is published like a full pass's, since it is
+// the freshest observation there is.
 func (r *Reconciler) Plan(ctx context.Context) *planner.Plan {
 	snap := r.ObserveAll(ctx)
-	return r.build(snap)
+	plan := r.build(snap)
+	if r.o.Metrics != nil {
+		r.o.Metrics.Planned(plan)
+	}
+	return plan
 }
 
 func (r *Reconciler) build(snap *observed.Snapshot) *planner.Plan {

@@ -1,0 +1,168 @@
+package e2e
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
+)
+
+type planJSON struct {
+	FormatVersion string `json:"format_version"`
+	Changes       []struct {
+		Machine string `json:"machine"`
+		Steps   []struct {
+			Action string `json:"action"`
+		} `json:"steps"`
+	} `json:"changes"`
+	Drift []struct {
+		Zone, Kind, Machine string
+	} `json:"drift"`
+}
+
+func (s *server) admin(t *testing.T, query string) {
+	t.Helper()
+	resp := s.httpPost("/admin/" + query)
+	if strings.TrimSpace(resp) != "ok" {
+		t.Fatalf("admin %s: %s", query, resp)
+	}
+}
+
+func hasDrift(p planJSON, zone, kind string) bool {
+	for _, d := range p.Drift {
+		if d.Zone == zone && d.Kind == kind {
+			return true
+		}
+	}
+	return false
+}
+
+// TestPlanAndDriftBlackBox induces drift through the simulator's admin
+// endpoints of a running provider and checks `provider plan` (offline and
+// live, text and JSON, exit codes) and the drift gauges on /metrics.
+func TestPlanAndDriftBlackBox(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state")
+	common := []string{"--use-fake-backend", "--seed-count", "8", "--state", state}
+	s := start(t, "--seed-count", "8", "--state", state, "--fake-latency", "300ms", "--reconcile-interval", "0")
+	ids := speculative(t, s.c, 8)
+	var a, b string
+	for _, id := range ids {
+		switch {
+		case a == "" && strings.HasPrefix(id, "local-a/"):
+			a = id
+		case b == "" && strings.HasPrefix(id, "local-b/"):
+			b = id
+		}
+	}
+	toIdle(t, s.c, a)
+	toIdle(t, s.c, b)
+
+	// A pending Create: the offline plan shows its steps and exits 2.
+	var pending string
+	for _, id := range ids {
+		if id != a && id != b && strings.HasPrefix(id, "local-a/") {
+			pending = id
+			break
+		}
+	}
+	must(t, "create")(create(s.c, t, pending, tok{}))
+	out, code := runRaw(t, append([]string{"plan", "--detailed-exitcode", "--no-color"}, common...)...)
+	if code != 2 || !strings.Contains(out, "Create op-") || !strings.Contains(out, pending) || !strings.Contains(out, "to create") {
+		t.Fatalf("offline plan with a pending create: exit %d\n%s", code, out)
+	}
+	waitState(t, s.c, pending, pb.MachineState_MACHINE_STATE_IDLE)
+
+	// Report-only drift: a resized VM stays in the plan and on /metrics.
+	s.admin(t, "resize?machine="+a+"&vcpu=9&memory_mib=1536")
+	// An unreachable host: unknown, never empty.
+	s.admin(t, "unreachable?zone=local-b&on=true")
+	live := func() planJSON {
+		out, code := runRaw(t, "plan", "--server", "http://"+s.maddr, "--json", "--detailed-exitcode")
+		if code == 1 {
+			t.Fatalf("live plan failed:\n%s", out)
+		}
+		var p planJSON
+		if err := json.Unmarshal([]byte(out), &p); err != nil {
+			t.Fatalf("live plan JSON: %v\n%s", err, out)
+		}
+		if p.FormatVersion == "" {
+			t.Fatalf("plan without format_version:\n%s", out)
+		}
+		return p
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		p := live()
+		if hasDrift(p, "local-a", "resized") && hasDrift(p, "local-b", "unknown-host") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("live plan never showed resized + unknown-host drift: %+v", p.Drift)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if got := s.metric("bigfleet_provider_drift", `zone="local-a"`, `kind="resized"`); got != 1 {
+		t.Errorf("drift{local-a,resized} = %v, want 1", got)
+	}
+	if got := s.metric("bigfleet_provider_drift", `zone="local-b"`, `kind="unknown-host"`); got != 1 {
+		t.Errorf("drift{local-b,unknown-host} = %v, want 1", got)
+	}
+	if got := s.metric("bigfleet_provider_zone_up", `zone="local-b"`); got != 0 {
+		t.Errorf("zone_up{local-b} = %v, want 0", got)
+	}
+	// Offline, the persisted world still shows the resize (report-only,
+	// so no changes: exit 0), in text and JSON.
+	out, code = runRaw(t, append([]string{"plan", "--detailed-exitcode", "--no-color"}, common...)...)
+	if code != 0 || !strings.Contains(out, "resized") {
+		t.Errorf("offline plan with report-only drift: exit %d\n%s", code, out)
+	}
+	out, _ = runRaw(t, append([]string{"plan", "--json"}, common...)...)
+	var off planJSON
+	if err := json.Unmarshal([]byte(out), &off); err != nil || !hasDrift(off, "local-a", "resized") {
+		t.Errorf("offline JSON plan: %v\n%s", err, out)
+	}
+
+	// A stopped VM is repaired (started again), the machine stays IDLE.
+	s.admin(t, "unreachable?zone=local-b&on=false")
+	s.admin(t, "stop?machine="+b)
+	waitMetric(t, s, "bigfleet_provider_executor_steps_total", 1, `action="start"`, `outcome="ok"`)
+	if st := get(t, s.c, b).State; st != pb.MachineState_MACHINE_STATE_IDLE {
+		t.Errorf("repaired machine is %v", st)
+	}
+
+	// A vanished VM of an IDLE machine is surfaced as FAILED, never
+	// silently recreated.
+	s.admin(t, "delete?machine="+a)
+	m := waitState(t, s.c, a, pb.MachineState_MACHINE_STATE_FAILED)
+	if !strings.Contains(m.LastError, "vanished") {
+		t.Errorf("last_error %q", m.LastError)
+	}
+}
+
+func waitMetric(t *testing.T, s *server, name string, min float64, labels ...string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for s.metric(name, labels...) < min {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s%v never reached %v", name, labels, min)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// httpPost posts to a path on the metrics listener and returns the body.
+func (s *server) httpPost(path string) string {
+	s.t.Helper()
+	resp, err := http.Post("http://"+s.maddr+path, "text/plain", nil)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
