@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc/encoding"
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
@@ -34,7 +33,7 @@ func fleet(b testing.TB, n int) *Service {
 // machines: building the response and encoding it as gRPC would.
 func BenchmarkListFull100k(b *testing.B) {
 	s := fleet(b, 100000)
-	codec := encoding.GetCodecV2("proto")
+	codec := Codec()
 	s.List(context.Background(), &pb.ListFilter{}) // warm the per-machine cache
 	b.ResetTimer()
 	var size int

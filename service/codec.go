@@ -10,15 +10,28 @@ import (
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
 )
 
-// Codec returns the server codec: gRPC's proto codec, except that a
-// ConfigureRequest whose strings are not valid UTF-8 is still decoded (Go
-// strings hold any bytes). gRPC would otherwise answer Internal before the
-// handler runs; this way the service answers InvalidArgument with a reason.
+// Codec returns the server codec: gRPC's proto codec, except that
+//   - a List answer's pre-encoded bytes are sent as they are, and
+//   - a ConfigureRequest whose strings are not valid UTF-8 is still decoded
+//     (Go strings hold any bytes): gRPC would otherwise answer Internal
+//     before the handler runs; this way the service answers
+//     InvalidArgument with a reason.
 func Codec() encoding.CodecV2 {
 	return codec{encoding.GetCodecV2("proto")}
 }
 
 type codec struct{ encoding.CodecV2 }
+
+// Marshal sends a List answer's pre-encoded bytes without copying them
+// again; everything else goes through the proto codec.
+func (c codec) Marshal(v any) (mem.BufferSlice, error) {
+	if l, ok := v.(*pb.MachineList); ok && len(l.Machines) == 0 && len(l.Revision) == 0 {
+		if raw := l.ProtoReflect().GetUnknown(); len(raw) > 0 {
+			return mem.BufferSlice{mem.SliceBuffer(raw)}, nil
+		}
+	}
+	return c.CodecV2.Marshal(v)
+}
 
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	err := c.CodecV2.Unmarshal(data, v)

@@ -100,18 +100,22 @@ func (s *Service) List(_ context.Context, f *pb.ListFilter) (*pb.MachineList, er
 		max = 0
 	}
 	ms, rev := s.doc.List(states, max, since, ok)
-	// The machines go out as one pre-framed run of bytes: each machine's
+	// The answer goes out as one pre-framed run of bytes: each machine's
 	// encoding was framed as a MachineList.machines entry when it was
-	// built, so the answer is one allocation and a copy per machine.
+	// built, so the answer is one allocation and a copy per machine, and
+	// the server codec sends those bytes as they are (see Codec).
+	cursor := s.doc.Cursor(rev)
 	n := 0
 	for _, m := range ms {
 		n += len(s.wire(m).framed)
 	}
-	raw := make([]byte, 0, n)
+	raw := make([]byte, 0, n+len(cursor)+8)
 	for _, m := range ms {
 		raw = append(raw, s.wire(m).framed...)
 	}
-	out := &pb.MachineList{Revision: s.doc.Cursor(rev)}
+	raw = protowire.AppendTag(raw, revisionField, protowire.BytesType)
+	raw = protowire.AppendBytes(raw, cursor)
+	out := &pb.MachineList{}
 	out.ProtoReflect().SetUnknown(raw)
 	return out, nil
 }
@@ -145,8 +149,11 @@ func (s *Service) encode(m *desired.Machine) any {
 	return &wireMachine{msg: msg, framed: framed}
 }
 
-// machinesField is MachineList.machines.
-const machinesField = 1
+// Field numbers of MachineList.
+const (
+	machinesField = 1
+	revisionField = 2
+)
 
 // build converts a machine to its wire message.
 func (s *Service) build(m *desired.Machine) *pb.Machine {
