@@ -204,10 +204,3 @@ func (Unsupported) CloneVM(context.Context, string, CloneSpec) (int, error) {
 }
 func (Unsupported) ConfigureVM(context.Context, Target, SizeSpec) error { return ErrUnsupported }
 func (Unsupported) DeleteVM(context.Context, Target) error              { return ErrUnsupported }
-
-// Syncer is implemented by hypervisors whose world is not durable by itself
-// (the simulator persisting to a file). The reconciler calls Sync before it
-// records an outcome, so the state file is never ahead of the world.
-type Syncer interface {
-	Sync(ctx context.Context) error
-}

@@ -155,11 +155,3 @@ func (i *instrumented) AgentExec(ctx context.Context, t hypervisors.Target, argv
 	defer func() { i.done("agent_exec", start, err) }()
 	return i.hv.AgentExec(ctx, t, argv)
 }
-
-// Sync forwards to the wrapped hypervisor when it needs syncing.
-func (i *instrumented) Sync(ctx context.Context) error {
-	if s, ok := i.hv.(hypervisors.Syncer); ok {
-		return s.Sync(ctx)
-	}
-	return nil
-}

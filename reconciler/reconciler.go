@@ -381,10 +381,6 @@ func (r *Reconciler) reconcile(ctx context.Context, id string) {
 		return
 	case change.Adopt != nil:
 		a := change.Adopt
-		if err := r.sync(ctx); err != nil {
-			outcome = "error"
-			return
-		}
 		if _, err := r.o.Doc.Adopt(ctx, desired.Adoption{MachineID: m.ID, Zone: m.Zone, Host: a.Host, VMName: a.VMName, VMID: a.VMID, Cluster: a.Cluster}); err != nil {
 			outcome = "error"
 			r.o.Logger.Error("adopt VM", "machine", m.ID, "err", err)
@@ -419,26 +415,12 @@ func (r *Reconciler) reconcile(ctx context.Context, id string) {
 	if change.Finish == "" || m.Intent == nil {
 		return
 	}
-	if err := r.sync(ctx); err != nil {
-		outcome = "error"
-		r.o.Logger.Error("sync hypervisor world before recording completion", "machine", id, "err", err)
-		r.EnqueueAfter(id, time.Second)
-		return
-	}
 	if _, err := r.o.Doc.Complete(ctx, id, opID, Settle(m, change, res)); err != nil {
 		outcome = "error"
 		r.o.Logger.Error("record completion", "machine", id, "op", opID, "err", err)
 		return
 	}
 	r.o.Logger.Info("transition done", "machine", id, "op", opID, "state", change.Finish)
-}
-
-// sync makes the hypervisor's world durable when it is not by itself.
-func (r *Reconciler) sync(ctx context.Context) error {
-	if s, ok := r.o.Hypervisor.(hypervisors.Syncer); ok {
-		return s.Sync(ctx)
-	}
-	return nil
 }
 
 // Settle says what a change that ran to completion settles its machine

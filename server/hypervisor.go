@@ -11,8 +11,20 @@ import (
 	"github.com/bigfleet-vm/provider/hypervisors/fake"
 )
 
+// simWorld is where the simulator's world comes from and goes to.
+type simWorld struct {
+	// state holds the persisted world (the state file's records).
+	state map[string][]byte
+	// store journals the world's changes: the provider's own state store,
+	// so the world and the desired document share one journal and a crash
+	// never leaves the document ahead of the world. nil without --state.
+	store fake.Store
+	// readOnly refuses every change (provider plan).
+	readOnly bool
+}
+
 // openHypervisor builds the configured hypervisor adapter.
-func openHypervisor(ctx context.Context, cfg *config.Config, installation string, log *slog.Logger) (hypervisors.Hypervisor, error) {
+func openHypervisor(ctx context.Context, cfg *config.Config, installation string, log *slog.Logger, world simWorld) (hypervisors.Hypervisor, error) {
 	switch cfg.Backend {
 	case config.BackendFake:
 		log.Warn("RUNNING ON THE BUILT-IN SIMULATOR: no real VMs are created. This is for development and conformance runs only, never production.",
@@ -30,19 +42,11 @@ func openHypervisor(ctx context.Context, cfg *config.Config, installation string
 				}
 			}
 		}
-		if cfg.StatePath != "" {
-			// The simulated world lives next to the state file, so a
-			// restarted provider finds its VMs again.
-			opts.PersistPath = cfg.StatePath + ".fake.json"
-			if cfg.Hypervisor == hypervisors.ShapeLibvirt {
-				return fake.OpenLibvirt(opts)
-			}
-			return fake.OpenProxmox(opts)
-		}
+		opts.State, opts.Store, opts.ReadOnly = world.state, world.store, world.readOnly
 		if cfg.Hypervisor == hypervisors.ShapeLibvirt {
-			return fake.NewLibvirt(opts), nil
+			return fake.OpenLibvirt(opts)
 		}
-		return fake.NewProxmox(opts), nil
+		return fake.OpenProxmox(opts)
 	case config.BackendLibvirt:
 		return openLibvirt(ctx, cfg, installation, log)
 	case config.BackendProxmox:

@@ -9,7 +9,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
-	"os"
 	"sort"
 	"strings"
 	"time"
@@ -17,7 +16,6 @@ import (
 	"github.com/bigfleet-vm/provider/config"
 	"github.com/bigfleet-vm/provider/desired"
 	"github.com/bigfleet-vm/provider/hypervisors"
-	"github.com/bigfleet-vm/provider/hypervisors/fake"
 	"github.com/bigfleet-vm/provider/planner"
 	"github.com/bigfleet-vm/provider/reconciler"
 	"github.com/bigfleet-vm/provider/statefile"
@@ -66,7 +64,7 @@ func OfflinePlan(ctx context.Context, cfg *config.Config) (*planner.Plan, error)
 		return nil, err
 	}
 
-	hv, err := openReadOnly(ctx, cfg, doc.Installation())
+	hv, err := openReadOnly(ctx, cfg, doc.Installation(), stored)
 	if err != nil {
 		return nil, err
 	}
@@ -119,37 +117,21 @@ func storedMachines(stored map[string][]byte, doc *desired.Document) ([]*desired
 }
 
 // openReadOnly opens the configured hypervisor for observation only. The
-// simulator's world is the one a server persisted next to the state file
-// (<state>.fake.json), loaded read-only; without --state (or before a
-// server saved one) it is a fresh, empty world.
-func openReadOnly(ctx context.Context, cfg *config.Config, installation string) (hypervisors.Hypervisor, error) {
-	if cfg.Backend != config.BackendFake {
-		return openHypervisor(ctx, cfg, installation, slog.New(slog.DiscardHandler))
+// simulator's world is the one a server journaled in the state file,
+// loaded read-only; without --state it is a fresh, empty world. A real
+// adapter gets a bounded wait for its connections, so a reachable host is
+// observed rather than reported unknown for not being dialled yet.
+func openReadOnly(ctx context.Context, cfg *config.Config, installation string, stored map[string][]byte) (hypervisors.Hypervisor, error) {
+	hv, err := openHypervisor(ctx, cfg, installation, slog.New(slog.DiscardHandler), simWorld{state: stored, readOnly: true})
+	if err != nil {
+		return nil, err
 	}
-	opts := fake.Options{Zones: cfg.Zones, ReadOnly: true}
-	if cfg.Hypervisor == hypervisors.ShapeLibvirt {
-		opts.Pool, opts.Network, opts.Image = cfg.Libvirt.StoragePool, cfg.Libvirt.Network, cfg.Libvirt.Image
-	} else {
-		opts.TemplateVMID, opts.BootstrapPath = cfg.Proxmox.TemplateVMID, cfg.Proxmox.BootstrapPath
+	if w, ok := hv.(interface{ WaitConnected(context.Context) error }); ok {
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		_ = w.WaitConnected(wctx) // hosts still down are observed as unknown
 	}
-	world := ""
-	if cfg.StatePath != "" {
-		world = cfg.StatePath + ".fake.json"
-		if _, err := os.Stat(world); errors.Is(err, fs.ErrNotExist) {
-			world = ""
-		} else if err != nil {
-			return nil, fmt.Errorf("simulator world: %w", err)
-		}
-	}
-	switch {
-	case world != "" && cfg.Hypervisor == hypervisors.ShapeLibvirt:
-		return fake.LoadLibvirt(world, opts)
-	case world != "":
-		return fake.LoadProxmox(world, opts)
-	case cfg.Hypervisor == hypervisors.ShapeLibvirt:
-		return fake.NewLibvirt(opts), nil
-	}
-	return fake.NewProxmox(opts), nil
+	return hv, nil
 }
 
 // FetchPlan gets the plan of a running provider from its metrics

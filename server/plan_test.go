@@ -60,20 +60,18 @@ func TestOfflinePlanReadOnly(t *testing.T) {
 				t.Fatal(err)
 			}
 			mk := observed.Marker{Installation: "plan-test", MachineID: "orphan-1", InstanceType: cfg.Slots[0].Type.Name}
-			world := state + ".fake.json"
 			switch f := p.raw.(type) {
 			case *fake.Libvirt:
 				err = f.AddOwnedVM(cfg.Zones[0], "bf-plan-test-orphan-1", mk, observed.PowerRunning)
-				if err == nil {
-					err = f.Save(world)
-				}
 			case *fake.Proxmox:
 				_, err = f.AddOwnedVM(cfg.Zones[0], "bf-plan-test-orphan-1", mk, observed.PowerRunning)
-				if err == nil {
-					err = f.Save(world)
-				}
 			}
 			if err != nil {
+				t.Fatal(err)
+			}
+			// The simulator journals into the state store: wait until the
+			// orphan is on disk.
+			if err := p.store.Wait(ctx, p.store.Apply()); err != nil {
 				t.Fatal(err)
 			}
 			before := readDir(t, dir)

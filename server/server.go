@@ -122,7 +122,11 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Provider
 	log.Info("state loaded", "machines", doc.Len(), "added", rep.Added, "removed", rep.Removed, "slotless", rep.Slotless,
 		"redriven", rep.Redriven, "failed_configure", rep.FailedConfigure, "installation", doc.Installation())
 
-	p.raw, err = openHypervisor(ctx, cfg, doc.Installation(), log)
+	world := simWorld{}
+	if cfg.StatePath != "" {
+		world = simWorld{state: p.store.Snapshot(), store: p.store}
+	}
+	p.raw, err = openHypervisor(ctx, cfg, doc.Installation(), log, world)
 	if err != nil {
 		p.store.Close()
 		return nil, err

@@ -41,9 +41,13 @@
 //   - All methods are safe for concurrent use. Latency and blocking guest
 //     commands never hold the world lock, so one slow call does not stall
 //     others.
-//   - A saved world (Save, Options.PersistPath) never contains file contents
-//     written through the guest agent, so the bootstrap blob never reaches
-//     disk; bootstrap history keeps only its SHA-256 and size.
+//   - With Options.Store every change of a VM or volume is journaled as one
+//     record under StatePrefix while the world lock is held, so the journal
+//     holds the changes in order; the provider shares its state store, so
+//     a crash can never leave the desired document ahead of the world.
+//   - The journaled world never contains file contents written through the
+//     guest agent, so the bootstrap blob never reaches disk; bootstrap
+//     history keeps only its SHA-256 and size.
 //   - A Proxmox VMID is unique across the cluster and allocated from 100
 //     upwards by the simulator itself, with retry when a concurrent clone
 //     took the candidate first.

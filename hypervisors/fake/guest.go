@@ -120,6 +120,8 @@ func (b Bootstrap) clone() Bootstrap {
 // resolver finds the machine behind a target; the caller holds sim.mu.
 type resolver interface {
 	machineOf(t hypervisors.Target) (*machine, *observed.Marker, error)
+	// saveMachine journals the VM behind t after its guest changed.
+	saveMachine(t hypervisors.Target)
 }
 
 func targetName(t hypervisors.Target) string {
@@ -274,7 +276,7 @@ func (s *sim) agentExec(ctx context.Context, r resolver, t hypervisors.Target, a
 		}
 		m.Guest.Drains++
 		m.Guest.Cordoned = true
-		s.changed()
+		r.saveMachine(t)
 		return exited(0, "node drained\n", ""), nil
 	case cmdUnknown:
 		s.mu.Unlock()
@@ -329,7 +331,7 @@ func (s *sim) agentExec(ctx context.Context, r resolver, t hypervisors.Target, a
 	})
 	m.Guest.Cluster = cluster
 	m.Guest.Cordoned = false
-	s.changed()
+	r.saveMachine(t)
 	return exited(0, "joined cluster "+cluster+"\n", ""), nil
 }
 

@@ -30,13 +30,6 @@ var (
 	_ hypervisors.HealthReporter = (*Libvirt)(nil)
 )
 
-// libvirtWorld is the saved form of a Libvirt world.
-type libvirtWorld struct {
-	Version int                `json:"version"`
-	Shape   hypervisors.Shape  `json:"shape"`
-	Hosts   map[string]*lvHost `json:"hosts"`
-}
-
 type lvHost struct {
 	Networks []string                      `json:"networks"`
 	Pools    map[string]map[string]*volume `json:"pools"`
@@ -77,77 +70,88 @@ type domain struct {
 
 // NewLibvirt returns a fresh simulated host set: every zone has the pool
 // opts.Pool holding the base image opts.Image, the network opts.Network,
-// and no domains. It never reads or writes disk (see OpenLibvirt).
+// and no domains. With opts.Store every change is journaled there.
 func NewLibvirt(opts Options) *Libvirt {
 	opts = opts.withDefaults()
-	opts.PersistPath = ""
-	f := newLibvirt(opts)
+	f := &Libvirt{zones: opts.Zones, hosts: map[string]*lvHost{}}
+	f.sim.init(opts)
 	for _, z := range opts.Zones {
 		f.hosts[z] = f.newHost()
 	}
 	return f
 }
 
-func newLibvirt(opts Options) *Libvirt {
-	f := &Libvirt{zones: opts.Zones, hosts: map[string]*lvHost{}}
-	f.sim.init(opts)
-	return f
-}
-
-// LoadLibvirt returns a simulator whose world is read from a file written
-// by Save; zones in opts missing from the file are added fresh. With
-// opts.ReadOnly every mutating call fails with ErrPermission and nothing is
-// written (provider plan offline); with opts.PersistPath the world is saved
-// there after mutations.
-func LoadLibvirt(path string, opts Options) (*Libvirt, error) {
-	opts = opts.withDefaults()
-	var w libvirtWorld
-	if err := readWorld(path, hypervisors.ShapeLibvirt, &w); err != nil {
+// OpenLibvirt is NewLibvirt plus the domains and volumes persisted in
+// opts.State (zones only the state knows are added). With opts.ReadOnly
+// every mutating call fails with ErrPermission (provider plan offline).
+func OpenLibvirt(opts Options) (*Libvirt, error) {
+	f := NewLibvirt(opts)
+	var loaded []string
+	host := func(zone string) *lvHost {
+		if f.hosts[zone] == nil {
+			f.hosts[zone] = f.newHost()
+			loaded = append(loaded, zone)
+		}
+		return f.hosts[zone]
+	}
+	err := f.persisted(keyDomain, func(key string, raw []byte) error {
+		zone, name, ok := strings.Cut(strings.TrimPrefix(key, keyDomain), "/")
+		d := &domain{}
+		if err := json.Unmarshal(raw, d); err != nil || !ok || d.Name != name {
+			return fmt.Errorf("bad domain record: %v", err)
+		}
+		host(zone).Domains[name] = d
+		return nil
+	})
+	if err == nil {
+		err = f.persisted(keyVolume, func(key string, raw []byte) error {
+			parts := strings.SplitN(strings.TrimPrefix(key, keyVolume), "/", 3)
+			v := &volume{}
+			if err := json.Unmarshal(raw, v); err != nil || len(parts) != 3 || v.Name != parts[2] {
+				return fmt.Errorf("bad volume record: %v", err)
+			}
+			h := host(parts[0])
+			if h.Pools[parts[1]] == nil {
+				h.Pools[parts[1]] = map[string]*volume{}
+			}
+			h.Pools[parts[1]][v.Name] = v
+			return nil
+		})
+	}
+	if err != nil {
 		return nil, err
 	}
-	f := newLibvirt(opts)
-	loaded := make([]string, 0, len(w.Hosts))
-	for z, h := range w.Hosts {
-		if h == nil {
-			h = &lvHost{}
-		}
-		if h.Pools == nil {
-			h.Pools = map[string]map[string]*volume{}
-		}
-		if h.Domains == nil {
-			h.Domains = map[string]*domain{}
-		}
-		f.hosts[z] = h
-		loaded = append(loaded, z)
-	}
-	for _, z := range opts.Zones {
-		if f.hosts[z] == nil {
-			f.hosts[z] = f.newHost()
-		}
-	}
-	f.zones = mergeZones(opts.Zones, loaded)
-	f.startPersistence(f.encode)
+	f.zones = mergeZones(f.zones, loaded)
 	return f, nil
 }
 
-// OpenLibvirt is LoadLibvirt(opts.PersistPath, opts) when that file exists
-// and a fresh world saved to opts.PersistPath otherwise.
-func OpenLibvirt(opts Options) (*Libvirt, error) {
-	if opts.PersistPath == "" {
-		return nil, fmt.Errorf("open fake libvirt: no persist path: %w", hypervisors.ErrInvalid)
+// Keys of the journaled world: a domain per zone and name, a volume per
+// zone, pool and name.
+const (
+	keyDomain = "lv/domain/"
+	keyVolume = "lv/volume/"
+)
+
+// saveDomain journals a domain as it is now (or its removal). Callers hold
+// f.mu.
+func (f *Libvirt) saveDomain(zone, name string) {
+	var d *domain
+	if h := f.hosts[zone]; h != nil {
+		d = h.Domains[name]
 	}
-	if _, err := os.Stat(opts.PersistPath); err == nil {
-		return LoadLibvirt(opts.PersistPath, opts)
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("open fake libvirt: %w", err)
+	f.persist(keyDomain+zone+"/"+name, d)
+}
+
+// saveVolumes journals volumes as they are now (or their removal).
+// Callers hold f.mu.
+func (f *Libvirt) saveVolumes(zone, pool string, names ...string) {
+	for _, name := range names {
+		var v *volume
+		if h := f.hosts[zone]; h != nil {
+			v = h.Pools[pool][name]
+		}
+		f.persist(keyVolume+zone+"/"+pool+"/"+name, v)
 	}
-	path := opts.PersistPath
-	f := NewLibvirt(opts)
-	if !f.opts.ReadOnly {
-		f.opts.PersistPath = path
-		f.startPersistence(f.encode)
-	}
-	return f, nil
 }
 
 func (f *Libvirt) newHost() *lvHost {
@@ -159,22 +163,6 @@ func (f *Libvirt) newHost() *lvHost {
 		}},
 		Domains: map[string]*domain{},
 	}
-}
-
-// encode marshals the world for Save and persistence.
-func (f *Libvirt) encode() ([]byte, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return json.MarshalIndent(libvirtWorld{Version: worldVersion, Shape: hypervisors.ShapeLibvirt, Hosts: f.hosts}, "", "  ")
-}
-
-// Save writes the whole world to path as JSON (atomically, mode 0600).
-func (f *Libvirt) Save(path string) error {
-	data, err := f.encode()
-	if err != nil {
-		return err
-	}
-	return writeFileAtomic(path, data)
 }
 
 // Shape returns hypervisors.ShapeLibvirt.
@@ -299,11 +287,11 @@ func (f *Libvirt) Lookup(ctx context.Context, t hypervisors.Target) (*observed.V
 
 // ensureVolume creates a volume or accepts an existing one of ours that
 // has the same format and backing. The caller holds mu.
-func (f *Libvirt) ensureVolume(zone string, pool map[string]*volume, want *volume) error {
+func (f *Libvirt) ensureVolume(zone, poolName string, pool map[string]*volume, want *volume) error {
 	have := pool[want.Name]
 	if have == nil {
 		pool[want.Name] = want
-		f.changed()
+		f.saveVolumes(zone, poolName, want.Name)
 		return nil
 	}
 	if !strings.HasPrefix(have.Name, hypervisors.VolumePrefix) {
@@ -315,11 +303,11 @@ func (f *Libvirt) ensureVolume(zone string, pool map[string]*volume, want *volum
 	}
 	if want.CapacityGiB > have.CapacityGiB {
 		have.CapacityGiB = want.CapacityGiB
-		f.changed()
+		f.saveVolumes(zone, poolName, want.Name)
 	}
 	if want.Seed != nil {
 		have.Seed = want.Seed
-		f.changed()
+		f.saveVolumes(zone, poolName, want.Name)
 	}
 	return nil
 }
@@ -351,7 +339,7 @@ func (f *Libvirt) CreateOverlay(ctx context.Context, zone string, spec hyperviso
 		if base == nil {
 			return fmt.Errorf("base image %q not found in pool %s: %w", spec.BaseImage, spec.Pool, hypervisors.ErrNotFound)
 		}
-		return f.ensureVolume(zone, pool, &volume{
+		return f.ensureVolume(zone, spec.Pool, pool, &volume{
 			Name:          spec.Name,
 			Format:        "qcow2",
 			CapacityGiB:   max(base.CapacityGiB, spec.MinCapacityGiB),
@@ -387,7 +375,7 @@ func (f *Libvirt) CreateSeed(ctx context.Context, zone string, spec hypervisors.
 		if err != nil {
 			return err
 		}
-		return f.ensureVolume(zone, pool, &volume{
+		return f.ensureVolume(zone, spec.Pool, pool, &volume{
 			Name:        spec.Name,
 			Format:      "iso",
 			CapacityGiB: 1,
@@ -453,7 +441,7 @@ func (f *Libvirt) DefineDomain(ctx context.Context, zone string, spec hypervisor
 		d.Pool, d.Disks, d.Network = spec.Pool, disks, spec.Network
 		d.Kernel, d.Initrd, d.Cmdline = spec.Kernel, spec.Initrd, spec.Cmdline
 		d.Marker = &marker
-		f.changed()
+		f.saveDomain(zone, spec.Name)
 		return nil
 	}()
 	if err != nil {
@@ -484,7 +472,7 @@ func (f *Libvirt) UndefineDomain(ctx context.Context, t hypervisors.Target) erro
 		return fmt.Errorf("undefine %s: domain is %s, stop it first: %w", targetName(t), d.Power, hypervisors.ErrInvalid)
 	}
 	delete(h.Domains, t.Name)
-	f.changed()
+	f.saveDomain(t.Zone, t.Name)
 	return nil
 }
 
@@ -522,7 +510,7 @@ func (f *Libvirt) DeleteVolume(ctx context.Context, zone, pool, name string) err
 			}
 		}
 		delete(p, name)
-		f.changed()
+		f.saveVolumes(zone, pool, name)
 		return nil
 	}()
 	if err != nil {
@@ -566,7 +554,7 @@ func (f *Libvirt) Start(ctx context.Context, t hypervisors.Target) error {
 		}
 	}
 	d.powerOn(f.now())
-	f.changed()
+	f.saveDomain(t.Zone, t.Name)
 	return nil
 }
 
@@ -590,7 +578,7 @@ func (f *Libvirt) Resume(ctx context.Context, t hypervisors.Target) error {
 		return nil
 	case observed.PowerPaused:
 		d.powerOn(f.now())
-		f.changed()
+		f.saveDomain(t.Zone, t.Name)
 		return nil
 	}
 	return fmt.Errorf("resume %s: domain is %s: %w", targetName(t), d.Power, hypervisors.ErrInvalid)
@@ -630,7 +618,7 @@ func (f *Libvirt) Stop(ctx context.Context, t hypervisors.Target, grace time.Dur
 	}
 	if d.Power != observed.PowerStopped {
 		d.powerOff(observed.PowerStopped)
-		f.changed()
+		f.saveDomain(t.Zone, t.Name)
 	}
 	return nil
 }
@@ -651,7 +639,7 @@ func (f *Libvirt) SetAutostart(ctx context.Context, t hypervisors.Target, on boo
 	}
 	if d.Autostart != on {
 		d.Autostart = on
-		f.changed()
+		f.saveDomain(t.Zone, t.Name)
 	}
 	return nil
 }
@@ -676,7 +664,7 @@ func (f *Libvirt) SetMarker(ctx context.Context, t hypervisors.Target, m observe
 		return fmt.Errorf("set marker on %s: %w", targetName(t), hypervisors.ErrNotOwned)
 	}
 	d.Marker = &m
-	f.changed()
+	f.saveDomain(t.Zone, t.Name)
 	return nil
 }
 
@@ -772,8 +760,10 @@ func (f *Libvirt) oob(t hypervisors.Target, change func(h *lvHost, d *domain)) e
 	if err != nil {
 		return err
 	}
+	name, pool, disks := d.Name, d.Pool, slices.Clone(d.Disks)
 	change(h, d)
-	f.changed()
+	f.saveDomain(t.Zone, name)
+	f.saveVolumes(t.Zone, pool, disks...)
 	return nil
 }
 
@@ -828,7 +818,7 @@ func (f *Libvirt) RemoveVolume(zone, pool, name string) error {
 		return fmt.Errorf("volume %s/%s on %s: %w", pool, name, zone, hypervisors.ErrNotFound)
 	}
 	delete(p, name)
-	f.changed()
+	f.saveVolumes(zone, pool, name)
 	return nil
 }
 
@@ -886,6 +876,9 @@ func (f *Libvirt) addVM(zone, name string, m *observed.Marker, power observed.Po
 		d.Power = power
 	}
 	h.Domains[name] = d
-	f.changed()
+	f.saveDomain(zone, name)
+	f.saveVolumes(zone, f.opts.Pool, disks...)
 	return nil
 }
+
+func (f *Libvirt) saveMachine(t hypervisors.Target) { f.saveDomain(t.Zone, t.Name) }

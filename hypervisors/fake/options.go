@@ -2,7 +2,15 @@ package fake
 
 import (
 	"time"
+
+	"github.com/bigfleet-vm/provider/statefile"
 )
+
+// Store is where a simulator journals its world: a subset of
+// statefile.Store.
+type Store interface {
+	Apply(ops ...statefile.Op) uint64
+}
 
 // Defaults applied by NewLibvirt and NewProxmox to zero Options fields.
 const (
@@ -15,9 +23,8 @@ const (
 	DefaultBootstrapPath = "/run/bigfleet-bootstrap"
 	DefaultDrainCommand  = "/opt/bigfleet/drain"
 	DefaultReadyCommand  = "/opt/bigfleet/node-ready"
-	// DefaultPersistDebounce is how long a mutation waits for more
-	// mutations before the world is saved to Options.PersistPath.
-	DefaultPersistDebounce = 200 * time.Millisecond
+	// StatePrefix starts every key the simulator keeps in a state store.
+	StatePrefix = "sim/"
 	// FirstVMID is the lowest VMID the Proxmox simulator allocates.
 	FirstVMID = 100
 )
@@ -65,10 +72,15 @@ type Options struct {
 	// Hook runs before every hypervisor call; see SetHook.
 	Hook Hook
 
-	// PersistPath, when set, is where the world is saved (debounced after
-	// every mutation, and on Close). OpenLibvirt/OpenProxmox load it.
-	PersistPath     string
-	PersistDebounce time.Duration
+	// Store, when set, journals every change of the world (one record per
+	// VM or volume, under StatePrefix). The provider passes its own state
+	// store, so the world and the desired document share one journal and a
+	// crash can never leave the document ahead of the world.
+	Store Store
+	// State is a persisted world to start from (the Store's snapshot, or
+	// statefile.ReadOnly for provider plan); keys outside StatePrefix are
+	// ignored.
+	State map[string][]byte
 	// ReadOnly makes every mutating call fail with ErrPermission and
 	// disables persistence (provider plan against a saved world).
 	ReadOnly bool
@@ -119,14 +131,11 @@ func (o Options) withDefaults() Options {
 	if o.TemplateMemory == 0 {
 		o.TemplateMemory = 2048
 	}
-	if o.PersistDebounce == 0 {
-		o.PersistDebounce = DefaultPersistDebounce
-	}
 	if o.Clock == nil {
 		o.Clock = time.Now
 	}
 	if o.ReadOnly {
-		o.PersistPath = ""
+		o.Store = nil
 	}
 	return o
 }

@@ -3,15 +3,15 @@ package fake
 import (
 	"bytes"
 	"context"
-	"os"
-	"path/filepath"
+	"errors"
+	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/observed"
+	"github.com/bigfleet-vm/provider/statefile"
 )
 
 // observeAll observes every zone of h.
@@ -30,44 +30,34 @@ func observeAll(t *testing.T, h hypervisors.Hypervisor) map[string]*observed.Zon
 
 func TestPersistence(t *testing.T) {
 	secret := []byte("very-secret-join-token")
-	loaders := map[hypervisors.Shape]func(path string, opts Options) (hypervisors.Hypervisor, error){
-		hypervisors.ShapeLibvirt: func(p string, o Options) (hypervisors.Hypervisor, error) { return LoadLibvirt(p, o) },
-		hypervisors.ShapeProxmox: func(p string, o Options) (hypervisors.Hypervisor, error) { return LoadProxmox(p, o) },
-	}
 	openers := map[hypervisors.Shape]func(opts Options) (hypervisors.Hypervisor, error){
 		hypervisors.ShapeLibvirt: func(o Options) (hypervisors.Hypervisor, error) { return OpenLibvirt(o) },
 		hypervisors.ShapeProxmox: func(o Options) (hypervisors.Hypervisor, error) { return OpenProxmox(o) },
 	}
 	for _, shape := range []hypervisors.Shape{hypervisors.ShapeLibvirt, hypervisors.ShapeProxmox} {
-		t.Run(string(shape)+"/save-load", func(t *testing.T) {
+		t.Run(string(shape)+"/journal-reload", func(t *testing.T) {
 			ctx := context.Background()
-			b := buildRunning(t, shape, Options{}, "c-1")
+			mem := statefile.NewMemory(nil)
+			b := buildRunning(t, shape, Options{Store: mem}, "c-1")
 			if err := b.h.AgentWriteFile(ctx, b.t, b.blobPath, secret, 0o600); err != nil {
 				t.Fatal(err)
 			}
 			if r, err := b.h.AgentExec(ctx, b.t, b.bootstrap); err != nil || r.ExitCode != 0 {
 				t.Fatalf("bootstrap: %+v, %v", r, err)
 			}
-			path := filepath.Join(t.TempDir(), "s.db.fake.json")
-			var err error
-			switch f := b.h.(type) {
-			case *Libvirt:
-				err = f.Save(path)
-			case *Proxmox:
-				err = f.Save(path)
-			}
-			if err != nil {
+			if err := b.h.Stop(ctx, b.t, 0); err != nil {
 				t.Fatal(err)
 			}
-			st, err := os.Stat(path)
-			if err != nil || st.Mode().Perm() != 0o600 {
-				t.Fatalf("saved file: %v, %v", st, err)
+			state := mem.Snapshot()
+			for k, v := range state {
+				if !strings.HasPrefix(k, StatePrefix) {
+					t.Errorf("key %q outside %s", k, StatePrefix)
+				}
+				if bytes.Contains(v, secret) {
+					t.Errorf("journaled %s contains the blob", k)
+				}
 			}
-			data, _ := os.ReadFile(path)
-			if bytes.Contains(data, secret) {
-				t.Error("the saved world contains the blob")
-			}
-			h2, err := loaders[shape](path, Options{})
+			h2, err := openers[shape](Options{State: state})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -75,67 +65,63 @@ func TestPersistence(t *testing.T) {
 			if d := cmp.Diff(observeAll(t, b.h), observeAll(t, h2), ignoreAt); d != "" {
 				t.Errorf("reloaded world (-want +got)\n%s", d)
 			}
-			// The guest kept its history (without the blob) and is still
-			// a bootstrapped node.
+			// The guest kept its history (without the blob): once running
+			// again it is still a bootstrapped node.
+			if err := h2.Start(ctx, b.t); err != nil {
+				t.Fatal(err)
+			}
 			r, err := h2.AgentExec(ctx, b.t, []string{DefaultReadyCommand})
 			if err != nil || r.ExitCode != 0 {
 				t.Errorf("ready after reload: %+v, %v", r, err)
 			}
-			if _, err := loaders[otherShape(shape)](path, Options{}); err == nil {
-				t.Error("loading a world of the other shape succeeded")
+			// The other shape ignores this shape's records.
+			other, err := openers[otherShape(shape)](Options{State: state})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer other.Close()
+			for z, obs := range observeAll(t, other) {
+				for _, vm := range obs.VMs {
+					if vm.Marker != nil {
+						t.Errorf("other shape loaded %s in %s", vm.Name, z)
+					}
+				}
 			}
 		})
 
-		t.Run(string(shape)+"/persist-path", func(t *testing.T) {
-			ctx := context.Background()
-			path := filepath.Join(t.TempDir(), "s.db.fake.json")
-			opts := Options{PersistPath: path, PersistDebounce: time.Millisecond}
-			h, err := openers[shape](opts)
+		t.Run(string(shape)+"/removal-is-journaled", func(t *testing.T) {
+			mem := statefile.NewMemory(nil)
+			h, err := openers[shape](Options{Store: mem})
 			if err != nil {
 				t.Fatal(err)
 			}
 			target := place(t, h)
-			// The debounced save lands without Close.
-			deadline := time.Now().Add(5 * time.Second)
-			for {
-				if _, err := os.Stat(path); err == nil {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatal("no debounced save")
-				}
-				time.Sleep(time.Millisecond)
+			type remover interface {
+				RemoveVM(hypervisors.Target) error
 			}
-			if err := h.Stop(ctx, target, 0); err != nil {
+			if err := h.(remover).RemoveVM(target); err != nil {
 				t.Fatal(err)
 			}
-			want := observeAll(t, h)
-			if err := h.Close(); err != nil {
-				t.Fatal(err)
-			}
-			h2, err := openers[shape](opts)
+			h2, err := openers[shape](Options{State: mem.Snapshot()})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer h2.Close()
-			if d := cmp.Diff(want, observeAll(t, h2), ignoreAt); d != "" {
-				t.Errorf("restarted world (-want +got)\n%s", d)
+			if _, err := h2.Lookup(context.Background(), target); !errors.Is(err, hypervisors.ErrNotFound) {
+				t.Errorf("removed VM came back: %v", err)
 			}
 		})
 
 		t.Run(string(shape)+"/read-only", func(t *testing.T) {
 			ctx := context.Background()
-			path := filepath.Join(t.TempDir(), "s.db.fake.json")
-			h, err := openers[shape](Options{PersistPath: path})
+			mem := statefile.NewMemory(nil)
+			h, err := openers[shape](Options{Store: mem})
 			if err != nil {
 				t.Fatal(err)
 			}
 			target := place(t, h)
-			if err := h.Close(); err != nil {
-				t.Fatal(err)
-			}
-			before, _ := os.ReadFile(path)
-			ro, err := loaders[shape](path, Options{ReadOnly: true})
+			before := mem.Snapshot()
+			ro, err := openers[shape](Options{State: before, Store: mem, ReadOnly: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -144,12 +130,8 @@ func TestPersistence(t *testing.T) {
 			}
 			errIs(t, "stop", ro.Stop(ctx, target, 0), hypervisors.ErrPermission)
 			errIs(t, "marker", ro.SetMarker(ctx, target, marker("m-1", "")), hypervisors.ErrPermission)
-			if err := ro.Close(); err != nil {
-				t.Fatal(err)
-			}
-			after, _ := os.ReadFile(path)
-			if !bytes.Equal(before, after) {
-				t.Error("read-only simulator rewrote the world")
+			if d := cmp.Diff(before, mem.Snapshot()); d != "" {
+				t.Errorf("read-only simulator journaled changes (-before +after)\n%s", d)
 			}
 		})
 	}
@@ -181,13 +163,4 @@ func place(t *testing.T, h hypervisors.Hypervisor) hypervisors.Target {
 	}
 	t.Fatalf("unknown simulator %T", h)
 	return hypervisors.Target{}
-}
-
-func TestOpenWithoutPath(t *testing.T) {
-	if _, err := OpenLibvirt(Options{}); err == nil {
-		t.Error("OpenLibvirt without PersistPath succeeded")
-	}
-	if _, err := OpenProxmox(Options{}); err == nil {
-		t.Error("OpenProxmox without PersistPath succeeded")
-	}
 }

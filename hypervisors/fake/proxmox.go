@@ -8,6 +8,8 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
@@ -37,13 +39,6 @@ var (
 	_ hypervisors.Hypervisor     = (*Proxmox)(nil)
 	_ hypervisors.HealthReporter = (*Proxmox)(nil)
 )
-
-type proxmoxWorld struct {
-	Version int               `json:"version"`
-	Shape   hypervisors.Shape `json:"shape"`
-	Nodes   []string          `json:"nodes"`
-	VMs     map[int]*pveVM    `json:"vms"`
-}
 
 type pveVM struct {
 	VMID        int      `json:"vmid"`
@@ -83,10 +78,9 @@ type task struct {
 
 // NewProxmox returns a fresh simulated cluster: the nodes opts.Zones, the
 // template opts.TemplateVMID on the first node, opts.Templates, and no
-// other VMs. It never reads or writes disk (see OpenProxmox).
+// other VMs. With opts.Store every change is journaled there.
 func NewProxmox(opts Options) *Proxmox {
 	opts = opts.withDefaults()
-	opts.PersistPath = ""
 	f := newProxmox(opts)
 	f.vms[opts.TemplateVMID] = &pveVM{
 		VMID: opts.TemplateVMID, Node: opts.Zones[0], Name: "bigfleet-template", Template: true,
@@ -120,61 +114,34 @@ func newProxmox(opts Options) *Proxmox {
 	return f
 }
 
-// LoadProxmox returns a simulator whose world is read from a file written
-// by Save. With opts.ReadOnly every mutating call fails with ErrPermission
-// and nothing is written; with opts.PersistPath the world is saved there
-// after mutations.
-func LoadProxmox(path string, opts Options) (*Proxmox, error) {
-	opts = opts.withDefaults()
-	var w proxmoxWorld
-	if err := readWorld(path, hypervisors.ShapeProxmox, &w); err != nil {
+// OpenProxmox is NewProxmox plus the VMs persisted in opts.State (nodes
+// only the state knows are added). With opts.ReadOnly every mutating call
+// fails with ErrPermission (provider plan offline).
+func OpenProxmox(opts Options) (*Proxmox, error) {
+	f := NewProxmox(opts)
+	var nodes []string
+	err := f.persisted(keyVM, func(key string, raw []byte) error {
+		v := &pveVM{}
+		if err := json.Unmarshal(raw, v); err != nil || strconv.Itoa(v.VMID) != strings.TrimPrefix(key, keyVM) {
+			return fmt.Errorf("bad VM record: %v", err)
+		}
+		f.vms[v.VMID] = v
+		nodes = append(nodes, v.Node)
+		return nil
+	})
+	if err != nil {
 		return nil, err
 	}
-	f := newProxmox(opts)
-	for id, vm := range w.VMs {
-		if vm == nil || vm.VMID != id {
-			return nil, fmt.Errorf("load fake world %s: bad VM entry %d", path, id)
-		}
-		f.vms[id] = vm
-	}
-	f.zones = mergeZones(opts.Zones, w.Nodes)
-	f.startPersistence(f.encode)
+	f.zones = mergeZones(f.zones, nodes)
 	return f, nil
 }
 
-// OpenProxmox is LoadProxmox(opts.PersistPath, opts) when that file exists
-// and a fresh world saved to opts.PersistPath otherwise.
-func OpenProxmox(opts Options) (*Proxmox, error) {
-	if opts.PersistPath == "" {
-		return nil, fmt.Errorf("open fake proxmox: no persist path: %w", hypervisors.ErrInvalid)
-	}
-	if _, err := os.Stat(opts.PersistPath); err == nil {
-		return LoadProxmox(opts.PersistPath, opts)
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("open fake proxmox: %w", err)
-	}
-	path := opts.PersistPath
-	f := NewProxmox(opts)
-	if !f.opts.ReadOnly {
-		f.opts.PersistPath = path
-		f.startPersistence(f.encode)
-	}
-	return f, nil
-}
+// keyVM prefixes the journaled VMs, one per VMID.
+const keyVM = "px/vm/"
 
-func (f *Proxmox) encode() ([]byte, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return json.MarshalIndent(proxmoxWorld{Version: worldVersion, Shape: hypervisors.ShapeProxmox, Nodes: f.zones, VMs: f.vms}, "", "  ")
-}
-
-// Save writes the whole world to path as JSON (atomically, mode 0600).
-func (f *Proxmox) Save(path string) error {
-	data, err := f.encode()
-	if err != nil {
-		return err
-	}
-	return writeFileAtomic(path, data)
+// saveVM journals a VM as it is now (or its removal). Callers hold f.mu.
+func (f *Proxmox) saveVM(vmid int) {
+	f.persist(keyVM+strconv.Itoa(vmid), f.vms[vmid])
 }
 
 // Shape returns hypervisors.ShapeProxmox.
@@ -349,7 +316,7 @@ func (f *Proxmox) startTask(node, typ string, vmid int, v *pveVM, lock string, d
 			t.Status = err.Error()
 			t.err = err
 		}
-		f.changed()
+		f.saveVM(vmid)
 	}()
 	return t
 }
@@ -475,7 +442,7 @@ func (f *Proxmox) CloneVM(ctx context.Context, zone string, spec hypervisors.Clo
 			}
 			return failed
 		})
-		f.changed()
+		f.saveVM(candidate)
 		f.mu.Unlock()
 		if err := t.wait(ctx); err != nil {
 			return 0, wrap(err)
@@ -514,7 +481,7 @@ func (f *Proxmox) ConfigureVM(ctx context.Context, t hypervisors.Target, spec hy
 	}
 	v.Cores, v.MemoryMiB, v.OnBoot = spec.VCPU, spec.MemoryMiB, spec.OnBoot
 	v.setMarker(spec.Marker)
-	f.changed()
+	f.saveVM(v.VMID)
 	return nil
 }
 
@@ -697,7 +664,7 @@ func (f *Proxmox) SetAutostart(ctx context.Context, t hypervisors.Target, on boo
 	}
 	if v.OnBoot != on {
 		v.OnBoot = on
-		f.changed()
+		f.saveVM(v.VMID)
 	}
 	return nil
 }
@@ -717,7 +684,7 @@ func (f *Proxmox) SetMarker(ctx context.Context, t hypervisors.Target, m observe
 		return fmt.Errorf("set marker: %w", err)
 	}
 	v.setMarker(m)
-	f.changed()
+	f.saveVM(v.VMID)
 	return nil
 }
 
@@ -769,8 +736,9 @@ func (f *Proxmox) oob(t hypervisors.Target, change func(v *pveVM)) error {
 	if err != nil {
 		return err
 	}
+	id := v.VMID
 	change(v)
-	f.changed()
+	f.saveVM(id)
 	return nil
 }
 
@@ -850,6 +818,12 @@ func (f *Proxmox) addVM(zone string, vmid int, name string, m *observed.Marker, 
 		v.Power = power
 	}
 	f.vms[vmid] = v
-	f.changed()
+	f.saveVM(vmid)
 	return vmid, nil
+}
+
+func (f *Proxmox) saveMachine(t hypervisors.Target) {
+	if v, err := f.vm(t); err == nil {
+		f.saveVM(v.VMID)
+	}
 }

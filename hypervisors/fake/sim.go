@@ -3,20 +3,16 @@ package fake
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
+	"reflect"
 	"sort"
+	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/statefile"
 )
-
-// worldVersion is the version of the saved world file format.
-const worldVersion = 1
 
 // sim is the machinery both simulators share: the world lock, call
 // counters, hooks, reachability, latency and persistence. The embedding
@@ -35,7 +31,6 @@ type sim struct {
 	// tasks tracks Proxmox tasks, which outlive the call that started
 	// them; Close waits for them.
 	tasks sync.WaitGroup
-	saver *saver
 }
 
 func (s *sim) init(opts Options) {
@@ -149,119 +144,40 @@ func sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// saver writes the world to a file at most once per debounce interval.
-type saver struct {
-	path     string
-	debounce time.Duration
-	// encode marshals the world; it takes the simulator lock itself.
-	encode func() ([]byte, error)
-
-	mu      sync.Mutex
-	timer   *time.Timer
-	lastErr error
-	pending sync.WaitGroup // a scheduled or running background save
-	// writeMu serialises file writes so an older snapshot never renames
-	// over a newer one.
-	writeMu sync.Mutex
-	// gen counts changes; saved is the gen the file on disk includes
-	// (guarded by writeMu).
-	gen   atomic.Uint64
-	saved uint64
-}
-
-// sync writes the world unless the file already includes every change
-// made before the call. Concurrent callers share one write, like a group
-// commit.
-func (p *saver) sync() error {
-	want := p.gen.Load()
-	p.writeMu.Lock()
-	defer p.writeMu.Unlock()
-	if p.saved >= want {
-		return nil
-	}
-	return p.writeLocked()
-}
-
-// schedule arranges a save after the debounce interval. The caller may
-// hold the simulator lock.
-func (p *saver) schedule() {
-	p.gen.Add(1)
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.timer != nil {
+// persist journals one entity of the world under key: its JSON, or a
+// deletion when v is nil. It runs with the world lock held, so the journal
+// order is the order of the changes. Call it after every change.
+func (s *sim) persist(key string, v any) {
+	if s.opts.Store == nil || s.opts.ReadOnly {
 		return
 	}
-	p.pending.Add(1)
-	p.timer = time.AfterFunc(p.debounce, func() {
-		defer p.pending.Done()
-		p.mu.Lock()
-		p.timer = nil
-		p.mu.Unlock()
-		err := p.flush()
-		p.mu.Lock()
-		p.lastErr = err
-		p.mu.Unlock()
-	})
+	op := statefile.Op{Key: StatePrefix + key, Delete: true}
+	if v != nil && !reflect.ValueOf(v).IsNil() {
+		raw, err := json.Marshal(v)
+		if err != nil {
+			panic(fmt.Sprintf("fake: encode %s: %v", key, err)) // plain data: cannot fail
+		}
+		op = statefile.Op{Key: StatePrefix + key, Value: raw}
+	}
+	s.opts.Store.Apply(op)
 }
 
-// flush writes the current world now.
-func (p *saver) flush() error {
-	p.writeMu.Lock()
-	defer p.writeMu.Unlock()
-	return p.writeLocked()
-}
-
-func (p *saver) writeLocked() error {
-	g := p.gen.Load()
-	data, err := p.encode()
-	if err != nil {
-		return err
+// persisted calls f for every entity of the starting world under a key
+// prefix (after StatePrefix), in key order.
+func (s *sim) persisted(prefix string, f func(key string, raw []byte) error) error {
+	keys := make([]string, 0)
+	for k := range s.opts.State {
+		if strings.HasPrefix(k, StatePrefix+prefix) {
+			keys = append(keys, k)
+		}
 	}
-	if err := writeFileAtomic(p.path, data); err != nil {
-		return err
+	sort.Strings(keys)
+	for _, k := range keys {
+		if err := f(strings.TrimPrefix(k, StatePrefix), s.opts.State[k]); err != nil {
+			return fmt.Errorf("load simulated world %s: %w", k, err)
+		}
 	}
-	p.saved = g
 	return nil
-}
-
-// Sync makes every change so far durable in the persisted world file (a
-// no-op without PersistPath). The provider calls it before it records an
-// outcome, so a kill -9 never leaves the state file ahead of the world.
-func (s *sim) Sync(context.Context) error {
-	if s.saver == nil {
-		return nil
-	}
-	return s.saver.sync()
-}
-
-// close cancels a pending save, waits for a running one, writes the world
-// and reports the first error of this or an earlier background save.
-func (p *saver) close() error {
-	p.mu.Lock()
-	if p.timer != nil && p.timer.Stop() {
-		p.timer = nil
-		p.pending.Done()
-	}
-	p.mu.Unlock()
-	p.pending.Wait()
-	err := p.flush()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return errors.Join(p.lastErr, err)
-}
-
-// changed records a mutation of the world. Call it with s.mu held.
-func (s *sim) changed() {
-	if s.saver != nil && !s.closed {
-		s.saver.schedule()
-	}
-}
-
-func (s *sim) startPersistence(encode func() ([]byte, error)) {
-	if s.opts.PersistPath == "" || s.opts.ReadOnly {
-		return
-	}
-	s.saver = &saver{path: s.opts.PersistPath, debounce: s.opts.PersistDebounce, encode: encode}
 }
 
 // close marks the simulator closed, waits for running tasks and flushes
@@ -275,74 +191,6 @@ func (s *sim) close() error {
 	s.closed = true
 	s.mu.Unlock()
 	s.tasks.Wait()
-	if s.saver != nil {
-		return s.saver.close()
-	}
-	return nil
-}
-
-// writeFileAtomic writes data to path via a temporary file in the same
-// directory and a rename, with mode 0600.
-func writeFileAtomic(path string, data []byte) error {
-	dir, base := filepath.Split(path)
-	if dir == "" {
-		dir = "."
-	}
-	tmp, err := os.CreateTemp(dir, base+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("save fake world: %w", err)
-	}
-	name := tmp.Name()
-	fail := func(err error) error {
-		tmp.Close()
-		os.Remove(name)
-		return fmt.Errorf("save fake world %s: %w", path, err)
-	}
-	if err := tmp.Chmod(0o600); err != nil {
-		return fail(err)
-	}
-	if _, err := tmp.Write(data); err != nil {
-		return fail(err)
-	}
-	if err := tmp.Sync(); err != nil {
-		return fail(err)
-	}
-	if err := tmp.Close(); err != nil {
-		os.Remove(name)
-		return fmt.Errorf("save fake world %s: %w", path, err)
-	}
-	if err := os.Rename(name, path); err != nil {
-		os.Remove(name)
-		return fmt.Errorf("save fake world %s: %w", path, err)
-	}
-	return nil
-}
-
-// worldHeader is the part of a world file that says what it holds.
-type worldHeader struct {
-	Version int               `json:"version"`
-	Shape   hypervisors.Shape `json:"shape"`
-}
-
-// readWorld reads a world file and checks its version and shape.
-func readWorld(path string, shape hypervisors.Shape, into any) error {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Errorf("load fake world: %w", err)
-	}
-	var h worldHeader
-	if err := json.Unmarshal(data, &h); err != nil {
-		return fmt.Errorf("load fake world %s: %w", path, err)
-	}
-	if h.Version != worldVersion {
-		return fmt.Errorf("load fake world %s: version %d, want %d", path, h.Version, worldVersion)
-	}
-	if h.Shape != shape {
-		return fmt.Errorf("load fake world %s: shape %q, want %q", path, h.Shape, shape)
-	}
-	if err := json.Unmarshal(data, into); err != nil {
-		return fmt.Errorf("load fake world %s: %w", path, err)
-	}
 	return nil
 }
 
