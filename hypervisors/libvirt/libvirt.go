@@ -538,11 +538,14 @@ func (h *Hypervisor) Start(ctx context.Context, t hypervisors.Target) error {
 		return fmt.Errorf("start %s: domain is shutting down: %w", t.Name, hypervisors.ErrTransient)
 	default:
 		err = zc.call(ctx, "create "+t.Name+" on "+t.Zone, 0, func(l *golibvirt.Libvirt) error { return l.DomainCreate(dom) })
-		if err != nil && isCode(err, golibvirt.ErrOperationInvalid) {
-			// Raced with another start: fine if it is running now.
-			if st, serr := h.domainState(ctx, zc, dom); serr == nil && st == golibvirt.DomainRunning {
-				return nil
-			}
+	}
+	if err != nil && isCode(err, golibvirt.ErrOperationInvalid) {
+		// Raced with another start or resume ("domain is already
+		// running"), e.g. libvirtd finishing a start that a crashed
+		// provider began while the domain was still paused for start-up:
+		// fine if it is running now.
+		if st, serr := h.domainState(ctx, zc, dom); serr == nil && (st == golibvirt.DomainRunning || st == golibvirt.DomainBlocked) {
+			return nil
 		}
 	}
 	if err != nil {
