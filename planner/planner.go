@@ -233,22 +233,30 @@ func (p *machinePlanner) plan() (Change, []Drift) {
 	return p.c, p.drift
 }
 
-// findVM returns the machine's VM (the owned VM matching its current name
-// or VMID, else any owned VM for it) and any further owned VMs (leaks).
+// findVM returns the machine's VM (the owned VM in its zone matching its
+// current name or VMID, else any owned VM for it, its own zone first) and
+// any further owned VMs (leaks).
 func (p *machinePlanner) findVM() (*observed.VM, []*observed.VM) {
 	first, more := p.ix.Owned(p.m.ID)
 	if first == nil || len(more) == 0 {
 		return first, nil
 	}
 	owned := append([]*observed.VM{first}, more...)
-	var best *observed.VM
-	for _, vm := range owned {
+	score := func(vm *observed.VM) int {
+		n := 0
+		if vm.Zone == p.m.Zone {
+			n += 2
+		}
 		if p.m.VMID != 0 && vm.VMID == p.m.VMID || p.m.VMID == 0 && vm.Name == p.m.VMName {
+			n++
+		}
+		return n
+	}
+	best := first
+	for _, vm := range owned[1:] {
+		if score(vm) > score(best) {
 			best = vm
 		}
-	}
-	if best == nil && len(owned) > 0 {
-		best = owned[0]
 	}
 	var others []*observed.VM
 	for _, vm := range owned {
