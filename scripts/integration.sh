@@ -17,4 +17,5 @@ set -a
 # shellcheck disable=SC1091
 . /var/lib/bigfleet-test/env
 set +a
-go test -race -count=1 -tags integration -timeout 30m ./hypervisors/libvirt/... ./hypervisors/proxmox/... ./acceptance/...
+# -p 1: the libvirt suites restart libvirtd, so they must not overlap.
+go test -race -count=1 -p 1 -tags integration -timeout 40m ./hypervisors/libvirt/... ./hypervisors/proxmox/... ./acceptance/...
