@@ -1,17 +1,14 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
 // binary is the provider built once by TestMain.
@@ -32,26 +30,13 @@ func TestMain(m *testing.M) {
 }
 
 func buildAndRun(m *testing.M) int {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e: go env GOMOD:", err)
-		return 1
-	}
-	root := filepath.Dir(strings.TrimSpace(string(out)))
-	dir, err := os.MkdirTemp("", "provider-e2e-")
+	bin, cleanup, err := providertest.Build("provider-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
 	}
-	defer os.RemoveAll(dir)
-	binary = filepath.Join(dir, "provider")
-	build := exec.Command("go", "build", "-o", binary, "./cmd/provider")
-	build.Dir = root
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "e2e: build provider:", err)
-		return 1
-	}
+	defer cleanup()
+	binary = bin
 	defer stopBench()
 	return m.Run()
 }
@@ -78,24 +63,6 @@ func eachShape(t *testing.T, f func(t *testing.T, sh shape)) {
 	}
 }
 
-// syncBuffer collects a subprocess's stderr.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // server is one provider subprocess plus a gRPC client to it.
 type server struct {
 	t       testing.TB
@@ -103,22 +70,12 @@ type server struct {
 	cmd     *exec.Cmd
 	done    chan struct{}
 	exitErr error
-	stderr  *syncBuffer
+	stderr  *providertest.SyncBuffer
 	addr    string
 	maddr   string
 	conn    *grpc.ClientConn
 	c       pb.CapacityProviderClient
 	ready   time.Duration // time from exec to /readyz 200
-}
-
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // start launches the provider with the fake backend on free loopback ports
@@ -136,11 +93,11 @@ func (s *server) launch() {
 	s.t.Helper()
 	var lastErr string
 	for attempt := 0; attempt < 3; attempt++ {
-		s.addr, s.maddr = freeAddr(s.t), freeAddr(s.t)
+		s.addr, s.maddr = providertest.FreeAddr(s.t), providertest.FreeAddr(s.t)
 		all := append([]string{"serve", "--use-fake-backend", "--addr", s.addr, "--metrics-addr", s.maddr,
 			"--log-level", "warn"}, s.args...)
 		s.cmd = exec.Command(binary, all...)
-		s.stderr = &syncBuffer{}
+		s.stderr = &providertest.SyncBuffer{}
 		s.cmd.Stderr = s.stderr
 		s.cmd.Stdout = s.stderr
 		began := time.Now()
@@ -173,25 +130,11 @@ func (s *server) launch() {
 }
 
 func (s *server) waitReady(max time.Duration) error {
-	deadline := time.Now().Add(max)
-	hc := &http.Client{Timeout: 2 * time.Second}
-	for time.Now().Before(deadline) {
-		select {
-		case <-s.done:
-			return fmt.Errorf("exited: %v", s.exitErr)
-		default:
-		}
-		resp, err := hc.Get("http://" + s.maddr + "/readyz")
-		if err == nil {
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		time.Sleep(20 * time.Millisecond)
+	err := providertest.WaitReady(s.maddr, s.done, max)
+	if errors.Is(err, providertest.ErrExited) {
+		return fmt.Errorf("exited: %v", s.exitErr)
 	}
-	return fmt.Errorf("not ready after %v", max)
+	return err
 }
 
 // dial opens an extra, independent connection.
@@ -288,7 +231,7 @@ func stable(st pb.MachineState) bool {
 // after a generous deadline.
 func runExit(t testing.TB, args ...string) (string, int) {
 	t.Helper()
-	all := append([]string{"serve", "--use-fake-backend", "--addr", freeAddr(t), "--metrics-addr", freeAddr(t)}, args...)
+	all := append([]string{"serve", "--use-fake-backend", "--addr", providertest.FreeAddr(t), "--metrics-addr", providertest.FreeAddr(t)}, args...)
 	return runRaw(t, all...)
 }
 

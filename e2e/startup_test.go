@@ -9,6 +9,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
 func TestStartupValidation(t *testing.T) {
@@ -46,7 +48,7 @@ func TestStartupValidation(t *testing.T) {
 			})
 		}
 		t.Run("bare start refuses without --use-fake-backend", func(t *testing.T) {
-			out, code := runRaw(t, append([]string{"serve", "--addr", freeAddr(t), "--metrics-addr", freeAddr(t)}, sh.args...)...)
+			out, code := runRaw(t, append([]string{"serve", "--addr", providertest.FreeAddr(t), "--metrics-addr", providertest.FreeAddr(t)}, sh.args...)...)
 			if code == 0 || !strings.Contains(out, "--use-fake-backend") {
 				t.Errorf("exit %d, want non-zero with a message naming --use-fake-backend; output:\n%s", code, out)
 			}

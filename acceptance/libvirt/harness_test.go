@@ -8,13 +8,14 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 	"testing"
@@ -24,6 +25,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
 // Instance types small enough for TCG guests to boot in seconds.
@@ -137,7 +139,7 @@ func (p *provider) launch() {
 	t := p.t
 	t.Helper()
 	for attempt := 0; attempt < 3; attempt++ {
-		p.addr, p.maddr = freeAddr(t), freeAddr(t)
+		p.addr, p.maddr = providertest.FreeAddr(t), providertest.FreeAddr(t)
 		lf, err := os.OpenFile(p.log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 		if err != nil {
 			t.Fatal(err)
@@ -172,25 +174,11 @@ func (p *provider) launch() {
 }
 
 func (p *provider) waitReady(max time.Duration) error {
-	deadline := time.Now().Add(max)
-	hc := &http.Client{Timeout: 2 * time.Second}
-	for time.Now().Before(deadline) {
-		select {
-		case <-p.done:
-			return fmt.Errorf("exited: %v", p.cmd.ProcessState)
-		default:
-		}
-		resp, err := hc.Get("http://" + p.maddr + "/readyz")
-		if err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
+	err := providertest.WaitReady(p.maddr, p.done, max)
+	if errors.Is(err, providertest.ErrExited) {
+		return fmt.Errorf("exited: %v", p.cmd.ProcessState)
 	}
-	return fmt.Errorf("not ready after %s", max)
+	return err
 }
 
 // kill sends SIGKILL (a crash, no graceful shutdown) and waits for exit.
@@ -241,16 +229,6 @@ func (p *provider) httpGet(path string) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 func rpcCtx(t *testing.T) context.Context {
@@ -369,6 +347,7 @@ func domains(t *testing.T, pfx string) []string {
 			out = append(out, n)
 		}
 	}
+	sort.Strings(out) // virsh lists running domains first, by id
 	return out
 }
 

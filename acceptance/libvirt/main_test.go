@@ -7,12 +7,13 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
 // env is what scripts/libvirt-up.sh exported ($BIGFLEET_TEST_DIR/env).
@@ -88,26 +89,13 @@ func run(m *testing.M) int {
 		return m.Run() // every test skips through needSubstrate
 	}
 
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "acceptance/libvirt: go env GOMOD:", err)
-		return 1
-	}
-	root := filepath.Dir(strings.TrimSpace(string(out)))
-	bindir, err := os.MkdirTemp("", "bf-acceptance-bin-")
+	bin, cleanup, err := providertest.Build("bf-acceptance-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "acceptance/libvirt:", err)
 		return 1
 	}
-	defer os.RemoveAll(bindir)
-	binary = filepath.Join(bindir, "provider")
-	build := exec.Command("go", "build", "-o", binary, "./cmd/provider")
-	build.Dir = root
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "acceptance/libvirt: build provider:", err)
-		return 1
-	}
+	defer cleanup()
+	binary = bin
 	if logDir, err = os.MkdirTemp("", "bf-acceptance-logs-"); err != nil {
 		fmt.Fprintln(os.Stderr, "acceptance/libvirt:", err)
 		return 1

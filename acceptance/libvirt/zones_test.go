@@ -4,6 +4,7 @@ package libvirt
 
 import (
 	"net/http"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -134,7 +135,10 @@ func TestTwoZonesTwoPools(t *testing.T) {
 	mb := p.waitState(idb, idle, 3*time.Minute)
 	doma := strings.TrimPrefix(ma.GetHost().GetRef(), "a/")
 	domb := strings.TrimPrefix(mb.GetHost().GetRef(), "b/")
-	if got, want := domains(t, prefix(p.inst)), []string{doma, domb}; !cmp.Equal(want, got) {
+	got, want := domains(t, prefix(p.inst)), []string{doma, domb}
+	sort.Strings(got)
+	sort.Strings(want)
+	if !cmp.Equal(want, got) {
 		t.Errorf("domains = %v, want %v", got, want)
 	}
 	checkRunning(t, doma)

@@ -1,12 +1,12 @@
 package proxmox
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -27,6 +27,7 @@ import (
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvesim"
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
 // binary is the provider built once by TestMain.
@@ -35,26 +36,13 @@ var binary string
 func TestMain(m *testing.M) { os.Exit(buildAndRun(m)) }
 
 func buildAndRun(m *testing.M) int {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "acceptance: go env GOMOD:", err)
-		return 1
-	}
-	root := filepath.Dir(strings.TrimSpace(string(out)))
-	dir, err := os.MkdirTemp("", "provider-acceptance-")
+	bin, cleanup, err := providertest.Build("provider-acceptance-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "acceptance:", err)
 		return 1
 	}
-	defer os.RemoveAll(dir)
-	binary = filepath.Join(dir, "provider")
-	build := exec.Command("go", "build", "-o", binary, "./cmd/provider")
-	build.Dir = root
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "acceptance: build provider:", err)
-		return 1
-	}
+	defer cleanup()
+	binary = bin
 	return m.Run()
 }
 
@@ -227,7 +215,7 @@ type provider struct {
 	cmd     *exec.Cmd
 	done    chan struct{}
 	exitErr error
-	out     *syncBuffer
+	out     *providertest.SyncBuffer
 	addr    string
 	maddr   string
 	conn    *grpc.ClientConn
@@ -296,24 +284,14 @@ func (c *cluster) start(t testing.TB, l launch) *provider {
 	return p
 }
 
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 func (p *provider) launch() {
 	p.t.Helper()
 	for attempt := 0; ; attempt++ {
-		p.addr, p.maddr = freeAddr(p.t), freeAddr(p.t)
+		p.addr, p.maddr = providertest.FreeAddr(p.t), providertest.FreeAddr(p.t)
 		argv := append(append([]string(nil), p.argv...), "--addr", p.addr, "--metrics-addr", p.maddr)
 		p.cmd = exec.Command(binary, argv...)
 		if p.out == nil {
-			p.out = &syncBuffer{}
+			p.out = &providertest.SyncBuffer{}
 		}
 		p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 		if err := p.cmd.Start(); err != nil {
@@ -342,23 +320,11 @@ func (p *provider) launch() {
 }
 
 func (p *provider) waitReady(max time.Duration) error {
-	hc := &http.Client{Timeout: 2 * time.Second}
-	for deadline := time.Now().Add(max); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		select {
-		case <-p.done:
-			return fmt.Errorf("exited: %v", p.exitErr)
-		default:
-		}
-		resp, err := hc.Get("http://" + p.maddr + "/readyz")
-		if err == nil {
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
+	err := providertest.WaitReady(p.maddr, p.done, max)
+	if errors.Is(err, providertest.ErrExited) {
+		return fmt.Errorf("exited: %v", p.exitErr)
 	}
-	return fmt.Errorf("not ready after %v", max)
+	return err
 }
 
 // kill sends SIGKILL (no graceful shutdown) and reaps the process.
@@ -392,7 +358,7 @@ func runExit(t testing.TB, argv []string) (string, int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	argv = append(append([]string(nil), argv...), "--addr", freeAddr(t), "--metrics-addr", freeAddr(t))
+	argv = append(append([]string(nil), argv...), "--addr", providertest.FreeAddr(t), "--metrics-addr", providertest.FreeAddr(t))
 	cmd := exec.CommandContext(ctx, binary, argv...)
 	out, err := cmd.CombinedOutput()
 	if ctx.Err() != nil {
@@ -402,23 +368,6 @@ func runExit(t testing.TB, argv []string) (string, int) {
 		t.Fatalf("run provider: %v", err)
 	}
 	return string(out), cmd.ProcessState.ExitCode()
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // rpcCtx is a per-call context.
