@@ -929,19 +929,3 @@ func (d *Document) Adopt(ctx context.Context, a Adoption) (bool, error) {
 	d.mu.Unlock()
 	return true, d.opts.Store.Wait(ctx, seq)
 }
-
-// SetVMID records a Proxmox VMID learned mid-Create so host refs and later
-// steps address the VM directly.
-func (d *Document) SetVMID(ctx context.Context, id, opID string, vmid int) error {
-	d.mu.Lock()
-	m := d.machines[id]
-	if m == nil || m.Intent == nil || m.Intent.OpID != opID || m.VMID == vmid {
-		d.mu.Unlock()
-		return nil
-	}
-	n := m.clone()
-	n.VMID = vmid
-	seq := d.publish(n)
-	d.mu.Unlock()
-	return d.opts.Store.Wait(ctx, seq)
-}

@@ -1,7 +1,6 @@
 package desired
 
 import (
-	"sort"
 	"strconv"
 	"sync"
 	"time"
@@ -167,14 +166,4 @@ func (m *Machine) clone() *Machine {
 		c.Intent = &in
 	}
 	return &c
-}
-
-// SortedMetadataKeys returns shard_metadata keys in sorted order.
-func (m *Machine) SortedMetadataKeys() []string {
-	keys := make([]string, 0, len(m.ShardMetadata))
-	for k := range m.ShardMetadata {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

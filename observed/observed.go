@@ -154,9 +154,7 @@ type Index struct {
 	// across zones are in nameMore.
 	byName   map[string]*VM
 	nameMore map[string][]*VM
-	// byVMID: Proxmox VMIDs are cluster-wide.
-	byVMID  map[int]*VM
-	volumes map[volKey]*Volume
+	volumes  map[volKey]*Volume
 }
 
 type volKey struct{ zone, name string }
@@ -174,7 +172,6 @@ func NewIndex(s *Snapshot, installation string) *Index {
 	}
 	ix.owned = make(map[string]*VM, nVM)
 	ix.byName = make(map[string]*VM, nVM)
-	ix.byVMID = make(map[int]*VM)
 	ix.volumes = make(map[volKey]*Volume, nVol)
 	for _, z := range s.Zones {
 		for _, vm := range z.VMs {
@@ -183,9 +180,6 @@ func NewIndex(s *Snapshot, installation string) *Index {
 				nOwned++
 			}
 			ix.byName[vm.Name] = vm
-			if vm.VMID != 0 {
-				ix.byVMID[vm.VMID] = vm
-			}
 		}
 		for _, vol := range z.Volumes {
 			ix.volumes[volKey{z.Name, vol.Name}] = vol
@@ -222,12 +216,6 @@ func (ix *Index) Zone(name string) *Zone {
 	return ix.snap.Zones[name]
 }
 
-// Known reports whether a zone was observed successfully.
-func (ix *Index) Known(zone string) bool {
-	z := ix.Zone(zone)
-	return z != nil && z.Status == StatusOK
-}
-
 // Owned returns the VMs that carry our marker for a machine id: first is
 // nil when there is none; more is non-empty only for a leak.
 func (ix *Index) Owned(machineID string) (first *VM, more []*VM) {
@@ -260,9 +248,6 @@ func (ix *Index) ByName(zone, name string) []*VM {
 	}
 	return out
 }
-
-// ByVMID returns the VM with a Proxmox VMID, or nil.
-func (ix *Index) ByVMID(vmid int) *VM { return ix.byVMID[vmid] }
 
 // Volume returns a volume by zone and name, or nil.
 func (ix *Index) Volume(zone, name string) *Volume { return ix.volumes[volKey{zone, name}] }
