@@ -47,15 +47,20 @@ type Inputs struct {
 	Config   Config
 	Machines []*desired.Machine // sorted by id
 	Observed *observed.Snapshot
-	Lineage  string
-	Serial   uint64
-	Now      time.Time
+	// Index of Observed for Config.Installation, if the caller has one.
+	Index   *observed.Index
+	Lineage string
+	Serial  uint64
+	Now     time.Time
 }
 
 // Plan computes the plan for every machine plus the findings about VMs no
 // machine claims. It is pure and deterministic.
 func Build(in Inputs) *Plan {
-	ix := observed.NewIndex(in.Observed, in.Config.Installation)
+	ix := in.Index
+	if ix == nil {
+		ix = observed.NewIndex(in.Observed, in.Config.Installation)
+	}
 	p := &Plan{
 		FormatVersion: FormatVersion,
 		Hypervisor:    string(in.Config.Shape),

@@ -66,7 +66,9 @@ type Reconciler struct {
 	queue      chan string
 	inflight   sync.WaitGroup
 
-	snap atomic.Pointer[observed.Snapshot]
+	// last is the latest full observation with its index, built once per
+	// pass so per-machine work looks things up instead of scanning.
+	last atomic.Pointer[lastObservation]
 	kick chan struct{}
 }
 
@@ -123,8 +125,10 @@ func (r *Reconciler) Trigger() {
 	}
 }
 
-// Snapshot returns the latest full observation (nil before the first).
-func (r *Reconciler) Snapshot() *observed.Snapshot { return r.snap.Load() }
+type lastObservation struct {
+	snap *observed.Snapshot
+	ix   *observed.Index
+}
 
 // Run picks up work until ctx is done, then waits for the machines being
 // worked on; their steps run under work, which the caller cancels when its
@@ -226,15 +230,15 @@ func (r *Reconciler) ObserveAll(ctx context.Context) *observed.Snapshot {
 // the freshest observation there is.
 func (r *Reconciler) Plan(ctx context.Context) *planner.Plan {
 	snap := r.ObserveAll(ctx)
-	plan := r.build(snap)
+	plan := r.build(snap, nil)
 	if r.o.Metrics != nil {
 		r.o.Metrics.Planned(plan)
 	}
 	return plan
 }
 
-func (r *Reconciler) build(snap *observed.Snapshot) *planner.Plan {
-	return planner.Build(planner.Inputs{Config: r.o.Planner, Machines: r.o.Doc.All(), Observed: snap,
+func (r *Reconciler) build(snap *observed.Snapshot, ix *observed.Index) *planner.Plan {
+	return planner.Build(planner.Inputs{Config: r.o.Planner, Machines: r.o.Doc.All(), Observed: snap, Index: ix,
 		Lineage: r.o.Doc.Lineage(), Serial: r.o.Doc.Revision(), Now: r.o.Now()})
 }
 
@@ -243,8 +247,9 @@ func (r *Reconciler) build(snap *observed.Snapshot) *planner.Plan {
 func (r *Reconciler) fullPass(ctx context.Context) {
 	start := time.Now()
 	snap := r.ObserveAll(ctx)
-	r.snap.Store(snap)
-	plan := r.build(snap)
+	ix := observed.NewIndex(snap, r.o.Planner.Installation)
+	r.last.Store(&lastObservation{snap: snap, ix: ix})
+	plan := r.build(snap, ix)
 	if r.o.Metrics != nil {
 		r.o.Metrics.Planned(plan)
 	}
@@ -290,39 +295,32 @@ func (r *Reconciler) adoptOrphan(ctx context.Context, c planner.Change) {
 // looked up directly, plus the volumes from the latest full listing.
 func (r *Reconciler) view(ctx context.Context, m *desired.Machine) *observed.Snapshot {
 	now := r.o.Now()
-	last := r.snap.Load()
+	last := r.last.Load()
 	z := &observed.Zone{Name: m.Zone, Status: observed.StatusOK, At: now}
 	snap := &observed.Snapshot{Zones: map[string]*observed.Zone{m.Zone: z}, At: now}
+	var prev *observed.VM // the owned VM the last full listing showed
 	if last != nil {
-		if lz := last.Zones[m.Zone]; lz != nil {
-			if lz.Status != observed.StatusOK {
-				// Try anyway: a direct lookup that works proves the host is back.
-				z.Err = lz.Err
-			}
-			if !lz.VolumesAt.IsZero() && m.VMName != "" {
-				for _, v := range lz.Volumes {
-					if v.Name == hypervisors.OverlayVolume(m.VMName) || v.Name == hypervisors.SeedVolume(m.VMName) {
-						z.Volumes = append(z.Volumes, v)
-					}
+		if lz := last.snap.Zones[m.Zone]; lz != nil && !lz.VolumesAt.IsZero() && m.VMName != "" {
+			for _, name := range []string{hypervisors.OverlayVolume(m.VMName), hypervisors.SeedVolume(m.VMName)} {
+				if v := last.ix.Volume(m.Zone, name); v != nil {
+					z.Volumes = append(z.Volumes, v)
 				}
-				z.VolumesAt = lz.VolumesAt
 			}
+			z.VolumesAt = lz.VolumesAt
 		}
+		prev, _ = last.ix.Owned(m.ID)
 	}
-	t, ok := r.target(m, last)
+	t, ok := r.target(m, prev)
 	if !ok {
 		return snap
 	}
 	lctx, cancel := context.WithTimeout(ctx, r.o.ObserveTimeout)
 	defer cancel()
 	vm, err := r.o.Hypervisor.Lookup(lctx, t)
-	if errors.Is(err, hypervisors.ErrNotFound) && last != nil {
+	if errors.Is(err, hypervisors.ErrNotFound) && prev != nil && prev.Zone == m.Zone && prev.Name != t.Name {
 		// An owned VM under another name (an earlier cycle's, adopted
 		// after a crash) is still this machine's.
-		if prev, _ := observed.NewIndex(&observed.Snapshot{Zones: map[string]*observed.Zone{m.Zone: last.Zones[m.Zone]}},
-			r.o.Planner.Installation).Owned(m.ID); prev != nil && prev.Name != t.Name {
-			vm, err = r.o.Hypervisor.Lookup(lctx, hypervisors.Target{Zone: prev.Zone, Name: prev.Name, VMID: prev.VMID})
-		}
+		vm, err = r.o.Hypervisor.Lookup(lctx, hypervisors.Target{Zone: prev.Zone, Name: prev.Name, VMID: prev.VMID})
 	}
 	switch {
 	case err == nil:
@@ -334,19 +332,17 @@ func (r *Reconciler) view(ctx context.Context, m *desired.Machine) *observed.Sna
 	return snap
 }
 
-// target says where a machine's VM is, if anywhere.
-func (r *Reconciler) target(m *desired.Machine, last *observed.Snapshot) (hypervisors.Target, bool) {
+// target says where a machine's VM is, if anywhere: by name on libvirt,
+// by VMID on Proxmox (recorded, or from the last full listing).
+func (r *Reconciler) target(m *desired.Machine, prev *observed.VM) (hypervisors.Target, bool) {
 	if r.o.Hypervisor.Shape() == hypervisors.ShapeLibvirt {
 		return hypervisors.Target{Zone: m.Zone, Name: m.VMName}, m.VMName != ""
 	}
 	if m.VMID != 0 {
 		return hypervisors.Target{Zone: m.Zone, Name: m.VMName, VMID: m.VMID}, true
 	}
-	if last != nil {
-		ix := observed.NewIndex(last, r.o.Planner.Installation)
-		if vm, _ := ix.Owned(m.ID); vm != nil {
-			return hypervisors.Target{Zone: vm.Zone, Name: vm.Name, VMID: vm.VMID}, true
-		}
+	if prev != nil {
+		return hypervisors.Target{Zone: prev.Zone, Name: prev.Name, VMID: prev.VMID}, true
 	}
 	return hypervisors.Target{}, false
 }
