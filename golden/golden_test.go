@@ -678,11 +678,21 @@ func (c *goldenCase) converge(t *testing.T, hv simulator, clk *clock, plan *plan
 	doc := c.document(t, clk)
 	exec := executor.New(executor.Options{Hypervisor: hv, Installation: c.cfg.Installation, Blob: doc.Blob,
 		MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
+	// The plan is applied exactly as the reconciler applies it.
+	rec := reconciler.New(reconciler.Options{Doc: doc, Hypervisor: hv, Executor: exec, Planner: c.plannerConfig(t),
+		Capacity: desired.OnDemand, Now: clk.Now, Types: func(name string) (int, int, bool) {
+			ty, ok := c.cfg.Types[name]
+			return ty.VCPU, ty.MemoryMiB, ok
+		}})
 	var snap *observed.Snapshot
 	rounds := 0
 	for ; rounds < maxRounds && !empty(plan); rounds++ {
 		for _, ch := range plan.Changes {
-			c.apply(t, doc, exec, ch)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			if out := rec.Apply(ctx, doc.Get(ch.Machine), ch); out == reconciler.OutcomeError || out == reconciler.OutcomeInterrupted {
+				t.Fatalf("applying the change of %s: %s", ch.Machine, out)
+			}
+			cancel()
 		}
 		clk.Add(time.Second)
 		snap = c.observe(t, hv, clk.Now(), false)
@@ -811,63 +821,6 @@ func (c *goldenCase) document(t *testing.T, clk *clock) *desired.Document {
 		}
 	}
 	return doc
-}
-
-// apply runs one change and records its outcome as the reconciler does.
-func (c *goldenCase) apply(t *testing.T, doc *desired.Document, exec *executor.Executor, ch planner.Change) {
-	t.Helper()
-	ctx := context.Background()
-	m := doc.Get(ch.Machine)
-	opID := ""
-	if m != nil && m.Intent != nil {
-		opID = m.Intent.OpID
-	}
-	switch {
-	case ch.Fail != "":
-		if m != nil {
-			if _, err := doc.Fail(ctx, m.ID, opID, ch.Fail); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return
-	case ch.Adopt != nil:
-		a := ch.Adopt
-		ad := desired.Adoption{MachineID: ch.Machine, Zone: ch.Zone, Host: a.Host, VMName: a.VMName, VMID: a.VMID, Cluster: a.Cluster}
-		if m == nil {
-			ad.InstanceType, ad.Capacity = a.InstanceType, desired.OnDemand
-			if ty, ok := c.cfg.Types[a.InstanceType]; ok {
-				ad.VCPU, ad.MemoryMiB = ty.VCPU, ty.MemoryMiB
-			}
-		}
-		if _, err := doc.Adopt(ctx, ad); err != nil {
-			t.Fatal(err)
-		}
-		return
-	case ch.Empty():
-		return
-	}
-	if m == nil {
-		return
-	}
-	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	res, err := exec.Run(rctx, ch, opID)
-	if err != nil {
-		if m.Intent == nil {
-			t.Logf("drift repair of %s failed (the reconciler retries): %v", m.ID, err)
-			return
-		}
-		if _, ferr := doc.Fail(ctx, m.ID, opID, fmt.Sprintf("%s failed: %v", m.Intent.Kind, err)); ferr != nil {
-			t.Fatal(ferr)
-		}
-		return
-	}
-	if ch.Finish == "" || m.Intent == nil {
-		return
-	}
-	if _, err := doc.Complete(ctx, m.ID, opID, reconciler.Settle(m, ch, res)); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // write rewrites the expected sections (-update).

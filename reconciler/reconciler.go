@@ -258,7 +258,7 @@ func (r *Reconciler) fullPass(ctx context.Context) {
 			continue
 		}
 		if c.Adopt != nil && r.o.Doc.Get(c.Machine) == nil {
-			r.adoptOrphan(ctx, c)
+			r.Apply(ctx, nil, c)
 			continue
 		}
 		r.Enqueue(c.Machine)
@@ -354,69 +354,103 @@ func (r *Reconciler) reconcile(ctx context.Context, id string) {
 		return
 	}
 	start := time.Now()
-	outcome := "ok"
-	defer func() {
-		if r.o.Metrics != nil {
-			r.o.Metrics.Reconciled(outcome, time.Since(start))
+	wctx, cancel := r.intentContext(ctx, m)
+	defer cancel()
+	snap := r.view(wctx, m)
+	change, _ := planner.Machine(r.o.Planner, m, observed.NewIndex(snap, r.o.Planner.Installation), r.o.Now())
+	outcome := r.Apply(ctx, m, change)
+	switch outcome {
+	case OutcomeWait:
+		r.EnqueueAfter(id, 5*time.Second)
+	case OutcomeRetry:
+		r.EnqueueAfter(id, 30*time.Second)
+	}
+	if r.o.Metrics != nil {
+		r.o.Metrics.Reconciled(outcome, time.Since(start))
+	}
+}
+
+// Outcomes of Apply, also the outcome label of the reconcile metrics.
+const (
+	OutcomeOK          = "ok"
+	OutcomeAdopted     = "adopted"
+	OutcomeFailed      = "failed"      // the machine went FAILED
+	OutcomeWait        = "wait"        // nothing can be done now (unknown host)
+	OutcomeRetry       = "retry"       // a drift repair failed; try again later
+	OutcomeInterrupted = "interrupted" // ctx ended: re-driven at the next start
+	OutcomeError       = "error"       // the outcome could not be recorded
+)
+
+// intentContext bounds work on a machine by its transition's deadline.
+func (r *Reconciler) intentContext(ctx context.Context, m *desired.Machine) (context.Context, context.CancelFunc) {
+	if m.Intent == nil {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, m.Intent.Deadline.Sub(r.o.Now()))
+}
+
+// Apply carries out one planned change and records its outcome in the
+// desired document: a failure or adoption the plan decided, or the steps
+// run under the transition's deadline, then FAILED with last_error on
+// error or timeout, or the target state (Settle) on success. m is the
+// machine the change was planned from; nil for an orphan VM no machine
+// claims. Golden tests drive the same function, so what they pin is what
+// the loop does.
+func (r *Reconciler) Apply(ctx context.Context, m *desired.Machine, c planner.Change) string {
+	if m == nil {
+		if c.Adopt == nil {
+			return OutcomeOK
 		}
-	}()
-	wctx := ctx
+		r.adoptOrphan(ctx, c)
+		return OutcomeAdopted
+	}
 	opID := ""
 	if m.Intent != nil {
 		opID = m.Intent.OpID
-		var cancel context.CancelFunc
-		wctx, cancel = context.WithDeadline(ctx, m.Intent.Deadline)
-		defer cancel()
 	}
-	snap := r.view(wctx, m)
-	change, _ := planner.Machine(r.o.Planner, m, observed.NewIndex(snap, r.o.Planner.Installation), r.o.Now())
 	switch {
-	case change.Fail != "":
-		outcome = "failed"
-		r.fail(ctx, m, opID, change.Fail)
-		return
-	case change.Adopt != nil:
-		a := change.Adopt
+	case c.Fail != "":
+		r.fail(ctx, m, opID, c.Fail)
+		return OutcomeFailed
+	case c.Adopt != nil:
+		a := c.Adopt
 		if _, err := r.o.Doc.Adopt(ctx, desired.Adoption{MachineID: m.ID, Zone: m.Zone, Host: a.Host, VMName: a.VMName, VMID: a.VMID, Cluster: a.Cluster}); err != nil {
-			outcome = "error"
 			r.o.Logger.Error("adopt VM", "machine", m.ID, "err", err)
+			return OutcomeError
 		}
-		return
-	case change.Wait != "":
-		outcome = "wait"
-		r.EnqueueAfter(id, 5*time.Second)
-		return
-	case change.Empty():
-		return
+		return OutcomeAdopted
+	case c.Wait != "":
+		return OutcomeWait
+	case c.Empty():
+		return OutcomeOK
 	}
-	res, err := r.o.Executor.Run(wctx, change, opID)
+	wctx, cancel := r.intentContext(ctx, m)
+	defer cancel()
+	res, err := r.o.Executor.Run(wctx, c, opID)
 	if err != nil {
-		outcome = "error"
-		if ctx.Err() != nil {
-			return // shutting down: the durable intent is re-driven at restart
-		}
-		if m.Intent == nil {
-			r.o.Logger.Warn("drift repair failed; will retry", "machine", id, "err", err)
-			r.EnqueueAfter(id, 30*time.Second)
-			return
-		}
-		if wctx.Err() != nil {
+		switch {
+		case ctx.Err() != nil:
+			return OutcomeInterrupted // the durable intent is re-driven at restart
+		case m.Intent == nil:
+			r.o.Logger.Warn("drift repair failed; will retry", "machine", m.ID, "err", err)
+			return OutcomeRetry
+		case wctx.Err() != nil:
 			r.fail(ctx, m, opID, fmt.Sprintf("%s timed out after %s (at %v)", m.Intent.Kind,
 				m.Intent.Deadline.Sub(m.Intent.Started).Round(time.Second), err))
-			return
+		default:
+			r.fail(ctx, m, opID, fmt.Sprintf("%s failed: %v", m.Intent.Kind, err))
 		}
-		r.fail(ctx, m, opID, fmt.Sprintf("%s failed: %v", m.Intent.Kind, err))
-		return
+		return OutcomeFailed
 	}
-	if change.Finish == "" || m.Intent == nil {
-		return
+	if c.Finish == "" || m.Intent == nil {
+		return OutcomeOK
 	}
-	if _, err := r.o.Doc.Complete(ctx, id, opID, Settle(m, change, res)); err != nil {
-		outcome = "error"
-		r.o.Logger.Error("record completion", "machine", id, "op", opID, "err", err)
-		return
+	if _, err := r.o.Doc.Complete(ctx, m.ID, opID, Settle(m, c, res)); err != nil {
+		r.o.Logger.Error("record completion", "machine", m.ID, "op", opID, "err", err)
+		return OutcomeError
 	}
-	r.o.Logger.Info("transition done", "machine", id, "op", opID, "state", change.Finish)
+	r.o.Logger.Info("transition done", "machine", m.ID, "op", opID, "state", c.Finish)
+	return OutcomeOK
 }
 
 // Settle says what a change that ran to completion settles its machine
