@@ -1,9 +1,10 @@
 package desired
 
 import (
-	"strconv"
 	"sync"
 	"time"
+
+	"github.com/bigfleet-vm/provider/inventory"
 )
 
 // State is a machine's lifecycle state. The numbers equal the wire enum
@@ -141,15 +142,7 @@ func (m *Machine) Memo(build func(*Machine) any) any {
 
 // Allocatable is the instance type's hardware as BigFleet expects it.
 func (m *Machine) Allocatable() map[string]string {
-	return map[string]string{"cpu": strconv.Itoa(m.VCPU), "memory": MemoryString(m.MemoryMiB)}
-}
-
-// MemoryString renders MiB as "NGi" when whole GiB, else "NMi".
-func MemoryString(mib int) string {
-	if mib%1024 == 0 {
-		return strconv.Itoa(mib/1024) + "Gi"
-	}
-	return strconv.Itoa(mib) + "Mi"
+	return inventory.Allocatable(inventory.InstanceType{VCPU: m.VCPU, MemoryMiB: m.MemoryMiB})
 }
 
 // clone returns a mutable copy with fresh list links and memo.

@@ -45,17 +45,10 @@ func OfflinePlan(ctx context.Context, cfg *config.Config) (*planner.Plan, error)
 			stored = s
 		}
 	}
-	slots := make([]desired.Slot, 0, len(cfg.Slots))
-	for _, s := range cfg.Slots {
-		slots = append(slots, desired.Slot{ID: s.ID, Zone: s.Zone, InstanceType: s.Type.Name, Capacity: string(s.Capacity),
-			VCPU: s.Type.VCPU, MemoryMiB: s.Type.MemoryMiB, TemplateVMID: s.Type.TemplateVMID, Price: s.PricePerHour,
-			Resources: s.Resources, Labels: s.Labels})
-	}
 	// Open validates the stored document against the flags (installation,
 	// zones and types of known ids) and merges the offerings, all in a
 	// throwaway memory store.
-	doc, _, err := desired.Open(ctx, desired.Options{Store: statefile.NewMemory(stored), Installation: cfg.InstallationID,
-		DefaultInstallation: cfg.Provider, DeleteSupported: !cfg.BareMetal}, slots)
+	doc, _, err := desired.Open(ctx, docOptions(cfg, statefile.NewMemory(stored)), desiredSlots(cfg))
 	if err != nil {
 		return nil, err
 	}

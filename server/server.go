@@ -94,26 +94,14 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Provider
 		return p.Doc.Counts()
 	}, func() float64 { return float64(p.store.Size()) })
 
-	slots := make([]desired.Slot, 0, len(cfg.Slots))
-	for _, s := range cfg.Slots {
-		slots = append(slots, desired.Slot{ID: s.ID, Zone: s.Zone, InstanceType: s.Type.Name, Capacity: string(s.Capacity),
-			VCPU: s.Type.VCPU, MemoryMiB: s.Type.MemoryMiB, TemplateVMID: s.Type.TemplateVMID, Price: s.PricePerHour,
-			Resources: s.Resources, Labels: s.Labels})
-	}
 	var rec *reconciler.Reconciler
-	doc, rep, err := desired.Open(ctx, desired.Options{
-		Store:               p.store,
-		Installation:        cfg.InstallationID,
-		DefaultInstallation: cfg.Provider,
-		Timeouts: map[desired.Kind]time.Duration{desired.KindCreate: cfg.Timeouts.Create, desired.KindConfigure: cfg.Timeouts.Configure,
-			desired.KindDrain: cfg.Timeouts.Drain, desired.KindDelete: cfg.Timeouts.Delete},
-		DeleteSupported: !cfg.BareMetal,
-		Notify: func(id string) {
-			if rec != nil {
-				rec.Enqueue(id)
-			}
-		},
-	}, slots)
+	opts := docOptions(cfg, p.store)
+	opts.Notify = func(id string) {
+		if rec != nil {
+			rec.Enqueue(id)
+		}
+	}
+	doc, rep, err := desired.Open(ctx, opts, desiredSlots(cfg))
 	if err != nil {
 		p.store.Close()
 		return nil, err
@@ -147,6 +135,29 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Provider
 		}})
 	p.Rec = rec
 	return p, nil
+}
+
+// docOptions configures the desired document from the flags.
+func docOptions(cfg *config.Config, store desired.Store) desired.Options {
+	return desired.Options{
+		Store:               store,
+		Installation:        cfg.InstallationID,
+		DefaultInstallation: cfg.Provider,
+		Timeouts: map[desired.Kind]time.Duration{desired.KindCreate: cfg.Timeouts.Create, desired.KindConfigure: cfg.Timeouts.Configure,
+			desired.KindDrain: cfg.Timeouts.Drain, desired.KindDelete: cfg.Timeouts.Delete},
+		DeleteSupported: !cfg.BareMetal,
+	}
+}
+
+// desiredSlots converts the inventory's slots for the desired document.
+func desiredSlots(cfg *config.Config) []desired.Slot {
+	slots := make([]desired.Slot, 0, len(cfg.Slots))
+	for _, s := range cfg.Slots {
+		slots = append(slots, desired.Slot{ID: s.ID, Zone: s.Zone, InstanceType: s.Type.Name, Capacity: string(s.Capacity),
+			VCPU: s.Type.VCPU, MemoryMiB: s.Type.MemoryMiB, TemplateVMID: s.Type.TemplateVMID, Price: s.PricePerHour,
+			Resources: s.Resources, Labels: s.Labels})
+	}
+	return slots
 }
 
 func plannerConfig(cfg *config.Config, installation string) planner.Config {
