@@ -122,6 +122,18 @@ type SizeSpec struct {
 	Marker    observed.Marker `json:"marker" yaml:"marker"`
 }
 
+// Tail keeps the last n bytes of b (nil when empty): how adapters bound
+// the output they return in an ExecResult.
+func Tail(b []byte, n int) []byte {
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	if len(b) == 0 {
+		return nil
+	}
+	return b
+}
+
 // ExecResult is the outcome of a guest-agent command that ran to exit.
 // Stdout and Stderr are bounded by the adapter (the tail is kept).
 type ExecResult struct {

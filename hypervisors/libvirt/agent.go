@@ -183,8 +183,8 @@ func (h *Hypervisor) exec(ctx context.Context, zc *zoneConn, dom golibvirt.Domai
 		if st.Signal > 0 {
 			res.ExitCode = 128 + st.Signal
 		}
-		res.Stdout = tail(decodeB64(st.OutData), h.cfg.MaxOutput)
-		res.Stderr = tail(decodeB64(st.ErrData), h.cfg.MaxOutput)
+		res.Stdout = hypervisors.Tail(decodeB64(st.OutData), h.cfg.MaxOutput)
+		res.Stderr = hypervisors.Tail(decodeB64(st.ErrData), h.cfg.MaxOutput)
 		return res, nil
 	}
 }
@@ -193,17 +193,6 @@ func decodeB64(s string) []byte {
 	b, err := base64.StdEncoding.DecodeString(s)
 	if err != nil {
 		return []byte(s)
-	}
-	return b
-}
-
-// tail keeps the last n bytes of b.
-func tail(b []byte, n int) []byte {
-	if len(b) > n {
-		b = b[len(b)-n:]
-	}
-	if len(b) == 0 {
-		return nil
 	}
 	return b
 }
@@ -291,7 +280,7 @@ func (h *Hypervisor) execOK(ctx context.Context, zc *zoneConn, dom golibvirt.Dom
 		return err
 	}
 	if res.ExitCode != 0 {
-		return fmt.Errorf("%s exited %d: %s: %w", argv[0], res.ExitCode, strings.TrimSpace(string(tail(res.Stderr, 512))), hypervisors.ErrInvalid)
+		return fmt.Errorf("%s exited %d: %s: %w", argv[0], res.ExitCode, strings.TrimSpace(string(hypervisors.Tail(res.Stderr, 512))), hypervisors.ErrInvalid)
 	}
 	return nil
 }

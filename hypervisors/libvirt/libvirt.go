@@ -160,6 +160,28 @@ func (h *Hypervisor) checkOwned(ctx context.Context, zc *zoneConn, dom golibvirt
 	return m, nil
 }
 
+// ownedDomain looks a domain up for a destructive step: found is false
+// (and err nil) when it is already gone; a domain without our marker is
+// ErrNotOwned.
+func (h *Hypervisor) ownedDomain(ctx context.Context, zc *zoneConn, name string) (dom golibvirt.Domain, found bool, err error) {
+	dom, err = h.lookupDomain(ctx, zc, name)
+	if errors.Is(err, hypervisors.ErrNotFound) {
+		return dom, false, nil
+	}
+	if err == nil {
+		_, err = h.checkOwned(ctx, zc, dom)
+	}
+	return dom, err == nil, err
+}
+
+// wrapf wraps err with what was being done; nil stays nil.
+func wrapf(err error, format string, a ...any) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf(format+": %w", append(a, err)...)
+}
+
 func power(st golibvirt.DomainState) observed.Power {
 	switch st {
 	case golibvirt.DomainRunning, golibvirt.DomainBlocked, golibvirt.DomainShutdown:
@@ -465,14 +487,9 @@ func (h *Hypervisor) UndefineDomain(ctx context.Context, t hypervisors.Target) e
 		return err
 	}
 	defer h.caches[t.Zone].touch(t.Name)
-	dom, err := h.lookupDomain(ctx, zc, t.Name)
-	if errors.Is(err, hypervisors.ErrNotFound) {
-		return nil
-	} else if err != nil {
-		return fmt.Errorf("undefine %s: %w", t.Name, err)
-	}
-	if _, err := h.checkOwned(ctx, zc, dom); err != nil {
-		return fmt.Errorf("undefine %s: %w", t.Name, err)
+	dom, found, err := h.ownedDomain(ctx, zc, t.Name)
+	if err != nil || !found {
+		return wrapf(err, "undefine %s", t.Name)
 	}
 	st, err := h.domainState(ctx, zc, dom)
 	if err != nil && !errors.Is(err, hypervisors.ErrNotFound) {
@@ -569,14 +586,9 @@ func (h *Hypervisor) Stop(ctx context.Context, t hypervisors.Target, grace time.
 		return err
 	}
 	defer h.caches[t.Zone].touch(t.Name)
-	dom, err := h.lookupDomain(ctx, zc, t.Name)
-	if errors.Is(err, hypervisors.ErrNotFound) {
-		return nil
-	} else if err != nil {
-		return fmt.Errorf("stop %s: %w", t.Name, err)
-	}
-	if _, err := h.checkOwned(ctx, zc, dom); err != nil {
-		return fmt.Errorf("stop %s: %w", t.Name, err)
+	dom, found, err := h.ownedDomain(ctx, zc, t.Name)
+	if err != nil || !found {
+		return wrapf(err, "stop %s", t.Name)
 	}
 	st, err := h.domainState(ctx, zc, dom)
 	if err != nil {

@@ -366,13 +366,7 @@ func TestAgentError(t *testing.T) {
 	}
 }
 
-func TestTailAndStateParam(t *testing.T) {
-	if diff := cmp.Diff([]byte("def"), tail([]byte("abcdef"), 3)); diff != "" {
-		t.Error(diff)
-	}
-	if tail(nil, 3) != nil {
-		t.Error("tail(nil) != nil")
-	}
+func TestStateParam(t *testing.T) {
 	ps := []golibvirt.TypedParam{{Field: "state.reason", Value: golibvirt.TypedParamValue{D: 1, I: int32(1)}},
 		{Field: "state.state", Value: golibvirt.TypedParamValue{D: 1, I: int32(5)}}}
 	if got := stateParam(ps); got != golibvirt.DomainShutoff {

@@ -138,8 +138,8 @@ func (a *Adapter) AgentExec(ctx context.Context, t hypervisors.Target, argv []st
 		case err == nil && st.Exited != 0:
 			return hypervisors.ExecResult{
 				ExitCode: st.ExitCode,
-				Stdout:   tail([]byte(st.OutData), a.cfg.OutputLimit),
-				Stderr:   tail([]byte(st.ErrData), a.cfg.OutputLimit),
+				Stdout:   hypervisors.Tail([]byte(st.OutData), a.cfg.OutputLimit),
+				Stderr:   hypervisors.Tail([]byte(st.ErrData), a.cfg.OutputLimit),
 			}, nil
 		case err != nil && !(errors.Is(err, hypervisors.ErrTransient) || errors.Is(err, hypervisors.ErrLocked)):
 			return hypervisors.ExecResult{}, fmt.Errorf("agent exec-status pid %d on vm %d: %w", pid, t.VMID, err)
@@ -151,18 +151,8 @@ func (a *Adapter) AgentExec(ctx context.Context, t hypervisors.Target, argv []st
 	}
 }
 
-func tail(b []byte, n int) []byte {
-	if len(b) > n {
-		b = b[len(b)-n:]
-	}
-	if len(b) == 0 {
-		return nil
-	}
-	return b
-}
-
 func excerpt(b []byte, n int) string {
-	s := strings.TrimSpace(string(tail(b, n)))
+	s := strings.TrimSpace(string(hypervisors.Tail(b, n)))
 	if s == "" {
 		return "(no stderr)"
 	}
