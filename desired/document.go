@@ -13,39 +13,21 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
-	"unicode/utf8"
-
-	"github.com/bigfleet-vm/provider/hypervisors"
-	"github.com/bigfleet-vm/provider/statefile"
 )
 
-// Caps on Configure payloads. Above them the RPC answers InvalidArgument and
-// nothing changes; nothing is ever truncated.
+// Storage keys and the document format. Format 2 stores fence keys
+// length-prefixed (format 1 joined shard and machine with a NUL, which was
+// ambiguous); Open migrates a format-1 document.
 const (
-	MaxBlobBytes       = 8 << 20 // 8 MiB
-	MaxMetadataEntries = 128
-	MaxMetadataBytes   = 64 << 10 // keys plus values
-	// MaxUnknownFences bounds the fence marks kept for machine ids that do
-	// not exist (any client can name arbitrary ids); the oldest go first.
-	MaxUnknownFences     = 65536
-	formatVersion        = 1
-	maxLastErrorBytes    = 2048
+	formatVersion        = 2
 	keyMachine           = "m/"
 	keyFence             = "f/"
 	keyMeta              = "meta/doc"
 	defaultDrainMargin   = 2 * time.Minute
 	interruptedConfigure = "configure interrupted by a provider restart: the bootstrap blob is never written to disk, so the transition cannot be resumed; retry on another slot"
 )
-
-// Store is where the document's changes become durable (statefile.File or
-// statefile.Memory; a replicated store could stand in).
-type Store interface {
-	Snapshot() map[string][]byte
-	Apply(ops ...statefile.Op) uint64
-	Wait(ctx context.Context, seq uint64) error
-	Healthy() error
-}
 
 // Slot is one offering slot as the inventory computed it.
 type Slot struct {
@@ -74,8 +56,12 @@ type Options struct {
 	// DeleteSupported is false for bare_metal pools (Delete: Unimplemented).
 	DeleteSupported bool
 	Now             func() time.Time
-	// Notify is called (outside the lock) with a machine id whenever its
-	// intent changes durably, to wake the reconciler.
+	// VMName derives a VM's name for one create cycle of a machine
+	// (required; the server passes the adapters' naming rule).
+	VMName func(installation, machineID string, cycle int) string
+	// Notify is called with a machine id once a change of its intent is
+	// committed, to wake the reconciler. It runs on the store's callback
+	// goroutine and must not block.
 	Notify func(id string)
 }
 
@@ -90,6 +76,7 @@ const (
 	CodeConflict                         // Aborted: out of position, conflicting retry, FAILED machine
 	CodeUnimplemented                    // Unimplemented (Delete on bare_metal)
 	CodeUnavailable                      // Unavailable: the state store failed
+	CodeExhausted                        // ResourceExhausted: a fence budget is full
 )
 
 // Error is a rejected mutation.
@@ -112,11 +99,6 @@ type Token struct {
 }
 
 func (t Token) zero() bool { return t.Shard == "" && t.Epoch == 0 && t.Seq == 0 }
-
-type mark struct {
-	Epoch int64 `json:"e"`
-	Seq   int64 `json:"s"`
-}
 
 // Request is one mutating RPC.
 type Request struct {
@@ -145,19 +127,44 @@ type meta struct {
 
 // Document is the desired state: every machine, its intent, the fence marks
 // and the counters. All methods are safe for concurrent use.
+//
+// It keeps two views. Writers work on the working view (work, fences,
+// meta), which includes changes the store has not committed yet, so that
+// racing mutations serialize. Readers (Get, List, All, Counts, Pending,
+// Revision) see only the committed view (machines, log, rev), which a
+// change reaches in the store's done callback, in commit order. A change
+// that fails to commit is never visible, and since a store that failed
+// stays failed, the document then refuses every further change.
 type Document struct {
-	opts Options
+	opts         Options
+	installation string
+	lineageHex   string
+	lineage      []byte
 
-	mu       sync.RWMutex
+	mu sync.RWMutex
+	// Working view.
+	work   map[string]*Machine
+	fences *fences
+	meta   meta
+	last   *change // newest change handed to the store
+	failed error
+	// Committed view.
 	machines map[string]*Machine
-	head     *Machine // oldest revision
-	tail     *Machine // newest revision
-	fences   map[string]mark
-	// unknownFences lists, oldest first, the fence keys recorded for
-	// machine ids that did not exist.
-	unknownFences []string
-	meta          meta
-	dirty         map[string]bool
+	log      *revlog
+	rev      uint64
+
+	// rotor is where the next cursor-less capped List starts.
+	rotor atomic.Uint64
+}
+
+// change is one atomic batch on its way to the store.
+type change struct {
+	puts   []*Machine
+	dels   []string
+	rev    uint64
+	notify []string
+	done   chan struct{}
+	err    error
 }
 
 // LoadReport says what Open changed while reconciling the stored document
@@ -166,139 +173,185 @@ type LoadReport struct {
 	Added, Removed, Slotless, Redriven, FailedConfigure int
 }
 
-// Open loads the document from the store, reconciles it with the slots and
-// recovers transitions interrupted by a restart; all of that is durable
-// before Open returns.
-func Open(ctx context.Context, opts Options, slots []Slot) (*Document, LoadReport, error) {
-	if opts.Now == nil {
-		opts.Now = time.Now
-	}
-	d := &Document{opts: opts, machines: map[string]*Machine{}, fences: map[string]mark{}}
-	var rep LoadReport
-	snap := opts.Store.Snapshot()
-	if raw, ok := snap[keyMeta]; ok {
-		if err := json.Unmarshal(raw, &d.meta); err != nil {
-			return nil, rep, fmt.Errorf("state: decode document header: %w", err)
+// loaded is a decoded stored document.
+type loaded struct {
+	meta     meta
+	fresh    bool
+	machines []*Machine // sorted by revision, then id
+	marks    map[fenceKey]mark
+	migrate  []Op // format-1 fence keys to rewrite
+}
+
+// decode reads a stored document. It checks the format and the
+// installation id against opts, but changes nothing.
+func decode(stored map[string][]byte, opts Options) (*loaded, error) {
+	ld := &loaded{marks: map[fenceKey]mark{}}
+	if raw, ok := stored[keyMeta]; ok {
+		if err := json.Unmarshal(raw, &ld.meta); err != nil {
+			return nil, fmt.Errorf("state: decode document header: %w", err)
 		}
-		if d.meta.Version != formatVersion {
-			return nil, rep, fmt.Errorf("state: document format version %d is not supported (want %d)", d.meta.Version, formatVersion)
+		if ld.meta.Version != 1 && ld.meta.Version != formatVersion {
+			return nil, fmt.Errorf("state: document format version %d is not supported (want %d)", ld.meta.Version, formatVersion)
 		}
 	} else {
-		d.meta = meta{Version: formatVersion, Lineage: newLineage()}
+		ld.fresh = true
+		ld.meta = meta{Version: formatVersion, Lineage: newLineage()}
 	}
 	switch {
-	case d.meta.Installation == "":
-		d.meta.Installation = opts.Installation
-	case opts.Installation != "" && opts.Installation != d.meta.Installation:
-		return nil, rep, fmt.Errorf("state: the state file belongs to installation %q but --installation-id is %q; VMs are named and marked by installation, so changing it would orphan them", d.meta.Installation, opts.Installation)
+	case ld.meta.Installation == "":
+		ld.meta.Installation = opts.Installation
+	case opts.Installation != "" && opts.Installation != ld.meta.Installation:
+		return nil, fmt.Errorf("state: the state belongs to installation %q but --installation-id is %q; VMs are named and marked by installation, so changing it would orphan them", ld.meta.Installation, opts.Installation)
 	}
-	if d.meta.Installation == "" {
-		d.meta.Installation = opts.DefaultInstallation
+	if ld.meta.Installation == "" {
+		ld.meta.Installation = opts.DefaultInstallation
 	}
-	if d.meta.Installation == "" {
-		return nil, rep, errors.New("state: no installation id")
+	if ld.meta.Installation == "" {
+		return nil, errors.New("state: no installation id")
 	}
-	loaded := make([]*Machine, 0, len(snap))
-	for k, raw := range snap {
+	ids := map[string]bool{}
+	var fenceKeys []string
+	for k, raw := range stored {
 		switch {
 		case strings.HasPrefix(k, keyMachine):
 			m := &Machine{}
 			if err := json.Unmarshal(raw, m); err != nil {
-				return nil, rep, fmt.Errorf("state: decode machine %q: %w", strings.TrimPrefix(k, keyMachine), err)
+				return nil, fmt.Errorf("state: decode machine %s: %w", Clip(strings.TrimPrefix(k, keyMachine), maxEcho), err)
 			}
 			m.memo = &memo{}
 			if m.Ops == nil {
 				m.Ops = map[Kind]OpRecord{}
 			}
-			loaded = append(loaded, m)
-			if m.Rev > d.meta.Rev {
-				d.meta.Rev = m.Rev
-			}
+			ld.machines = append(ld.machines, m)
+			ids[m.ID] = true
+			ld.meta.Rev = max(ld.meta.Rev, m.Rev)
 		case strings.HasPrefix(k, keyFence):
-			var fm mark
-			if err := json.Unmarshal(raw, &fm); err != nil {
-				return nil, rep, fmt.Errorf("state: decode fence mark: %w", err)
+			fenceKeys = append(fenceKeys, k)
+		}
+	}
+	for _, k := range fenceKeys {
+		var fm mark
+		if err := json.Unmarshal(stored[k], &fm); err != nil {
+			return nil, fmt.Errorf("state: decode fence mark: %w", err)
+		}
+		body := strings.TrimPrefix(k, keyFence)
+		var fk fenceKey
+		var ok bool
+		if ld.meta.Version == 1 {
+			fk, ok = parseV1FenceKey(body, func(id string) bool { return ids[id] })
+			if ok {
+				ld.migrate = append(ld.migrate, Op{Key: k, Delete: true}, Op{Key: fk.storeKey(), Value: stored[k]})
 			}
-			d.fences[strings.TrimPrefix(k, keyFence)] = fm
+		} else {
+			fk, ok = parseFenceKey(body)
 		}
+		if !ok {
+			return nil, fmt.Errorf("state: malformed fence key %s", Clip(k, maxEcho))
+		}
+		ld.marks[fk] = fm
 	}
-	// Rebuild the revision order.
-	sort.Slice(loaded, func(i, j int) bool {
-		if loaded[i].Rev != loaded[j].Rev {
-			return loaded[i].Rev < loaded[j].Rev
+	sort.Slice(ld.machines, func(i, j int) bool {
+		a, b := ld.machines[i], ld.machines[j]
+		if a.Rev != b.Rev {
+			return a.Rev < b.Rev
 		}
-		return loaded[i].ID < loaded[j].ID
+		return a.ID < b.ID
 	})
-	for _, m := range loaded {
+	return ld, nil
+}
+
+// Open loads the document from the store, reconciles it with the slots and
+// recovers transitions interrupted by a restart; all of that is committed
+// before Open returns.
+func Open(ctx context.Context, opts Options, slots []Slot) (*Document, LoadReport, error) {
+	var rep LoadReport
+	if opts.VMName == nil {
+		return nil, rep, errors.New("desired: Options.VMName is required")
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	stored, err := opts.Store.Load(ctx)
+	if err != nil {
+		return nil, rep, fmt.Errorf("state: load: %w", err)
+	}
+	ld, err := decode(stored, opts)
+	if err != nil {
+		return nil, rep, err
+	}
+	if err := checkSlots(ld.machines, slots); err != nil {
+		return nil, rep, err
+	}
+	d := &Document{
+		opts:         opts,
+		installation: ld.meta.Installation,
+		lineageHex:   ld.meta.Lineage,
+		lineage:      lineageBytes(ld.meta.Lineage),
+		work:         make(map[string]*Machine, len(slots)),
+		fences:       newFences(),
+		machines:     make(map[string]*Machine, len(slots)),
+		log:          newRevlog(max(len(slots), len(ld.machines))),
+		meta:         ld.meta,
+		rev:          ld.meta.Rev,
+	}
+	d.meta.Version = formatVersion
+	for _, m := range ld.machines {
+		d.work[m.ID] = m
 		d.machines[m.ID] = m
-		d.link(m)
+		d.log.put(m)
 	}
-	for key := range d.fences {
-		if _, machine, _ := strings.Cut(key, "\x00"); d.machines[machine] == nil {
-			d.unknownFences = append(d.unknownFences, key)
-		}
+	for k, m := range ld.marks {
+		d.fences.add(k, m, d.work[k.machine] != nil)
 	}
-	sort.Strings(d.unknownFences)
 
 	now := opts.Now()
-	var ops []statefile.Op
-	put := func(m *Machine) {
-		d.meta.Rev++
-		m.Rev = d.meta.Rev
-		d.unlink(d.machines[m.ID])
-		d.machines[m.ID] = m
-		d.link(m)
-		ops = append(ops, d.machineOp(m))
-	}
+	d.mu.Lock()
+	t := d.begin()
+	t.ops = append(t.ops, ld.migrate...)
 	inSlots := make(map[string]bool, len(slots))
 	for _, s := range slots {
 		inSlots[s.ID] = true
-		old := d.machines[s.ID]
+		old := d.work[s.ID]
 		if old == nil {
-			put(&Machine{ID: s.ID, Zone: s.Zone, InstanceType: s.InstanceType, Capacity: s.Capacity,
+			t.put(&Machine{ID: s.ID, Zone: s.Zone, InstanceType: s.InstanceType, Capacity: s.Capacity,
 				VCPU: s.VCPU, MemoryMiB: s.MemoryMiB, TemplateVMID: s.TemplateVMID, Price: s.Price,
 				Resources: s.Resources, Labels: s.Labels, State: Speculative, Since: now,
 				Ops: map[Kind]OpRecord{}, memo: &memo{}})
+			d.fences.known(s.ID)
 			rep.Added++
 			continue
-		}
-		if old.Zone != s.Zone || old.InstanceType != s.InstanceType {
-			return nil, rep, fmt.Errorf("state: machine %s is recorded as %s in %s but the offerings now say %s in %s; ids are stable per (zone, type), so this state file belongs to other offerings", s.ID, old.InstanceType, old.Zone, s.InstanceType, s.Zone)
 		}
 		if !slotMatches(old, s) {
 			m := old.clone()
 			m.Capacity, m.VCPU, m.MemoryMiB, m.TemplateVMID = s.Capacity, s.VCPU, s.MemoryMiB, s.TemplateVMID
 			m.Price, m.Resources, m.Labels, m.Slotless = s.Price, s.Resources, s.Labels, false
-			put(m)
+			t.put(m)
 		}
 	}
-	for _, old := range loaded {
+	for _, old := range ld.machines {
 		if inSlots[old.ID] {
 			continue
 		}
 		if old.State == Speculative {
-			d.unlink(old)
-			delete(d.machines, old.ID)
-			ops = append(ops, statefile.Op{Key: keyMachine + old.ID, Delete: true})
+			t.del(old.ID)
 			rep.Removed++
 			continue
 		}
 		if !old.Slotless {
 			m := old.clone()
 			m.Slotless = true
-			put(m)
+			t.put(m)
 			rep.Slotless++
 		}
 	}
-	for _, id := range d.sortedIDs() {
-		old := d.machines[id]
+	for _, id := range sortedKeys(d.work) {
+		old := d.work[id]
 		if old.Intent == nil {
 			continue
 		}
 		m := old.clone()
 		if m.Intent.Kind == KindConfigure {
-			m.State, m.Since, m.Intent = Failed, now, nil
-			m.LastError = interruptedConfigure
+			m.fail(now, interruptedConfigure)
 			rep.FailedConfigure++
 		} else {
 			// Create, Drain and Delete are re-driven from the durable intent
@@ -307,14 +360,30 @@ func Open(ctx context.Context, opts Options, slots []Slot) (*Document, LoadRepor
 			m.Intent.Deadline = now.Add(d.timeout(m.Intent.Kind, m.Intent.GraceSeconds))
 			rep.Redriven++
 		}
-		put(m)
+		t.put(m)
 	}
-	ops = append(ops, d.metaOp())
-	seq := opts.Store.Apply(ops...)
-	if err := opts.Store.Wait(ctx, seq); err != nil {
+	t.writeMeta()
+	c := t.commit()
+	d.mu.Unlock()
+	if err := c.wait(ctx); err != nil {
 		return nil, rep, fmt.Errorf("state: commit recovered document: %w", err)
 	}
 	return d, rep, nil
+}
+
+// checkSlots refuses offerings that disagree with the stored document on
+// where a known id lives.
+func checkSlots(machines []*Machine, slots []Slot) error {
+	byID := make(map[string]*Machine, len(machines))
+	for _, m := range machines {
+		byID[m.ID] = m
+	}
+	for _, s := range slots {
+		if old := byID[s.ID]; old != nil && (old.Zone != s.Zone || old.InstanceType != s.InstanceType) {
+			return fmt.Errorf("state: machine %s is recorded as %s in %s but the offerings now say %s in %s; ids are stable per (zone, type), so this state belongs to other offerings", s.ID, old.InstanceType, old.Zone, s.InstanceType, s.Zone)
+		}
+	}
+	return nil
 }
 
 func slotMatches(m *Machine, s Slot) bool {
@@ -335,6 +404,15 @@ func mapsEqual(a, b map[string]string) bool {
 	return true
 }
 
+func sortedKeys(m map[string]*Machine) []string {
+	ids := make([]string, 0, len(m))
+	for id := range m {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids
+}
+
 func newLineage() string {
 	var b [8]byte
 	if _, err := rand.Read(b[:]); err != nil {
@@ -344,10 +422,10 @@ func newLineage() string {
 }
 
 // Installation returns the installation id recorded in the document.
-func (d *Document) Installation() string { return d.meta.Installation }
+func (d *Document) Installation() string { return d.installation }
 
 // Lineage identifies this document's revision space.
-func (d *Document) Lineage() string { return d.meta.Lineage }
+func (d *Document) Lineage() string { return d.lineageHex }
 
 func (d *Document) timeout(k Kind, grace int64) time.Duration {
 	t := d.opts.Timeouts[k]
@@ -355,89 +433,157 @@ func (d *Document) timeout(k Kind, grace int64) time.Duration {
 		t = 5 * time.Minute
 	}
 	if k == KindDrain {
-		// A drain may take its whole grace period plus a margin.
-		if g := time.Duration(grace)*time.Second + defaultDrainMargin; g > t {
+		// A drain may take its whole grace period plus a margin; grace is
+		// at most MaxGraceSeconds, so this cannot overflow.
+		if g := time.Duration(min(grace, MaxGraceSeconds))*time.Second + defaultDrainMargin; g > t {
 			t = g
 		}
 	}
 	return t
 }
 
-// --- revision-ordered list ---
+// --- writing ---
 
-func (d *Document) link(m *Machine) {
-	m.prev, m.next = d.tail, nil
-	if d.tail != nil {
-		d.tail.next = m
-	} else {
-		d.head = m
-	}
-	d.tail = m
+// txn collects one atomic change; callers hold mu from begin to commit.
+type txn struct {
+	d      *Document
+	ops    []Op
+	c      *change
+	puts   map[string]int // index in c.puts
+	dirty  bool           // meta must be written
+	notify bool
 }
 
-func (d *Document) unlink(m *Machine) {
-	if m == nil {
-		return
-	}
-	if m.prev != nil {
-		m.prev.next = m.next
-	} else if d.head == m {
-		d.head = m.next
-	}
-	if m.next != nil {
-		m.next.prev = m.prev
-	} else if d.tail == m {
-		d.tail = m.prev
-	}
-	m.prev, m.next = nil, nil
+func (d *Document) begin() *txn {
+	return &txn{d: d, c: &change{done: make(chan struct{})}, puts: map[string]int{}}
 }
 
-// publish replaces a machine with its new value at the newest revision and
-// queues its record; callers hold mu.
-func (d *Document) publish(m *Machine, extra ...statefile.Op) uint64 {
+// put makes m the machine's newest working value at a fresh revision.
+func (t *txn) put(m *Machine) {
+	d := t.d
 	d.meta.Rev++
 	m.Rev = d.meta.Rev
-	d.unlink(d.machines[m.ID])
-	d.machines[m.ID] = m
-	d.link(m)
-	ops := append([]statefile.Op{d.machineOp(m)}, extra...)
-	seq := d.opts.Store.Apply(ops...)
-	m.commitSeq = seq
-	return seq
-}
-
-func (d *Document) machineOp(m *Machine) statefile.Op {
+	d.work[m.ID] = m
 	raw, err := json.Marshal(m)
 	if err != nil {
 		panic(fmt.Sprintf("encode machine %s: %v", m.ID, err)) // plain data: cannot fail
 	}
-	return statefile.Op{Key: keyMachine + m.ID, Value: raw}
-}
-
-func (d *Document) metaOp() statefile.Op {
-	raw, _ := json.Marshal(d.meta)
-	return statefile.Op{Key: keyMeta, Value: raw}
-}
-
-func (d *Document) sortedIDs() []string {
-	ids := make([]string, 0, len(d.machines))
-	for id := range d.machines {
-		ids = append(ids, id)
+	t.ops = append(t.ops, Op{Key: keyMachine + m.ID, Value: raw})
+	if i, ok := t.puts[m.ID]; ok {
+		t.c.puts[i] = m
+	} else {
+		t.puts[m.ID] = len(t.c.puts)
+		t.c.puts = append(t.c.puts, m)
 	}
-	sort.Strings(ids)
-	return ids
 }
 
-// --- reads ---
+// del removes a machine.
+func (t *txn) del(id string) {
+	d := t.d
+	delete(d.work, id)
+	d.fences.forgotten(id)
+	d.meta.Rev++
+	t.dirty = true
+	t.ops = append(t.ops, Op{Key: keyMachine + id, Delete: true})
+	t.c.dels = append(t.c.dels, id)
+}
 
-// Get returns a machine (immutable) or nil.
+// fence records a mark.
+func (t *txn) fence(k fenceKey, m mark) {
+	t.d.fences.add(k, m, t.d.work[k.machine] != nil)
+	raw, _ := json.Marshal(m)
+	t.ops = append(t.ops, Op{Key: k.storeKey(), Value: raw})
+}
+
+func (t *txn) mintOp() string {
+	t.d.meta.NextOp++
+	t.dirty = true
+	return "op-" + strconv.FormatUint(t.d.meta.NextOp, 10)
+}
+
+func (t *txn) writeMeta() { t.dirty = true }
+
+// commit hands the change to the store; nil if there is nothing to write.
+func (t *txn) commit() *change {
+	d := t.d
+	if t.dirty {
+		raw, _ := json.Marshal(d.meta)
+		t.ops = append(t.ops, Op{Key: keyMeta, Value: raw})
+	}
+	if len(t.ops) == 0 {
+		return nil
+	}
+	c := t.c
+	c.rev = d.meta.Rev
+	if t.notify {
+		for _, m := range c.puts {
+			c.notify = append(c.notify, m.ID)
+		}
+	}
+	d.last = c
+	d.opts.Store.Commit(t.ops, func(err error) { d.settle(c, err) })
+	return c
+}
+
+// settle is the store's done callback: it makes a committed change
+// visible to readers, or records the failure that stops the document.
+func (d *Document) settle(c *change, err error) {
+	d.mu.Lock()
+	switch {
+	case err != nil:
+		c.err = err
+		if d.failed == nil {
+			d.failed = err
+		}
+	case d.failed != nil:
+		c.err = d.failed // a store that failed stays failed
+	default:
+		for _, id := range c.dels {
+			delete(d.machines, id)
+			d.log.remove(id)
+		}
+		for _, m := range c.puts {
+			d.machines[m.ID] = m
+			d.log.put(m)
+		}
+		d.rev = max(d.rev, c.rev)
+	}
+	d.mu.Unlock()
+	close(c.done)
+	if c.err == nil && d.opts.Notify != nil {
+		for _, id := range c.notify {
+			d.opts.Notify(id)
+		}
+	}
+}
+
+// wait blocks until the change is committed or failed.
+func (c *change) wait(ctx context.Context) error {
+	if c == nil {
+		return nil
+	}
+	select {
+	case <-c.done:
+		return c.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func unavailable(err error) *Error {
+	return errorf(CodeUnavailable, "state store: %v", err)
+}
+
+// --- reads (committed view only) ---
+
+// Get returns a committed machine (immutable) or nil.
 func (d *Document) Get(id string) *Machine {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	return d.machines[id]
 }
 
-// All returns every machine sorted by id.
+// All returns every committed machine sorted by id.
 func (d *Document) All() []*Machine {
 	d.mu.RLock()
 	out := make([]*Machine, 0, len(d.machines))
@@ -449,93 +595,68 @@ func (d *Document) All() []*Machine {
 	return out
 }
 
-// Revision returns the newest revision.
+// Revision returns the newest committed revision.
 func (d *Document) Revision() uint64 {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	return d.meta.Rev
+	return d.rev
 }
 
-// Len returns the number of machines.
+// Len returns the number of committed machines.
 func (d *Document) Len() int {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	return len(d.machines)
 }
 
-// List returns machines in revision order. With since set, only machines
-// changed after that revision; states (if non-empty) filters; max > 0 caps
-// the count. The returned cursor continues exactly after the last machine
-// returned when the page was capped, and is the newest revision otherwise,
-// so paging walks everything with no gaps.
-func (d *Document) List(states map[State]bool, max int, since uint64, hasSince bool) ([]*Machine, uint64) {
+// List returns committed machines in revision order with the cursor that
+// continues after them. states (if non-empty) filters; max > 0 caps the
+// count. A cursor it cannot read is treated as none. Without a cursor an
+// uncapped List returns everything and a cursor for deltas; a capped one
+// starts where the previous cursor-less capped List stopped (see the walk
+// phases in index.go), so consecutive pickers get different machines.
+// Paging with the returned cursor walks the whole set with no gaps;
+// a delta (a cursor from an uncapped List) returns exactly the machines
+// changed after it.
+func (d *Document) List(states map[State]bool, max int, raw []byte) ([]*Machine, []byte) {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	start := d.head
-	if hasSince {
-		if since >= d.meta.Rev {
-			return nil, d.meta.Rev
-		}
-		start = nil
-		for m := d.tail; m != nil && m.Rev > since; m = m.prev {
-			start = m
+	c, ok := cursor{}, false
+	if len(raw) > 0 {
+		c, ok = d.decodeCursor(raw, d.rev)
+	}
+	rotate := false
+	if !ok {
+		c = cursor{phase: phaseDelta}
+		if max > 0 {
+			pivot := d.rotor.Load() + 1
+			if pivot > d.rev {
+				pivot = 1
+			}
+			c = cursor{phase: phaseUpper, pos: pivot - 1, pivot: pivot}
+			rotate = true
 		}
 	}
 	var out []*Machine
-	if !hasSince && len(states) == 0 {
-		n := len(d.machines)
-		if max > 0 && max < n {
-			n = max
-		}
-		out = make([]*Machine, 0, n)
+	if !ok && max == 0 && len(states) == 0 {
+		out = make([]*Machine, 0, d.log.live())
 	}
-	for m := start; m != nil; m = m.next {
-		if len(states) > 0 && !states[m.State] {
-			continue
-		}
-		out = append(out, m)
-		if max > 0 && len(out) == max {
-			if m.next == nil {
-				break
-			}
-			return out, m.Rev
-		}
+	out, next := d.log.walk(out, c, states, max, d.rev)
+	if rotate && len(out) > 0 {
+		d.rotor.Store(out[len(out)-1].Rev)
 	}
-	return out, d.meta.Rev
+	return out, d.encodeCursor(next)
 }
 
-// Cursor encodes a revision as an opaque List cursor bound to this
-// document's lineage.
-func (d *Document) Cursor(rev uint64) []byte {
-	b := make([]byte, 0, 26)
-	b = append(b, 'b', 'f', 1)
-	lin, _ := hex.DecodeString(d.meta.Lineage)
-	b = append(b, lin...)
-	b = binary.BigEndian.AppendUint64(b, rev)
-	sum := sha256.Sum256(b)
-	return append(b, sum[:4]...)
+// Cursor returns a delta cursor at the newest committed revision.
+func (d *Document) Cursor() []byte {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.encodeCursor(cursor{phase: phaseDelta, pos: d.rev})
 }
 
-// ParseCursor decodes a cursor; ok is false for anything this document did
-// not produce (garbage, corruption, another lineage, a future revision).
-func (d *Document) ParseCursor(c []byte) (uint64, bool) {
-	lin, _ := hex.DecodeString(d.meta.Lineage)
-	if len(c) != 3+len(lin)+8+4 || c[0] != 'b' || c[1] != 'f' || c[2] != 1 {
-		return 0, false
-	}
-	body := c[:len(c)-4]
-	sum := sha256.Sum256(body)
-	if string(sum[:4]) != string(c[len(c)-4:]) || string(c[3:3+len(lin)]) != string(lin) {
-		return 0, false
-	}
-	rev := binary.BigEndian.Uint64(c[3+len(lin):])
-	if rev > d.Revision() {
-		return 0, false
-	}
-	return rev, true
-}
-
-// Blob returns the in-memory bootstrap blob of a Configure in progress.
+// Blob returns the in-memory bootstrap blob of a Configure in progress (an
+// empty blob is a valid, empty file).
 func (d *Document) Blob(id, opID string) ([]byte, bool) {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
@@ -543,10 +664,10 @@ func (d *Document) Blob(id, opID string) ([]byte, bool) {
 	if m == nil || m.Intent == nil || m.Intent.OpID != opID || m.blob == nil {
 		return nil, false
 	}
-	return m.blob, true
+	return *m.blob, true
 }
 
-// Pending returns the ids of machines with an intent, sorted.
+// Pending returns the ids of committed machines with an intent, sorted.
 func (d *Document) Pending() []string {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
@@ -560,7 +681,8 @@ func (d *Document) Pending() []string {
 	return ids
 }
 
-// Counts returns the number of machines per (state, zone, instance type).
+// Counts returns the number of committed machines per (state, zone,
+// instance type).
 func (d *Document) Counts() map[[3]string]int {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
@@ -571,96 +693,84 @@ func (d *Document) Counts() map[[3]string]int {
 	return out
 }
 
-// Healthy reports the state store's health.
-func (d *Document) Healthy() error { return d.opts.Store.Healthy() }
+// Healthy reports why the document cannot commit, nil while it can.
+func (d *Document) Healthy() error {
+	d.mu.RLock()
+	failed := d.failed
+	d.mu.RUnlock()
+	if failed != nil {
+		return failed
+	}
+	return d.opts.Store.Healthy()
+}
 
 // --- mutations ---
 
 // Mutate applies one mutating RPC: token shape, fence, existence,
 // arguments, idempotency, position, then accept. It returns only after the
-// accepted (or re-acknowledged) change is durable.
+// accepted (or re-acknowledged) change is committed.
 func (d *Document) Mutate(ctx context.Context, r Request) (Ack, error) {
-	t := r.Token
-	if t.Epoch < 0 || t.Seq < 0 {
-		return Ack{}, errorf(CodeInvalid, "fencing token has a negative shard_epoch or sequence_number (%d, %d)", t.Epoch, t.Seq)
+	// The ids form the fence key, so they are checked before fencing.
+	if err := checkString("machine_id", r.MachineID, true, MaxIDBytes); err != nil {
+		return Ack{}, err
 	}
-	if r.MachineID == "" {
-		return Ack{}, errorf(CodeInvalid, "machine_id is empty")
-	}
-	if r.Kind == KindDelete && !d.opts.DeleteSupported {
-		return Ack{}, errorf(CodeUnimplemented, "Delete is not offered for bare_metal capacity: the pool's VMs are long-lived")
+	if err := checkString("shard_id", r.Token.Shard, false, MaxIDBytes); err != nil {
+		return Ack{}, err
 	}
 
 	d.mu.Lock()
-	var waitSeq uint64
-	if !t.zero() {
-		key := t.Shard + "\x00" + r.MachineID
-		old, seen := d.fences[key]
-		if seen && !(t.Epoch > old.Epoch || t.Epoch == old.Epoch && t.Seq > old.Seq) {
+	if d.failed != nil {
+		d.mu.Unlock()
+		return Ack{}, unavailable(d.failed)
+	}
+	t := d.begin()
+	if !r.Token.zero() {
+		k := fenceKey{shard: r.Token.Shard, machine: r.MachineID}
+		old, seen := d.fences.marks[k]
+		if seen && !r.Token.newer(old) {
 			d.mu.Unlock()
-			return Ack{}, errorf(CodeFenced, "stale fencing token for shard %q on machine %s: (epoch %d, sequence %d) is not newer than the accepted (%d, %d)", t.Shard, r.MachineID, t.Epoch, t.Seq, old.Epoch, old.Seq)
+			return Ack{}, errorf(CodeFenced, "stale fencing token for shard %s on machine %s: (epoch %d, sequence %d) is not newer than the accepted (%d, %d)",
+				Clip(r.Token.Shard, maxEcho), Clip(r.MachineID, maxEcho), r.Token.Epoch, r.Token.Seq, old.Epoch, old.Seq)
 		}
-		// The mark advances even when the mutation is then rejected, also
-		// for an id that does not exist (bounded: see MaxUnknownFences).
-		nm := mark{Epoch: t.Epoch, Seq: t.Seq}
-		d.fences[key] = nm
-		raw, _ := json.Marshal(nm)
-		ops := []statefile.Op{{Key: keyFence + key, Value: raw}}
-		if _, exists := d.machines[r.MachineID]; !exists && !seen {
-			ops = append(ops, d.trackUnknownFence(key)...)
+		if !seen {
+			if err := d.fences.admit(k, d.work[r.MachineID] != nil); err != nil {
+				d.mu.Unlock()
+				return Ack{}, err
+			}
 		}
-		waitSeq = d.opts.Store.Apply(ops...)
+		// The mark advances even when the mutation is then rejected.
+		t.fence(k, mark{Epoch: r.Token.Epoch, Seq: r.Token.Seq})
 	}
-	ack, err := d.mutateLocked(r)
-	if ack.Machine != nil && ack.Machine.commitSeq > waitSeq {
-		waitSeq = ack.Machine.commitSeq
+	ack, err := d.mutateLocked(t, r)
+	c := t.commit()
+	if c == nil {
+		c = d.last // a repeated ack waits for what is in flight
 	}
-	accepted := err == nil && ack.Machine != nil && ack.Machine.Intent != nil && ack.Machine.Intent.OpID == ack.OpID
 	d.mu.Unlock()
 
-	if waitSeq > 0 {
-		if werr := d.opts.Store.Wait(ctx, waitSeq); werr != nil {
-			return Ack{}, errorf(CodeUnavailable, "state store: %v", werr)
-		}
+	if werr := c.wait(ctx); werr != nil {
+		return Ack{}, unavailable(werr)
 	}
 	if err != nil {
 		return Ack{}, err
 	}
-	if accepted && d.opts.Notify != nil {
-		d.opts.Notify(r.MachineID)
-	}
 	return ack, nil
 }
 
-// trackUnknownFence remembers a fence key of an unknown machine id and
-// returns the deletions that keep their number bounded. Callers hold mu.
-func (d *Document) trackUnknownFence(key string) []statefile.Op {
-	d.unknownFences = append(d.unknownFences, key)
-	var ops []statefile.Op
-	for len(d.unknownFences) > MaxUnknownFences {
-		old := d.unknownFences[0]
-		d.unknownFences = d.unknownFences[1:]
-		if _, machine, _ := strings.Cut(old, "\x00"); d.machines[machine] == nil {
-			delete(d.fences, old)
-			ops = append(ops, statefile.Op{Key: keyFence + old, Delete: true})
-		}
+func (d *Document) mutateLocked(t *txn, r Request) (Ack, error) {
+	if r.Kind == KindDelete && !d.opts.DeleteSupported {
+		return Ack{}, errorf(CodeUnimplemented, "Delete is not offered for bare_metal capacity: the pool's VMs are long-lived")
 	}
-	return ops
-}
-
-func (d *Document) mutateLocked(r Request) (Ack, error) {
-	m := d.machines[r.MachineID]
+	m := d.work[r.MachineID]
 	if m == nil {
-		return Ack{}, errorf(CodeNotFound, "machine %s not found", r.MachineID)
+		return Ack{}, errorf(CodeNotFound, "machine %s not found", Clip(r.MachineID, maxEcho))
 	}
 	fp := ""
+	grace := int64(0)
 	switch r.Kind {
 	case KindConfigure:
-		if r.Cluster == "" {
-			return Ack{}, errorf(CodeInvalid, "cluster_id is empty")
-		}
-		if !utf8.ValidString(r.Cluster) {
-			return Ack{}, errorf(CodeInvalid, "cluster_id is not valid UTF-8")
+		if err := checkString("cluster_id", r.Cluster, true, MaxIDBytes); err != nil {
+			return Ack{}, err
 		}
 		if len(r.Blob) > MaxBlobBytes {
 			return Ack{}, errorf(CodeInvalid, "bootstrap_blob is %d bytes; the cap is %d bytes", len(r.Blob), MaxBlobBytes)
@@ -673,7 +783,8 @@ func (d *Document) mutateLocked(r Request) (Ack, error) {
 		if r.Grace < 0 {
 			return Ack{}, errorf(CodeInvalid, "grace_period_seconds is negative (%d)", r.Grace)
 		}
-		fp = strconv.FormatInt(r.Grace, 10)
+		grace = min(r.Grace, MaxGraceSeconds)
+		fp = strconv.FormatInt(grace, 10)
 	}
 	if m.State == Failed {
 		return Ack{}, errorf(CodeConflict, "machine %s is FAILED and accepts no further transitions: %s", m.ID, m.LastError)
@@ -705,8 +816,8 @@ func (d *Document) mutateLocked(r Request) (Ack, error) {
 		// Delete of a slot with no VM is an idempotent no-op; it still gets
 		// an operation id, remembered for retries.
 		n := m.clone()
-		n.Ops[KindDelete] = OpRecord{ID: d.mintOp()}
-		d.publish(n, d.metaOp())
+		n.Ops[KindDelete] = OpRecord{ID: t.mintOp()}
+		t.put(n)
 		return Ack{OpID: n.Ops[KindDelete].ID, Machine: n}, nil
 	}
 	if m.State != from {
@@ -715,8 +826,8 @@ func (d *Document) mutateLocked(r Request) (Ack, error) {
 
 	now := d.opts.Now()
 	n := m.clone()
-	op := d.mintOp()
-	n.Intent = &Intent{Kind: r.Kind, OpID: op, Started: now, Deadline: now.Add(d.timeout(r.Kind, r.Grace)), GraceSeconds: r.Grace}
+	op := t.mintOp()
+	n.Intent = &Intent{Kind: r.Kind, OpID: op, Started: now, Deadline: now.Add(d.timeout(r.Kind, grace)), GraceSeconds: grace}
 	n.Ops[r.Kind] = OpRecord{ID: op, Fingerprint: fp}
 	n.Since = now
 	n.LastError = ""
@@ -724,7 +835,7 @@ func (d *Document) mutateLocked(r Request) (Ack, error) {
 	case KindCreate:
 		n.State = Creating
 		n.Cycle++
-		n.VMName = hypervisors.VMName(d.meta.Installation, n.ID, n.Cycle)
+		n.VMName = d.vmName(n.ID, n.Cycle)
 		n.VMID = 0
 		delete(n.Ops, KindDelete)
 		delete(n.Ops, KindConfigure)
@@ -733,7 +844,8 @@ func (d *Document) mutateLocked(r Request) (Ack, error) {
 		n.State = Configuring
 		n.Cluster = r.Cluster
 		n.ShardMetadata = copyMap(r.Metadata)
-		n.blob = append([]byte(nil), r.Blob...)
+		blob := append(make([]byte, 0, len(r.Blob)), r.Blob...)
+		n.blob = &blob
 		delete(n.Ops, KindDrain)
 	case KindDrain:
 		n.State = Draining
@@ -743,32 +855,13 @@ func (d *Document) mutateLocked(r Request) (Ack, error) {
 		delete(n.Ops, KindConfigure)
 		delete(n.Ops, KindDrain)
 	}
-	d.publish(n, d.metaOp())
+	t.notify = true
+	t.put(n)
 	return Ack{OpID: op, Machine: n}, nil
 }
 
-func (d *Document) mintOp() string {
-	d.meta.NextOp++
-	return "op-" + strconv.FormatUint(d.meta.NextOp, 10)
-}
-
-func checkMetadata(md map[string]string) error {
-	for k, v := range md {
-		if !utf8.ValidString(k) || !utf8.ValidString(v) {
-			return errorf(CodeInvalid, "shard_metadata entry %q is not valid UTF-8 (proto3 map<string,string> carries UTF-8 text; encode binary values, e.g. base64)", strconv.QuoteToASCII(k))
-		}
-	}
-	if len(md) > MaxMetadataEntries {
-		return errorf(CodeInvalid, "shard_metadata has %d entries; the cap is %d", len(md), MaxMetadataEntries)
-	}
-	total := 0
-	for k, v := range md {
-		total += len(k) + len(v)
-	}
-	if total > MaxMetadataBytes {
-		return errorf(CodeInvalid, "shard_metadata holds %d bytes of keys and values; the cap is %d", total, MaxMetadataBytes)
-	}
-	return nil
+func (d *Document) vmName(id string, cycle int) string {
+	return d.opts.VMName(d.installation, id, cycle)
 }
 
 func configureFingerprint(r Request) string {
@@ -813,79 +906,107 @@ type Result struct {
 	VMID   int
 }
 
+// update applies f to the working value of machine id under the lock and
+// commits what f put; f returns false to change nothing.
+func (d *Document) update(ctx context.Context, f func(t *txn) bool) (bool, error) {
+	d.mu.Lock()
+	if d.failed != nil {
+		d.mu.Unlock()
+		return false, unavailable(d.failed)
+	}
+	t := d.begin()
+	if !f(t) {
+		d.mu.Unlock()
+		return false, nil
+	}
+	c := t.commit()
+	d.mu.Unlock()
+	if err := c.wait(ctx); err != nil {
+		return false, unavailable(err)
+	}
+	return true, nil
+}
+
 // Complete settles the transition opID of machine id at its target state.
 // A completion for an intent that is no longer current (the machine failed
 // or moved on) is discarded and reported as false.
 func (d *Document) Complete(ctx context.Context, id, opID string, res Result) (bool, error) {
-	d.mu.Lock()
-	m := d.machines[id]
-	if m == nil || m.Intent == nil || m.Intent.OpID != opID || !m.State.Transitional() {
-		d.mu.Unlock()
-		return false, nil
-	}
-	n := m.clone()
-	n.Since = d.opts.Now()
-	kind := n.Intent.Kind
-	n.Intent = nil
-	var seq uint64
-	switch kind {
-	case KindCreate:
-		n.State = Idle
-		n.Host = res.Host
-		n.VMID = res.VMID
-		if res.VMName != "" {
-			n.VMName = res.VMName
+	return d.update(ctx, func(t *txn) bool {
+		m := d.work[id]
+		if m == nil || m.Intent == nil || m.Intent.OpID != opID || !m.State.Transitional() {
+			return false
 		}
-	case KindConfigure:
-		n.State = Configured
-		n.blob = nil
-	case KindDrain:
-		n.State = Idle
-		n.Cluster = ""
-		n.ShardMetadata = nil
-	case KindDelete:
-		n.State = Speculative
-		n.Host, n.Cluster, n.ShardMetadata, n.VMID = "", "", nil, 0
-		if n.Slotless {
-			// Its offering is gone: once its VM is gone so is the machine.
-			d.unlink(m)
-			delete(d.machines, id)
-			d.meta.Rev++
-			seq = d.opts.Store.Apply(statefile.Op{Key: keyMachine + id, Delete: true}, d.metaOp())
-			d.mu.Unlock()
-			return true, d.opts.Store.Wait(ctx, seq)
+		n := m.clone()
+		n.Since = d.opts.Now()
+		kind := n.Intent.Kind
+		n.Intent = nil
+		switch kind {
+		case KindCreate:
+			n.State = Idle
+			n.Host = res.Host
+			n.VMID = res.VMID
+			if res.VMName != "" {
+				n.VMName = res.VMName
+			}
+		case KindConfigure:
+			n.State = Configured
+			n.blob = nil
+		case KindDrain:
+			n.State = Idle
+			n.Cluster = ""
+			n.ShardMetadata = nil
+		case KindDelete:
+			n.State = Speculative
+			n.Host, n.Cluster, n.ShardMetadata, n.VMID = "", "", nil, 0
+			if n.Slotless {
+				// Its offering is gone: once its VM is gone so is the machine.
+				t.del(id)
+				return true
+			}
 		}
-	}
-	seq = d.publish(n)
-	d.mu.Unlock()
-	return true, d.opts.Store.Wait(ctx, seq)
+		t.put(n)
+		return true
+	})
 }
 
 // Fail moves a machine to FAILED with a reason. With opID set, only if that
 // transition is still current; with opID empty, from any state but FAILED
 // (a drift the shard must see, such as a vanished VM).
 func (d *Document) Fail(ctx context.Context, id, opID, reason string) (bool, error) {
-	d.mu.Lock()
-	m := d.machines[id]
-	if m == nil || m.State == Failed || opID != "" && (m.Intent == nil || m.Intent.OpID != opID) {
-		d.mu.Unlock()
-		return false, nil
+	return d.update(ctx, func(t *txn) bool {
+		m := d.work[id]
+		if m == nil || m.State == Failed || opID != "" && (m.Intent == nil || m.Intent.OpID != opID) {
+			return false
+		}
+		n := m.clone()
+		n.fail(d.opts.Now(), reason)
+		t.put(n)
+		return true
+	})
+}
+
+// ExecStarting durably records that a guest command of step is about to
+// start for the transition opID, so that a transition re-driven after a
+// restart or fail-over never starts it again. It fails if the transition
+// is no longer current; the command must then not run.
+func (d *Document) ExecStarting(ctx context.Context, id, opID, step string) error {
+	ok, err := d.update(ctx, func(t *txn) bool {
+		m := d.work[id]
+		if m == nil || m.Intent == nil || m.Intent.OpID != opID {
+			return false
+		}
+		n := m.clone()
+		n.Intent.Execs = append(n.Intent.Execs, step)
+		t.put(n)
+		return true
+	})
+	if err != nil {
+		return err
 	}
-	n := m.clone()
-	n.State = Failed
-	n.Since = d.opts.Now()
-	n.Intent = nil
-	n.blob = nil
-	if len(reason) > maxLastErrorBytes {
-		reason = reason[:maxLastErrorBytes] + "…"
+	if !ok {
+		return fmt.Errorf("transition %s of machine %s is no longer current", opID, id)
 	}
-	if strings.TrimSpace(reason) == "" {
-		reason = "failed"
-	}
-	n.LastError = reason
-	seq := d.publish(n)
-	d.mu.Unlock()
-	return true, d.opts.Store.Wait(ctx, seq)
+	return nil
 }
 
 // Adoption describes an owned VM found for a machine the document does not
@@ -907,25 +1028,27 @@ type Adoption struct {
 // (or CONFIGURED if the VM carries a binding) with its host; an unknown id
 // becomes a slotless machine so it stays visible and deletable.
 func (d *Document) Adopt(ctx context.Context, a Adoption) (bool, error) {
-	d.mu.Lock()
-	m := d.machines[a.MachineID]
-	var n *Machine
-	now := d.opts.Now()
-	switch {
-	case m == nil:
-		n = &Machine{ID: a.MachineID, Zone: a.Zone, InstanceType: a.InstanceType, Capacity: a.Capacity,
-			VCPU: a.VCPU, MemoryMiB: a.MemoryMiB, Slotless: true, Ops: map[Kind]OpRecord{}, memo: &memo{}}
-	case m.State == Speculative && m.Intent == nil:
-		n = m.clone()
-	default:
-		d.mu.Unlock()
-		return false, nil
-	}
-	n.State, n.Since, n.Host, n.VMName, n.VMID = Idle, now, a.Host, a.VMName, a.VMID
-	if a.Cluster != "" {
-		n.State, n.Cluster = Configured, a.Cluster
-	}
-	seq := d.publish(n)
-	d.mu.Unlock()
-	return true, d.opts.Store.Wait(ctx, seq)
+	return d.update(ctx, func(t *txn) bool {
+		m := d.work[a.MachineID]
+		var n *Machine
+		switch {
+		case m == nil:
+			if checkString("machine_id", a.MachineID, true, MaxIDBytes) != nil {
+				return false // not an id a client could ever name
+			}
+			n = &Machine{ID: a.MachineID, Zone: a.Zone, InstanceType: a.InstanceType, Capacity: a.Capacity,
+				VCPU: a.VCPU, MemoryMiB: a.MemoryMiB, Slotless: true, Ops: map[Kind]OpRecord{}, memo: &memo{}}
+			d.fences.known(a.MachineID)
+		case m.State == Speculative && m.Intent == nil:
+			n = m.clone()
+		default:
+			return false
+		}
+		n.State, n.Since, n.Host, n.VMName, n.VMID = Idle, d.opts.Now(), a.Host, a.VMName, a.VMID
+		if a.Cluster != "" && checkString("cluster", a.Cluster, true, MaxIDBytes) == nil {
+			n.State, n.Cluster = Configured, a.Cluster
+		}
+		t.put(n)
+		return true
+	})
 }

@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/statefile"
 )
 
@@ -26,7 +28,7 @@ func slots(n int) []Slot {
 func open(t testing.TB, store Store, s []Slot) *Document {
 	t.Helper()
 	d, _, err := Open(context.Background(), Options{Store: store, DefaultInstallation: "inst", DeleteSupported: true,
-		Now: func() time.Time { return t0 }}, s)
+		Now: func() time.Time { return t0 }, VMName: hypervisors.VMName}, s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +51,7 @@ func code(err error) ErrCode {
 }
 
 func TestLifecycleAndIdempotency(t *testing.T) {
-	d := open(t, statefile.NewMemory(nil), slots(2))
+	d := open(t, NewMemoryStore(nil), slots(2))
 	id := "z1/kvm.small/000"
 	a1, err := mut(t, d, Request{Kind: KindCreate, MachineID: id})
 	if err != nil || a1.Machine.State != Creating || a1.OpID == "" {
@@ -106,7 +108,7 @@ func TestLifecycleAndIdempotency(t *testing.T) {
 }
 
 func TestOutOfPosition(t *testing.T) {
-	d := open(t, statefile.NewMemory(nil), slots(1))
+	d := open(t, NewMemoryStore(nil), slots(1))
 	id := "z1/kvm.small/000"
 	for _, k := range []Kind{KindConfigure, KindDrain} {
 		if _, err := mut(t, d, Request{Kind: k, MachineID: id, Cluster: "c"}); code(err) != CodeConflict {
@@ -140,7 +142,7 @@ func TestOutOfPosition(t *testing.T) {
 }
 
 func TestFencing(t *testing.T) {
-	d := open(t, statefile.NewMemory(nil), slots(2))
+	d := open(t, NewMemoryStore(nil), slots(2))
 	id, other := "z1/kvm.small/000", "z1/kvm.small/001"
 	tok := func(s string, e, q int64) Token { return Token{Shard: s, Epoch: e, Seq: q} }
 	steps := []struct {
@@ -160,7 +162,7 @@ func TestFencing(t *testing.T) {
 		{"other shard isolated", Request{Kind: KindCreate, MachineID: id, Token: tok("b", 0, 1)}, 0},
 		{"other machine isolated", Request{Kind: KindCreate, MachineID: other, Token: tok("a", 0, 1)}, 0},
 		{"zero token unfenced", Request{Kind: KindCreate, MachineID: id}, 0},
-		{"negative epoch", Request{Kind: KindCreate, MachineID: id, Token: tok("a", -1, 1)}, CodeInvalid},
+		{"negative epoch is older", Request{Kind: KindCreate, MachineID: id, Token: tok("a", -1, 1)}, CodeFenced},
 		{"int64 max", Request{Kind: KindCreate, MachineID: id, Token: tok("a", math.MaxInt64, math.MaxInt64)}, 0},
 		{"after max nothing is newer", Request{Kind: KindCreate, MachineID: id, Token: tok("a", math.MaxInt64, math.MaxInt64)}, CodeFenced},
 	}
@@ -173,19 +175,18 @@ func TestFencing(t *testing.T) {
 }
 
 func TestListPagingAndDeltas(t *testing.T) {
-	d := open(t, statefile.NewMemory(nil), slots(50))
+	d := open(t, NewMemoryStore(nil), slots(50))
 	seen := map[string]int{}
-	var cursor uint64
-	has := false
+	var cursor []byte
 	for page := 0; page < 100; page++ {
-		ms, next := d.List(nil, 7, cursor, has)
+		ms, next := d.List(nil, 7, cursor)
 		if len(ms) == 0 {
 			break
 		}
 		for _, m := range ms {
 			seen[m.ID]++
 		}
-		cursor, has = next, true
+		cursor = next
 		if page == 2 {
 			// A mutation mid-walk is seen again later, never lost.
 			mut(t, d, Request{Kind: KindCreate, MachineID: "z1/kvm.small/000"})
@@ -194,26 +195,24 @@ func TestListPagingAndDeltas(t *testing.T) {
 	if len(seen) != 50 {
 		t.Fatalf("paging saw %d machines, want 50", len(seen))
 	}
-	ms, rev := d.List(nil, 0, cursor, true)
+	ms, rev := d.List(nil, 0, cursor)
 	if len(ms) != 0 {
 		t.Fatalf("nothing changed, delta has %d", len(ms))
 	}
 	mut(t, d, Request{Kind: KindCreate, MachineID: "z1/kvm.small/007"})
-	ms, _ = d.List(nil, 0, rev, true)
+	ms, _ = d.List(nil, 0, rev)
 	if diff := cmp.Diff([]string{"z1/kvm.small/007"}, ids(ms)); diff != "" {
 		t.Fatalf("delta (-want +got):\n%s", diff)
 	}
-	ms, _ = d.List(map[State]bool{Creating: true}, 0, 0, false)
+	ms, _ = d.List(map[State]bool{Creating: true}, 0, nil)
 	if len(ms) != 2 {
 		t.Fatalf("states filter: %d", len(ms))
 	}
-	for _, c := range [][]byte{nil, []byte("garbage"), append(d.Cursor(rev)[:5], 'x')} {
-		if _, ok := d.ParseCursor(c); ok {
-			t.Errorf("cursor %q accepted", c)
+	// A cursor it cannot read is no cursor: the full list.
+	for _, c := range [][]byte{nil, []byte("garbage"), append(append([]byte(nil), rev[:len(rev)-1]...), 'x'), rev[:5]} {
+		if ms, _ := d.List(nil, 0, c); len(ms) != 50 {
+			t.Errorf("cursor %q: %d machines, want the full 50", c, len(ms))
 		}
-	}
-	if r, ok := d.ParseCursor(d.Cursor(rev)); !ok || r != rev {
-		t.Errorf("round trip: %d %v", r, ok)
 	}
 }
 
@@ -226,7 +225,7 @@ func ids(ms []*Machine) []string {
 }
 
 func TestRestartRecovery(t *testing.T) {
-	mem := statefile.NewMemory(nil)
+	mem := NewMemoryStore(nil)
 	d := open(t, mem, slots(4))
 	ctx := context.Background()
 	cr, _ := mut(t, d, Request{Kind: KindCreate, MachineID: "z1/kvm.small/000", Token: Token{Shard: "s", Epoch: 1, Seq: 1}})
@@ -236,7 +235,7 @@ func TestRestartRecovery(t *testing.T) {
 	rev := d.Revision()
 
 	// Restart with the offering shrunk to 3 slots: 003 (SPECULATIVE) goes.
-	d2 := open(t, statefile.NewMemory(mem.Snapshot()), slots(3))
+	d2 := open(t, NewMemoryStore(snapshot(t, mem)), slots(3))
 	if d2.Get("z1/kvm.small/003") != nil {
 		t.Error("removed speculative slot survived")
 	}
@@ -271,11 +270,11 @@ func TestRestartRecovery(t *testing.T) {
 }
 
 func TestShrinkKeepsOwnedMachine(t *testing.T) {
-	mem := statefile.NewMemory(nil)
+	mem := NewMemoryStore(nil)
 	d := open(t, mem, slots(2))
 	a, _ := mut(t, d, Request{Kind: KindCreate, MachineID: "z1/kvm.small/001"})
 	d.Complete(context.Background(), "z1/kvm.small/001", a.OpID, Result{Host: "z1/vm"})
-	d2 := open(t, statefile.NewMemory(mem.Snapshot()), slots(1))
+	d2 := open(t, NewMemoryStore(snapshot(t, mem)), slots(1))
 	m := d2.Get("z1/kvm.small/001")
 	if m == nil || m.State != Idle || !m.Slotless {
 		t.Fatalf("slotless machine: %+v", m)
@@ -291,7 +290,7 @@ func TestShrinkKeepsOwnedMachine(t *testing.T) {
 }
 
 func TestCaps(t *testing.T) {
-	d := open(t, statefile.NewMemory(nil), slots(1))
+	d := open(t, NewMemoryStore(nil), slots(1))
 	id := "z1/kvm.small/000"
 	a, _ := mut(t, d, Request{Kind: KindCreate, MachineID: id})
 	d.Complete(context.Background(), id, a.OpID, Result{Host: "h"})
@@ -330,57 +329,58 @@ func BenchmarkMutateDurable(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer f.Close()
-	d := open(b, f, slots(100000))
+	d := open(b, fileStore(f), slots(100000))
 	b.ResetTimer()
 	b.SetParallelism(8) // 16 clients on 2 cores
-	var n int64
+	var next atomic.Int64
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
+			n := next.Add(1)
 			i := int(n % 100000)
-			n++
 			d.Mutate(context.Background(), Request{Kind: KindCreate, MachineID: fmt.Sprintf("z1/kvm.small/%03d", i), Token: Token{Shard: "s", Epoch: 1, Seq: int64(n)}})
 		}
 	})
 }
 
 func BenchmarkListFull100k(b *testing.B) {
-	d := open(b, statefile.NewMemory(nil), slots(100000))
+	d := open(b, NewMemoryStore(nil), slots(100000))
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		d.List(nil, 0, 0, false)
+		d.List(nil, 0, nil)
 	}
 }
 
 func BenchmarkListDelta20(b *testing.B) {
-	d := open(b, statefile.NewMemory(nil), slots(100000))
-	rev := d.Revision()
+	d := open(b, NewMemoryStore(nil), slots(100000))
+	rev := d.Cursor()
 	for i := 0; i < 20; i++ {
 		mut(b, d, Request{Kind: KindCreate, MachineID: fmt.Sprintf("z1/kvm.small/%03d", i*97)})
 	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if ms, _ := d.List(nil, 0, rev, true); len(ms) != 20 {
+		if ms, _ := d.List(nil, 0, rev); len(ms) != 20 {
 			b.Fatal(len(ms))
 		}
 	}
 }
 
 func TestUnknownFenceMarksAreBounded(t *testing.T) {
-	d := open(t, statefile.NewMemory(nil), slots(1))
+	d := open(t, NewMemoryStore(nil), slots(1))
 	tok := Token{Shard: "s", Epoch: 1, Seq: 1}
-	for i := 0; i < MaxUnknownFences+10; i++ {
+	for i := 0; i < MaxUnknownFences; i++ {
 		if _, err := mut(t, d, Request{Kind: KindCreate, MachineID: fmt.Sprintf("ghost-%d", i), Token: tok}); code(err) != CodeNotFound {
 			t.Fatalf("ghost %d: %v", i, err)
 		}
 	}
-	if len(d.fences) != MaxUnknownFences {
-		t.Fatalf("%d marks kept, want %d", len(d.fences), MaxUnknownFences)
+	// Past the budget a new first contact is refused; no mark is dropped.
+	if _, err := mut(t, d, Request{Kind: KindCreate, MachineID: "ghost-new", Token: tok}); code(err) != CodeExhausted {
+		t.Errorf("first contact past the budget: %v", err)
 	}
-	// The oldest marks were dropped; the newest still fence.
-	if _, err := mut(t, d, Request{Kind: KindCreate, MachineID: "ghost-0", Token: tok}); code(err) != CodeNotFound {
-		t.Errorf("oldest mark should be gone: %v", err)
+	if _, err := mut(t, d, Request{Kind: KindCreate, MachineID: "ghost-0", Token: tok}); code(err) != CodeFenced {
+		t.Errorf("the oldest mark must still fence: %v", err)
 	}
-	if _, err := mut(t, d, Request{Kind: KindCreate, MachineID: fmt.Sprintf("ghost-%d", MaxUnknownFences+9), Token: tok}); code(err) != CodeFenced {
-		t.Errorf("newest mark should fence: %v", err)
+	// Known machines have their own budget.
+	if _, err := mut(t, d, Request{Kind: KindCreate, MachineID: "z1/kvm.small/000", Token: tok}); err != nil {
+		t.Errorf("a known machine's first contact: %v", err)
 	}
 }

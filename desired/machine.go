@@ -1,8 +1,10 @@
 package desired
 
 import (
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/bigfleet-vm/provider/inventory"
 )
@@ -73,8 +75,22 @@ type Intent struct {
 	OpID     string    `json:"op_id"`
 	Started  time.Time `json:"started"`
 	Deadline time.Time `json:"deadline"`
-	// GraceSeconds is the Drain grace period.
+	// GraceSeconds is the Drain grace period (at most MaxGraceSeconds).
 	GraceSeconds int64 `json:"grace_seconds,omitempty"`
+	// Execs lists the plan steps whose guest command has been started for
+	// this transition; a re-driven transition never starts them again.
+	Execs []string `json:"execs,omitempty"`
+}
+
+// ExecStarted reports whether the guest command of step has been started
+// for this transition.
+func (in *Intent) ExecStarted(step string) bool {
+	for _, s := range in.Execs {
+		if s == step {
+			return true
+		}
+	}
+	return false
 }
 
 // OpRecord remembers the operation id accepted for a kind in the current
@@ -120,12 +136,10 @@ type Machine struct {
 	Ops           map[Kind]OpRecord `json:"ops,omitempty"`
 	Rev           uint64            `json:"rev"`
 
-	// In-memory only.
-	blob      []byte
-	commitSeq uint64
-	prev      *Machine // revision-ordered list links, owned by Document
-	next      *Machine
-	memo      *memo
+	// In-memory only. blob is nil when no blob is held; an empty blob is
+	// a valid, empty file for the hook.
+	blob *[]byte
+	memo *memo
 }
 
 type memo struct {
@@ -145,10 +159,9 @@ func (m *Machine) Allocatable() map[string]string {
 	return inventory.Allocatable(inventory.InstanceType{VCPU: m.VCPU, MemoryMiB: m.MemoryMiB})
 }
 
-// clone returns a mutable copy with fresh list links and memo.
+// clone returns a mutable copy with a fresh memo.
 func (m *Machine) clone() *Machine {
 	c := *m
-	c.prev, c.next = nil, nil
 	c.memo = &memo{}
 	c.Ops = make(map[Kind]OpRecord, len(m.Ops))
 	for k, v := range m.Ops {
@@ -156,7 +169,27 @@ func (m *Machine) clone() *Machine {
 	}
 	if m.Intent != nil {
 		in := *m.Intent
+		in.Execs = append([]string(nil), m.Intent.Execs...)
 		c.Intent = &in
 	}
 	return &c
+}
+
+// fail turns a mutable copy into a FAILED machine: the transition ends,
+// the blob is dropped, and the binding (cluster and shard_metadata) is
+// cleared, since no cluster holds a failed machine.
+func (m *Machine) fail(now time.Time, reason string) {
+	m.State, m.Since, m.Intent, m.blob = Failed, now, nil, nil
+	m.Cluster, m.ShardMetadata = "", nil
+	if len(reason) > maxLastErrorBytes {
+		cut := maxLastErrorBytes
+		for cut > 0 && !utf8.RuneStart(reason[cut]) {
+			cut--
+		}
+		reason = reason[:cut] + "…"
+	}
+	if strings.TrimSpace(reason) == "" {
+		reason = "failed"
+	}
+	m.LastError = strings.ToValidUTF8(reason, "\ufffd")
 }

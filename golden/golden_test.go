@@ -29,7 +29,6 @@ import (
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
 	"github.com/bigfleet-vm/provider/reconciler"
-	"github.com/bigfleet-vm/provider/statefile"
 )
 
 var update = flag.Bool("update", false, "rewrite the expected plan.txt and plan.json sections of golden/testdata/*.txtar")
@@ -83,6 +82,8 @@ type intentYAML struct {
 	Started  string `yaml:"started"`
 	Deadline string `yaml:"deadline"`
 	Grace    int64  `yaml:"grace"`
+	// Execs lists steps whose guest command started before a restart.
+	Execs []string `yaml:"execs"`
 }
 
 type machineYAML struct {
@@ -367,6 +368,9 @@ func (c *goldenCase) machines(t *testing.T) []*desired.Machine {
 			started := c.at(t, in.Started, c.now.Add(-time.Minute))
 			m.Intent = &desired.Intent{Kind: desired.Kind(in.Kind), OpID: in.Op, Started: started,
 				Deadline: c.at(t, in.Deadline, started.Add(5*time.Minute)), GraceSeconds: in.Grace}
+			for _, e := range in.Execs {
+				m.Intent.Execs = append(m.Intent.Execs, c.expand(e))
+			}
 			if m.Intent.OpID == "" {
 				m.Intent.OpID = "op-9"
 			}
@@ -809,7 +813,7 @@ func (c *goldenCase) document(t *testing.T, clk *clock) *desired.Document {
 	for _, m := range machines {
 		bareMetal = bareMetal && m.Capacity == desired.BareMetal
 	}
-	doc, _, err := desired.Open(ctx, desired.Options{Store: statefile.NewMemory(state), Installation: c.cfg.Installation,
+	doc, _, err := desired.Open(ctx, desired.Options{Store: desired.NewMemoryStore(state), Installation: c.cfg.Installation, VMName: hypervisors.VMName,
 		DeleteSupported: !bareMetal, Now: clk.Now}, slots)
 	if err != nil {
 		t.Fatalf("open desired document: %v", err)

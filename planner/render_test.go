@@ -13,7 +13,6 @@ import (
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
-	"github.com/bigfleet-vm/provider/statefile"
 )
 
 var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -113,7 +112,7 @@ func TestConfigurePlanNeverCarriesTheBlob(t *testing.T) {
 	for _, shape := range []hypervisors.Shape{hypervisors.ShapeLibvirt, hypervisors.ShapeProxmox} {
 		t.Run(string(shape), func(t *testing.T) {
 			now := func() time.Time { return t0 }
-			doc, _, err := desired.Open(ctx, desired.Options{Store: statefile.NewMemory(nil), Installation: "inst", DeleteSupported: true, Now: now},
+			doc, _, err := desired.Open(ctx, desired.Options{Store: desired.NewMemoryStore(nil), Installation: "inst", DeleteSupported: true, Now: now, VMName: hypervisors.VMName},
 				[]desired.Slot{{ID: "m1", Zone: "a", InstanceType: "t", Capacity: desired.OnDemand, VCPU: 2, MemoryMiB: 2048}})
 			if err != nil {
 				t.Fatal(err)

@@ -12,7 +12,6 @@ import (
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/fake"
 	"github.com/bigfleet-vm/provider/planner"
-	"github.com/bigfleet-vm/provider/statefile"
 )
 
 type rig struct {
@@ -22,7 +21,7 @@ type rig struct {
 	stop func()
 }
 
-func newRig(t *testing.T, shape hypervisors.Shape, mem *statefile.Memory, fo fake.Options) *rig {
+func newRig(t *testing.T, shape hypervisors.Shape, mem *desired.MemoryStore, fo fake.Options) *rig {
 	t.Helper()
 	fo.Zones = []string{"z1"}
 	var hv hypervisors.Hypervisor
@@ -40,7 +39,7 @@ func newRig(t *testing.T, shape hypervisors.Shape, mem *statefile.Memory, fo fak
 			VCPU: 2, MemoryMiB: 2048, TemplateVMID: 9000})
 	}
 	r := &rig{hv: hv}
-	doc, _, err := desired.Open(context.Background(), desired.Options{Store: mem, DefaultInstallation: "inst", DeleteSupported: true,
+	doc, _, err := desired.Open(context.Background(), desired.Options{Store: mem, DefaultInstallation: "inst", DeleteSupported: true, VMName: hypervisors.VMName,
 		Timeouts: map[desired.Kind]time.Duration{desired.KindCreate: 5 * time.Second, desired.KindConfigure: 2 * time.Second,
 			desired.KindDrain: 5 * time.Second, desired.KindDelete: 5 * time.Second},
 		Notify: func(id string) { r.rec.Enqueue(id) }}, slots)
@@ -84,7 +83,7 @@ func (r *rig) await(t *testing.T, id string, want desired.State) *desired.Machin
 func TestLifecycleBothShapes(t *testing.T) {
 	for _, shape := range []hypervisors.Shape{hypervisors.ShapeLibvirt, hypervisors.ShapeProxmox} {
 		t.Run(string(shape), func(t *testing.T) {
-			r := newRig(t, shape, statefile.NewMemory(nil), fake.Options{})
+			r := newRig(t, shape, desired.NewMemoryStore(nil), fake.Options{})
 			id := "z1/t/000"
 			r.mutate(t, desired.Request{Kind: desired.KindCreate, MachineID: id})
 			m := r.await(t, id, desired.Idle)
@@ -113,7 +112,7 @@ func TestLifecycleBothShapes(t *testing.T) {
 }
 
 func TestHookFailureIsScrubbedAndSticky(t *testing.T) {
-	r := newRig(t, hypervisors.ShapeLibvirt, statefile.NewMemory(nil), fake.Options{Faults: true})
+	r := newRig(t, hypervisors.ShapeLibvirt, desired.NewMemoryStore(nil), fake.Options{Faults: true})
 	id := "z1/t/001"
 	r.mutate(t, desired.Request{Kind: desired.KindCreate, MachineID: id})
 	r.await(t, id, desired.Idle)
@@ -125,7 +124,7 @@ func TestHookFailureIsScrubbedAndSticky(t *testing.T) {
 }
 
 func TestVanishedVMFailsAndStoppedVMIsRestarted(t *testing.T) {
-	r := newRig(t, hypervisors.ShapeLibvirt, statefile.NewMemory(nil), fake.Options{})
+	r := newRig(t, hypervisors.ShapeLibvirt, desired.NewMemoryStore(nil), fake.Options{})
 	sim := r.hv.(*fake.Libvirt)
 	a, b := "z1/t/000", "z1/t/001"
 	r.mutate(t, desired.Request{Kind: desired.KindCreate, MachineID: a})
@@ -154,16 +153,25 @@ func TestVanishedVMFailsAndStoppedVMIsRestarted(t *testing.T) {
 }
 
 func TestRestartRedrivesCreate(t *testing.T) {
-	mem := statefile.NewMemory(nil)
+	mem := desired.NewMemoryStore(nil)
 	// The first provider accepts a Create but its hypervisor is slow; it
 	// stops before the transition finishes.
 	r := newRig(t, hypervisors.ShapeProxmox, mem, fake.Options{Latency: time.Hour})
 	id := "z1/t/002"
 	op := r.mutate(t, desired.Request{Kind: desired.KindCreate, MachineID: id}).OpID
 	r.stop()
-	r2 := newRig(t, hypervisors.ShapeProxmox, statefile.NewMemory(mem.Snapshot()), fake.Options{})
+	r2 := newRig(t, hypervisors.ShapeProxmox, desired.NewMemoryStore(snapshot(t, mem)), fake.Options{})
 	m := r2.await(t, id, desired.Idle)
 	if m.Ops[desired.KindCreate].ID != op {
 		t.Fatalf("op %s, want %s", m.Ops[desired.KindCreate].ID, op)
 	}
+}
+
+func snapshot(t *testing.T, s desired.Store) map[string][]byte {
+	t.Helper()
+	m, err := s.Load(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }

@@ -2,14 +2,12 @@ package server
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
 	"net/http"
-	"sort"
 	"strings"
 	"time"
 
@@ -45,68 +43,24 @@ func OfflinePlan(ctx context.Context, cfg *config.Config) (*planner.Plan, error)
 			stored = s
 		}
 	}
-	// Open validates the stored document against the flags (installation,
-	// zones and types of known ids) and merges the offerings, all in a
-	// throwaway memory store.
-	doc, _, err := desired.Open(ctx, docOptions(cfg, statefile.NewMemory(stored)), desiredSlots(cfg))
-	if err != nil {
-		return nil, err
-	}
-	machines, serial, err := storedMachines(stored, doc)
+	// Inspect validates the stored document against the flags
+	// (installation, zones and types of known ids) and adds the slots the
+	// offerings would add, without writing anything.
+	view, err := desired.Inspect(stored, docOptions(cfg, nil), desiredSlots(cfg))
 	if err != nil {
 		return nil, err
 	}
 
-	hv, err := openReadOnly(ctx, cfg, doc.Installation(), stored)
+	hv, err := openReadOnly(ctx, cfg, view.Installation, stored)
 	if err != nil {
 		return nil, err
 	}
 	defer hv.Close()
-	pc := plannerConfig(cfg, doc.Installation())
-	rec := reconciler.New(reconciler.Options{Doc: doc, Hypervisor: hv, Planner: pc})
+	pc := plannerConfig(cfg, view.Installation)
+	rec := reconciler.New(reconciler.Options{Hypervisor: hv, Planner: pc})
 	snap := rec.ObserveAll(ctx)
-	return planner.Build(planner.Inputs{Config: pc, Machines: machines, Observed: snap,
-		Lineage: doc.Lineage(), Serial: serial, Now: time.Now()}), nil
-}
-
-// storedMachines returns the machines as the state file records them
-// (intents untouched), plus the machines the document added for new
-// slots, sorted by id; and the stored revision.
-func storedMachines(stored map[string][]byte, doc *desired.Document) ([]*desired.Machine, uint64, error) {
-	byID := map[string]*desired.Machine{}
-	var serial uint64
-	if raw, ok := stored["meta/doc"]; ok {
-		var meta struct {
-			Rev uint64 `json:"rev"`
-		}
-		if err := json.Unmarshal(raw, &meta); err != nil {
-			return nil, 0, fmt.Errorf("state: decode document header: %w", err)
-		}
-		serial = meta.Rev
-	}
-	for k, raw := range stored {
-		id, ok := strings.CutPrefix(k, "m/")
-		if !ok {
-			continue
-		}
-		m := &desired.Machine{}
-		if err := json.Unmarshal(raw, m); err != nil {
-			return nil, 0, fmt.Errorf("state: decode machine %q: %w", id, err)
-		}
-		byID[m.ID] = m
-		serial = max(serial, m.Rev)
-	}
-	for _, m := range doc.All() {
-		if _, ok := byID[m.ID]; !ok && m.State == desired.Speculative {
-			byID[m.ID] = m
-		}
-	}
-	out := make([]*desired.Machine, 0, len(byID))
-	for _, m := range byID {
-		out = append(out, m)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-	return out, serial, nil
+	return planner.Build(planner.Inputs{Config: pc, Machines: view.Machines, Observed: snap,
+		Lineage: view.Lineage, Serial: view.Serial, Now: time.Now()}), nil
 }
 
 // openReadOnly opens the configured hypervisor for observation only. The

@@ -71,7 +71,9 @@ func TestOfflinePlanReadOnly(t *testing.T) {
 			}
 			// The simulator journals into the state store: wait until the
 			// orphan is on disk.
-			if err := p.store.Wait(ctx, p.store.Apply()); err != nil {
+			flushed := make(chan error, 1)
+			p.store.Commit(nil, func(err error) { flushed <- err }) // a barrier: done runs in commit order
+			if err := <-flushed; err != nil {
 				t.Fatal(err)
 			}
 			before := readDir(t, dir)

@@ -62,7 +62,7 @@ func Logger(cfg *config.Config, w io.Writer) *slog.Logger {
 type Provider struct {
 	cfg     *config.Config
 	log     *slog.Logger
-	store   statefile.Store
+	store   stateStore
 	Doc     *desired.Document
 	HV      hypervisors.Hypervisor
 	raw     hypervisors.Hypervisor // before instrumentation (admin endpoints)
@@ -83,9 +83,9 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Provider
 		if err != nil {
 			return nil, err
 		}
-		p.store = f
+		p.store = newFileStore(f)
 	} else {
-		p.store = statefile.NewMemory(nil)
+		p.store = memoryStore{desired.NewMemoryStore(nil)}
 	}
 	p.Metrics = metrics.New(func() map[[3]string]int {
 		if p.Doc == nil {
@@ -112,7 +112,12 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Provider
 
 	world := simWorld{}
 	if cfg.StatePath != "" {
-		world = simWorld{state: p.store.Snapshot(), store: p.store}
+		state, err := p.store.Load(ctx)
+		if err != nil {
+			p.store.Close()
+			return nil, err
+		}
+		world = simWorld{state: state, store: p.store}
 	}
 	p.raw, err = openHypervisor(ctx, cfg, doc.Installation(), log, world)
 	if err != nil {
@@ -146,6 +151,7 @@ func docOptions(cfg *config.Config, store desired.Store) desired.Options {
 		Timeouts: map[desired.Kind]time.Duration{desired.KindCreate: cfg.Timeouts.Create, desired.KindConfigure: cfg.Timeouts.Configure,
 			desired.KindDrain: cfg.Timeouts.Drain, desired.KindDelete: cfg.Timeouts.Delete},
 		DeleteSupported: !cfg.BareMetal,
+		VMName:          hypervisors.VMName,
 	}
 }
 
@@ -186,9 +192,10 @@ func (p *Provider) Close() error {
 // Serve runs until ctx is done, then shuts down gracefully.
 func (p *Provider) Serve(ctx context.Context) error {
 	cfg, log := p.cfg, p.log
+	svc := service.New(p.Doc, cfg.Provider)
 	gopts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(maxRecvBytes),
-		grpc.ForceServerCodecV2(service.Codec()),
+		grpc.ForceServerCodecV2(svc.Codec()),
 		grpc.ChainUnaryInterceptor(p.unaryInterceptor),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: 15 * time.Minute, Time: 2 * time.Hour, Timeout: 20 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 30 * time.Second, PermitWithoutStream: true}),
@@ -206,7 +213,7 @@ func (p *Provider) Serve(ctx context.Context) error {
 		}
 	}
 	gs := grpc.NewServer(gopts...)
-	pb.RegisterCapacityProviderServer(gs, service.New(p.Doc, cfg.Provider))
+	pb.RegisterCapacityProviderServer(gs, svc)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
 	if cfg.Reflection {

@@ -10,7 +10,7 @@ import (
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
 	"github.com/bigfleet-vm/provider/desired"
-	"github.com/bigfleet-vm/provider/statefile"
+	"github.com/bigfleet-vm/provider/hypervisors"
 )
 
 func fleet(b testing.TB, n int) *Service {
@@ -21,8 +21,8 @@ func fleet(b testing.TB, n int) *Service {
 			Capacity: desired.OnDemand, VCPU: 2, MemoryMiB: 4096, Price: 0.0092,
 			Resources: map[string]string{"cpu": "1", "memory": "2Gi"}, Labels: map[string]string{"team": "batch"}}
 	}
-	d, _, err := desired.Open(context.Background(), desired.Options{Store: statefile.NewMemory(nil), DefaultInstallation: "i",
-		DeleteSupported: true, Now: time.Now}, slots)
+	d, _, err := desired.Open(context.Background(), desired.Options{Store: desired.NewMemoryStore(nil), DefaultInstallation: "i",
+		DeleteSupported: true, Now: time.Now, VMName: hypervisors.VMName}, slots)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -33,7 +33,7 @@ func fleet(b testing.TB, n int) *Service {
 // machines: building the response and encoding it as gRPC would.
 func BenchmarkListFull100k(b *testing.B) {
 	s := fleet(b, 100000)
-	codec := Codec()
+	codec := s.Codec()
 	s.List(context.Background(), &pb.ListFilter{}) // warm the per-machine cache
 	b.ResetTimer()
 	var size int

@@ -3,21 +3,28 @@
 // idempotency and record intent through desired.Document.Mutate; they never
 // call a hypervisor and never wait for one.
 //
-// Error codes (documented for the shard): InvalidArgument for malformed
-// requests and caps, FailedPrecondition only for fencing, NotFound for an
-// unknown id, Aborted for a mutation out of position, a conflicting retry
-// or a mutation on a FAILED machine, Unimplemented for Delete on a
-// bare_metal pool, Unavailable when the state store cannot commit.
+// Error codes (documented for the shard in docs/operations.md):
+// InvalidArgument for malformed requests (including invalid UTF-8 in any
+// string field) and caps, FailedPrecondition only for fencing, NotFound
+// for an unknown id, Aborted for a mutation out of position, a conflicting
+// retry or a mutation on a FAILED machine, Unimplemented for Delete on a
+// bare_metal pool, ResourceExhausted when a fence budget is full,
+// Unavailable when the state store cannot commit.
+//
+// Invariants:
+//   - Every message a handler returns is a complete, correct message: an
+//     interceptor or in-process caller sees exactly what the wire carries.
+//   - A machine's wire message is built once per immutable machine value
+//     and shared; nothing may modify a returned message.
 package service
 
 import (
 	"context"
 	"math"
+	"sync"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
 	"github.com/bigfleet-vm/provider/desired"
@@ -28,11 +35,13 @@ type Service struct {
 	pb.UnimplementedCapacityProviderServer
 	doc      *desired.Document
 	provider string
+	frames   *frames
+	shapes   sync.Map // [vcpu, memory MiB] → allocatable map
 }
 
 // New returns the service. provider is the label stamped on HostRef.
 func New(doc *desired.Document, provider string) *Service {
-	return &Service{doc: doc, provider: provider}
+	return &Service{doc: doc, provider: provider, frames: newFrames()}
 }
 
 func (s *Service) mutate(ctx context.Context, r desired.Request) (*pb.TransitionAck, error) {
@@ -43,40 +52,43 @@ func (s *Service) mutate(ctx context.Context, r desired.Request) (*pb.Transition
 	return &pb.TransitionAck{OperationId: ack.OpID, Machine: s.machine(ack.Machine)}, nil
 }
 
+func token(shard string, epoch, seq int64) desired.Token {
+	return desired.Token{Shard: shard, Epoch: epoch, Seq: seq}
+}
+
 // Create starts SPECULATIVE → CREATING → IDLE.
 func (s *Service) Create(ctx context.Context, r *pb.CreateRequest) (*pb.TransitionAck, error) {
 	return s.mutate(ctx, desired.Request{Kind: desired.KindCreate, MachineID: r.GetMachineId(),
-		Token: desired.Token{Shard: r.GetShardId(), Epoch: r.GetShardEpoch(), Seq: r.GetSequenceNumber()}})
+		Token: token(r.GetShardId(), r.GetShardEpoch(), r.GetSequenceNumber())})
 }
 
 // Configure starts IDLE → CONFIGURING → CONFIGURED.
 func (s *Service) Configure(ctx context.Context, r *pb.ConfigureRequest) (*pb.TransitionAck, error) {
 	return s.mutate(ctx, desired.Request{Kind: desired.KindConfigure, MachineID: r.GetMachineId(),
-		Token:   desired.Token{Shard: r.GetShardId(), Epoch: r.GetShardEpoch(), Seq: r.GetSequenceNumber()},
+		Token:   token(r.GetShardId(), r.GetShardEpoch(), r.GetSequenceNumber()),
 		Cluster: r.GetClusterId(), Blob: r.GetBootstrapBlob(), Metadata: r.GetShardMetadata()})
 }
 
 // Drain starts CONFIGURED → DRAINING → IDLE.
 func (s *Service) Drain(ctx context.Context, r *pb.DrainRequest) (*pb.TransitionAck, error) {
 	return s.mutate(ctx, desired.Request{Kind: desired.KindDrain, MachineID: r.GetMachineId(),
-		Token: desired.Token{Shard: r.GetShardId(), Epoch: r.GetShardEpoch(), Seq: r.GetSequenceNumber()},
-		Grace: r.GetGracePeriodSeconds()})
+		Token: token(r.GetShardId(), r.GetShardEpoch(), r.GetSequenceNumber()), Grace: r.GetGracePeriodSeconds()})
 }
 
 // Delete starts IDLE → DELETING → SPECULATIVE.
 func (s *Service) Delete(ctx context.Context, r *pb.DeleteRequest) (*pb.TransitionAck, error) {
 	return s.mutate(ctx, desired.Request{Kind: desired.KindDelete, MachineID: r.GetMachineId(),
-		Token: desired.Token{Shard: r.GetShardId(), Epoch: r.GetShardEpoch(), Seq: r.GetSequenceNumber()}})
+		Token: token(r.GetShardId(), r.GetShardEpoch(), r.GetSequenceNumber())})
 }
 
 // Get returns one machine from memory.
 func (s *Service) Get(_ context.Context, r *pb.MachineRef) (*pb.Machine, error) {
-	if r.GetId() == "" {
-		return nil, status.Error(codes.InvalidArgument, "id is empty")
+	if err := desired.CheckID("id", r.GetId()); err != nil {
+		return nil, toStatus(err)
 	}
 	m := s.doc.Get(r.GetId())
 	if m == nil {
-		return nil, status.Errorf(codes.NotFound, "machine %s not found", r.GetId())
+		return nil, status.Errorf(codes.NotFound, "machine %s not found", desired.Clip(r.GetId(), 64))
 	}
 	return s.machine(m), nil
 }
@@ -91,69 +103,24 @@ func (s *Service) List(_ context.Context, f *pb.ListFilter) (*pb.MachineList, er
 			states[desired.State(st)] = true
 		}
 	}
-	since, ok := uint64(0), false
-	if c := f.GetSinceRevision(); len(c) > 0 {
-		since, ok = s.doc.ParseCursor(c)
+	ms, next := s.doc.List(states, max(int(f.GetMaxResults()), 0), f.GetSinceRevision())
+	out := &pb.MachineList{Machines: make([]*pb.Machine, len(ms)), Revision: next}
+	ws := make([]*wireMachine, len(ms))
+	for i, m := range ms {
+		ws[i] = s.wire(m)
+		out.Machines[i] = ws[i].msg
 	}
-	max := int(f.GetMaxResults())
-	if max < 0 {
-		max = 0
-	}
-	ms, rev := s.doc.List(states, max, since, ok)
-	// The answer goes out as one pre-framed run of bytes: each machine's
-	// encoding was framed as a MachineList.machines entry when it was
-	// built, so the answer is one allocation and a copy per machine, and
-	// the server codec sends those bytes as they are (see Codec).
-	cursor := s.doc.Cursor(rev)
-	n := 0
-	for _, m := range ms {
-		n += len(s.wire(m).framed)
-	}
-	raw := make([]byte, 0, n+len(cursor)+8)
-	for _, m := range ms {
-		raw = append(raw, s.wire(m).framed...)
-	}
-	raw = protowire.AppendTag(raw, revisionField, protowire.BytesType)
-	raw = protowire.AppendBytes(raw, cursor)
-	out := &pb.MachineList{}
-	out.ProtoReflect().SetUnknown(raw)
+	s.frames.stash(out, ws)
 	return out, nil
 }
 
-// wireMachine is the encoded form of one immutable machine value, built
-// once per value. Messages built from it carry their fields as pre-encoded
-// raw bytes (protobuf "unknown" fields, which marshal as a plain copy and
-// which the client decodes as the real fields), so answering a
-// 100,000-machine List costs memory copies rather than re-encoding every
-// machine. Such messages are for the wire only: their Go fields are empty.
-type wireMachine struct {
-	msg    *pb.Machine // for Get and TransitionAck
-	framed []byte      // a complete MachineList.machines entry
-}
-
+// wire returns the message of a machine value and its encoding, built
+// once per value.
 func (s *Service) wire(m *desired.Machine) *wireMachine {
-	return m.Memo(s.encode).(*wireMachine)
+	return m.Memo(func(m *desired.Machine) any { return encodeMachine(s.build(m)) }).(*wireMachine)
 }
 
 func (s *Service) machine(m *desired.Machine) *pb.Machine { return s.wire(m).msg }
-
-func (s *Service) encode(m *desired.Machine) any {
-	raw, err := proto.MarshalOptions{Deterministic: true}.Marshal(s.build(m))
-	if err != nil {
-		panic("encode machine " + m.ID + ": " + err.Error()) // plain data: cannot fail
-	}
-	msg := &pb.Machine{}
-	msg.ProtoReflect().SetUnknown(raw)
-	framed := protowire.AppendTag(nil, machinesField, protowire.BytesType)
-	framed = protowire.AppendBytes(framed, raw)
-	return &wireMachine{msg: msg, framed: framed}
-}
-
-// Field numbers of MachineList.
-const (
-	machinesField = 1
-	revisionField = 2
-)
 
 // build converts a machine to its wire message.
 func (s *Service) build(m *desired.Machine) *pb.Machine {
@@ -173,10 +140,10 @@ func (s *Service) build(m *desired.Machine) *pb.Machine {
 		CapacityType:            ct,
 		PricePerHour:            price,
 		InterruptionProbability: 0,
-		Resources:               &pb.Resources{Resources: resources(m)},
+		Resources:               &pb.Resources{Resources: s.resources(m)},
 		Labels:                  m.Labels,
 		LastError:               m.LastError,
-		Allocatable:             &pb.Resources{Resources: m.Allocatable()},
+		Allocatable:             &pb.Resources{Resources: s.allocatable(m)},
 	}
 	switch m.State {
 	case desired.Speculative:
@@ -191,19 +158,28 @@ func (s *Service) build(m *desired.Machine) *pb.Machine {
 	case desired.Configuring, desired.Configured, desired.Draining:
 		pm.Cluster = m.Cluster
 		pm.ShardMetadata = m.ShardMetadata
-	case desired.Failed:
-		pm.ShardMetadata = m.ShardMetadata
 	}
 	return pm
 }
 
+// allocatable returns the instance type's hardware map, shared by every
+// message of that shape (messages are never modified).
+func (s *Service) allocatable(m *desired.Machine) map[string]string {
+	key := [2]int{m.VCPU, m.MemoryMiB}
+	if v, ok := s.shapes.Load(key); ok {
+		return v.(map[string]string)
+	}
+	v, _ := s.shapes.LoadOrStore(key, m.Allocatable())
+	return v.(map[string]string)
+}
+
 // resources is the per-replica shape; a slot without one serves the whole
 // instance type, so the map is never empty.
-func resources(m *desired.Machine) map[string]string {
+func (s *Service) resources(m *desired.Machine) map[string]string {
 	if len(m.Resources) > 0 {
 		return m.Resources
 	}
-	return m.Allocatable()
+	return s.allocatable(m)
 }
 
 func toStatus(err error) error {
@@ -218,6 +194,7 @@ func toStatus(err error) error {
 		desired.CodeConflict:      codes.Aborted,
 		desired.CodeUnimplemented: codes.Unimplemented,
 		desired.CodeUnavailable:   codes.Unavailable,
+		desired.CodeExhausted:     codes.ResourceExhausted,
 	}[de.Code]
 	if code == codes.OK {
 		code = codes.Internal

@@ -2,14 +2,14 @@ package fake
 
 import (
 	"time"
-
-	"github.com/bigfleet-vm/provider/statefile"
 )
 
-// Store is where a simulator journals its world: a subset of
-// statefile.Store.
+// Store is where a simulator journals its world: the provider's own state
+// store, in the same order as the desired document's changes.
 type Store interface {
-	Apply(ops ...statefile.Op) uint64
+	// Journal queues value under key (nil deletes key) behind everything
+	// queued before it. It never waits.
+	Journal(key string, value []byte)
 }
 
 // Defaults applied by NewLibvirt and NewProxmox to zero Options fields.

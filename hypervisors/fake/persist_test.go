@@ -4,14 +4,15 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"maps"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/observed"
-	"github.com/bigfleet-vm/provider/statefile"
 )
 
 // observeAll observes every zone of h.
@@ -37,7 +38,7 @@ func TestPersistence(t *testing.T) {
 	for _, shape := range []hypervisors.Shape{hypervisors.ShapeLibvirt, hypervisors.ShapeProxmox} {
 		t.Run(string(shape)+"/journal-reload", func(t *testing.T) {
 			ctx := context.Background()
-			mem := statefile.NewMemory(nil)
+			mem := newJournal()
 			b := buildRunning(t, shape, Options{Store: mem}, "c-1")
 			if err := b.h.AgentWriteFile(ctx, b.t, b.blobPath, secret, 0o600); err != nil {
 				t.Fatal(err)
@@ -90,7 +91,7 @@ func TestPersistence(t *testing.T) {
 		})
 
 		t.Run(string(shape)+"/removal-is-journaled", func(t *testing.T) {
-			mem := statefile.NewMemory(nil)
+			mem := newJournal()
 			h, err := openers[shape](Options{Store: mem})
 			if err != nil {
 				t.Fatal(err)
@@ -114,7 +115,7 @@ func TestPersistence(t *testing.T) {
 
 		t.Run(string(shape)+"/read-only", func(t *testing.T) {
 			ctx := context.Background()
-			mem := statefile.NewMemory(nil)
+			mem := newJournal()
 			h, err := openers[shape](Options{Store: mem})
 			if err != nil {
 				t.Fatal(err)
@@ -163,4 +164,28 @@ func place(t *testing.T, h hypervisors.Hypervisor) hypervisors.Target {
 	}
 	t.Fatalf("unknown simulator %T", h)
 	return hypervisors.Target{}
+}
+
+// journal is a Store that keeps the world's records in a map.
+type journal struct {
+	mu sync.Mutex
+	m  map[string][]byte
+}
+
+func newJournal() *journal { return &journal{m: map[string][]byte{}} }
+
+func (j *journal) Journal(key string, value []byte) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if value == nil {
+		delete(j.m, key)
+		return
+	}
+	j.m[key] = append([]byte(nil), value...)
+}
+
+func (j *journal) Snapshot() map[string][]byte {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return maps.Clone(j.m)
 }

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
-	"github.com/bigfleet-vm/provider/statefile"
 )
 
 // sim is the machinery both simulators share: the world lock, call
@@ -151,15 +150,14 @@ func (s *sim) persist(key string, v any) {
 	if s.opts.Store == nil || s.opts.ReadOnly {
 		return
 	}
-	op := statefile.Op{Key: StatePrefix + key, Delete: true}
+	var raw []byte
 	if v != nil && !reflect.ValueOf(v).IsNil() {
-		raw, err := json.Marshal(v)
-		if err != nil {
+		var err error
+		if raw, err = json.Marshal(v); err != nil {
 			panic(fmt.Sprintf("fake: encode %s: %v", key, err)) // plain data: cannot fail
 		}
-		op = statefile.Op{Key: StatePrefix + key, Value: raw}
 	}
-	s.opts.Store.Apply(op)
+	s.opts.Store.Journal(StatePrefix+key, raw)
 }
 
 // persisted calls f for every entity of the starting world under a key
