@@ -134,6 +134,13 @@ func TestErrors(t *testing.T) {
 		{"offerings file invalid", with(fakeArgs, "--offerings", f.catalog), []string{
 			"--offerings: $DIR/types.json: must be a JSON array of offering objects",
 		}},
+		{"seed count past the slot cap", with(fakeArgs, "--seed-count", "9223372036854775807"), []string{
+			"--seed-count: seed count 9223372036854775807 exceeds the cap of 1000000 slots per provider",
+		}},
+		{"offerings past the slot cap", with(fakeArgs, "--offerings", f.hugeOfferings), []string{
+			"--offerings: $DIR/offerings-huge.json: offerings[0]: count 9223372036854775807 exceeds the cap of 1000000 slots per provider",
+			"--offerings: $DIR/offerings-huge.json: offerings describe 1000002 slots in all; the cap is 1000000 per provider (each slot costs memory and state); split the host-set across providers",
+		}},
 
 		// libvirt.
 		{"libvirt backend needs connect and image", []string{"--libvirt-backend", "libvirt"}, []string{

@@ -22,6 +22,7 @@ import (
 type files struct {
 	dir                                       string
 	lvOfferings, pxOfferings, catalog         string
+	hugeOfferings                             string
 	token, pveCA, serverCert, serverKey       string
 	clientCA, userData, empty, garbage, noDir string
 }
@@ -78,6 +79,11 @@ func newFiles(t *testing.T) files {
 	f.pxOfferings = writeFile(t, filepath.Join(dir, "offerings-proxmox.json"), []byte(`[
   {"instance_type": "pve.medium", "zone": "pve1", "capacity_type": "on_demand", "count": 8, "resources": {"cpu": "1", "memory": "2Gi"}},
   {"instance_type": "pve.large", "zone": "pve2", "capacity_type": "on_demand", "count": 4, "resources": {"cpu": "2", "memory": "4Gi"}, "labels": {"team": "ml"}}
+]`))
+	f.hugeOfferings = writeFile(t, filepath.Join(dir, "offerings-huge.json"), []byte(`[
+  {"instance_type": "kvm.small", "zone": "local-a", "count": 9223372036854775807},
+  {"instance_type": "kvm.large", "zone": "local-a", "count": 1000000},
+  {"instance_type": "kvm.large", "zone": "local-b", "count": 2}
 ]`))
 	f.catalog = writeFile(t, filepath.Join(dir, "types.json"), []byte(`{"pve.small": {"vcpu": 2, "memory_mib": 4096, "template_vmid": 9100}}`))
 	f.token = writeFile(t, filepath.Join(dir, "token"), []byte("  "+tokenSecret+"\n"))

@@ -151,6 +151,7 @@ func validate(offs []Offering, pos []int, r Rules) ([]Offering, error) {
 	out := make([]Offering, len(offs))
 	first := map[[2]string]int{}
 	byCapacity := map[CapacityType]int{}
+	total := 0 // each count is at most MaxSlots, so this cannot overflow
 	for i, o := range offs {
 		what := fmt.Sprintf("offerings[%d]", pos[i])
 		add := func(err error) { errs = multierror.Append(errs, fmt.Errorf("%s: %w", what, err)) }
@@ -171,8 +172,13 @@ func validate(offs []Offering, pos []int, r Rules) ([]Offering, error) {
 		} else {
 			byCapacity[ct]++
 		}
-		if o.Count <= 0 {
+		switch {
+		case o.Count <= 0:
 			add(fmt.Errorf("count must be positive, got %d", o.Count))
+		case o.Count > MaxSlots:
+			add(fmt.Errorf("count %d exceeds the cap of %d slots per provider", o.Count, MaxSlots))
+		default:
+			total += o.Count
 		}
 		for _, m := range []struct {
 			key string
@@ -190,6 +196,9 @@ func validate(offs []Offering, pos []int, r Rules) ([]Offering, error) {
 		}
 		o.CapacityType = ct
 		out[i] = o
+	}
+	if total > MaxSlots {
+		errs = multierror.Append(errs, fmt.Errorf("offerings describe %d slots in all; the cap is %d per provider (each slot costs memory and state); split the host-set across providers", total, MaxSlots))
 	}
 	if byCapacity[OnDemand] > 0 && byCapacity[BareMetal] > 0 {
 		errs = multierror.Append(errs, fmt.Errorf("offerings mix on_demand (%d) and bare_metal (%d) capacity: a bare-metal pool is never deleted while an on-demand one is, so run one instance per capacity class", byCapacity[OnDemand], byCapacity[BareMetal]))
@@ -224,6 +233,9 @@ func DefaultResources() map[string]string {
 func DefaultOfferings(shape hypervisors.Shape, c Catalog, zones []string, seedCount int, capacity CapacityType) ([]Offering, error) {
 	if seedCount <= 0 {
 		return nil, fmt.Errorf("seed count must be positive, got %d", seedCount)
+	}
+	if seedCount > MaxSlots {
+		return nil, fmt.Errorf("seed count %d exceeds the cap of %d slots per provider", seedCount, MaxSlots)
 	}
 	if len(c) == 0 {
 		return nil, errors.New("the instance-type catalog is empty")

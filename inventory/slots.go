@@ -6,6 +6,11 @@ import (
 	"sort"
 )
 
+// MaxSlots caps the slots one provider offers (the sum of the offerings'
+// counts, or --seed-count). Each slot costs about a kilobyte of memory and
+// of state; a larger host-set is split across providers.
+const MaxSlots = 1_000_000
+
 // Slot is one machine the offerings allow: a Speculative machine until the
 // shard actuates it. ID is MachineID(Zone, Type.Name, Index).
 type Slot struct {
@@ -26,6 +31,9 @@ type Slot struct {
 func Slots(offs []Offering, c Catalog, p Pricing) ([]Slot, error) {
 	n := 0
 	for _, o := range offs {
+		if o.Count > MaxSlots || n+o.Count > MaxSlots {
+			return nil, fmt.Errorf("offerings describe more than %d slots, the cap", MaxSlots)
+		}
 		n += max(o.Count, 0)
 	}
 	slots := make([]Slot, 0, n)
