@@ -163,6 +163,7 @@ func (s *server) kill() {
 		s.cmd.Process.Signal(syscall.SIGKILL)
 		<-s.done
 	}
+	providertest.NoRace(s.t, "provider "+strings.Join(s.args, " "), s.stderr.String())
 }
 
 func (s *server) stop() { s.kill() }

@@ -196,6 +196,7 @@ func (p *provider) kill() {
 		_ = p.cmd.Process.Signal(syscall.SIGKILL)
 		<-p.done
 	}
+	providertest.NoRace(p.t, "provider", p.logText())
 }
 
 func (p *provider) logText() string {

@@ -342,6 +342,7 @@ func (p *provider) kill() {
 		p.cmd.Process.Signal(syscall.SIGKILL)
 		<-p.done
 	}
+	providertest.NoRace(p.t, "provider", p.out.String())
 }
 
 // restart kills the process with SIGKILL and starts it again with the

@@ -21,7 +21,9 @@ import (
 )
 
 // Build compiles ./cmd/provider of the enclosing module into a temporary
-// directory and returns the binary's path and a cleanup function.
+// directory and returns the binary's path and a cleanup function. When
+// the tests run with -race, so does the binary; check its output with
+// NoRace.
 func Build(prefix string) (binary string, cleanup func(), err error) {
 	out, err := exec.Command("go", "env", "GOMOD").Output()
 	if err != nil {
@@ -33,7 +35,11 @@ func Build(prefix string) (binary string, cleanup func(), err error) {
 		return "", nil, err
 	}
 	binary = filepath.Join(dir, "provider")
-	build := exec.Command("go", "build", "-o", binary, "./cmd/provider")
+	args := []string{"build", "-o", binary}
+	if RaceEnabled {
+		args = append(args, "-race")
+	}
+	build := exec.Command("go", append(args, "./cmd/provider")...)
 	build.Dir = root
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
@@ -77,6 +83,24 @@ func WaitReady(metricsAddr string, done <-chan struct{}, max time.Duration) erro
 		}
 	}
 	return fmt.Errorf("not ready after %v", max)
+}
+
+// raceReport is how the race detector starts a report.
+const raceReport = "WARNING: DATA RACE"
+
+// NoRace fails t if a provider's output holds a race detector report, and
+// prints the report.
+func NoRace(t testing.TB, name, output string) {
+	t.Helper()
+	i := strings.Index(output, raceReport)
+	if i < 0 {
+		return
+	}
+	report := output[i:]
+	if end := strings.Index(report, "=================="); end > 0 {
+		report = report[:end]
+	}
+	t.Errorf("%s: the race detector reported a data race:\n%s", name, report)
 }
 
 // SyncBuffer collects a subprocess's output; safe for concurrent use.
