@@ -97,12 +97,8 @@ func TestFencingOracle(t *testing.T) {
 			}
 			err := fc.do(t, s.c, id, k)
 			step := fmt.Sprintf("#%d %s(%s, bad=%v) token %+v", i, fc.kind, id, fc.badArgs, k)
-			if k.shard != "" && (k.epoch < 0 || k.seq < 0) {
-				if code(err) != codes.InvalidArgument {
-					t.Errorf("%s: %v, want InvalidArgument for a negative token", step, err)
-				}
-				continue
-			}
+			// Negative tokens are ordinary int64 pairs: stale ones are
+			// fenced, newer ones and first contacts pass.
 			if !model.admit(id, k) {
 				if code(err) != codes.FailedPrecondition {
 					t.Errorf("%s: %v, want FailedPrecondition (stale token)", step, err)
@@ -171,10 +167,22 @@ func TestFencingRules(t *testing.T) {
 			{"higher epoch any seq", func() error { _, err := create(s.c, t, b, tok{"s1", 3, 0}); return err }, codes.OK},
 			// Stale before the idempotency short-circuit.
 			{"idempotent retry with stale token", func() error { _, err := create(s.c, t, b, tok{"s1", 3, 0}); return err }, codes.FailedPrecondition},
-			// Negative values with a shard.
-			{"negative epoch", func() error { _, err := create(s.c, t, d, tok{"s9", -1, 0}); return err }, codes.InvalidArgument},
-			{"negative seq", func() error { _, err := create(s.c, t, d, tok{"s9", 0, -1}); return err }, codes.InvalidArgument},
-			{"fresh shard after negatives", func() error { _, err := create(s.c, t, d, tok{"s9", 0, 0}); return err }, codes.OK},
+			// Negative values are plain int64s: a first contact passes, a
+			// newer one passes, a stale one is fenced before anything else.
+			{"negative first contact", func() error { _, err := create(s.c, t, d, tok{"s9", -1, 0}); return err }, codes.OK},
+			{"negative stale", func() error { _, err := create(s.c, t, d, tok{"s9", -1, -1}); return err }, codes.FailedPrecondition},
+			{"negative newer", func() error { _, err := create(s.c, t, d, tok{"s9", 0, -1}); return err }, codes.OK},
+			{"stale and negative on a mark (6,1)", func() error {
+				if _, err := create(s.c, t, d, tok{"s8", 6, 1}); err != nil {
+					return err
+				}
+				_, err := create(s.c, t, d, tok{"s8", 6, -1})
+				return err
+			}, codes.FailedPrecondition},
+			// Fence keys are unambiguous: NUL in the ids cannot make two
+			// pairs share a mark.
+			{"NUL pair first contact", func() error { _, err := create(s.c, t, "zz\x00"+c2, tok{"A", 1, 1}); return err }, codes.NotFound},
+			{"other NUL pair first contact", func() error { _, err := create(s.c, t, c2, tok{"A\x00zz", 1, 1}); return err }, codes.OK},
 			// Empty machine_id: the fence check runs first, so a token
 			// that passes still ends InvalidArgument.
 			{"empty id", func() error { _, err := create(s.c, t, "", tok{"s1", 1, 1}); return err }, codes.InvalidArgument},
