@@ -11,6 +11,13 @@
 //     'pve1'"), /cluster/nextid returns a JSON string, "template" is only
 //     present for templates, exec-status carries exited/exitcode/out-data/
 //     err-data with booleans as 1/0.
+//   - Answers have the JSON shape of real PVE 8 and 9 answers: the keys,
+//     JSON types and nesting of go-proxmox's recorded PVE answers (held by
+//     shape_test.go, which lists every deliberate difference and why).
+//     Keys PVE sends only in some situations follow qemu-server: "pid" and
+//     the QMP-derived statistics only while a VM runs, "agent" only when
+//     enabled, tags/lock/template/pool only when set; GET /nodes/{node}/qemu
+//     lists vmstatus() without QMP data (no qmpstatus, ha or agent).
 //   - VMIDs are unique across the cluster; a clone onto a used VMID fails.
 //   - Tasks take time (Latencies, scaled by LatencyScale); while a task on a
 //     VM runs, every other mutation of that VM fails with PVE's lock error

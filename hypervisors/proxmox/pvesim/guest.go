@@ -129,7 +129,8 @@ func (g *MemGuest) Ping(context.Context) error { return nil }
 
 func (g *MemGuest) OSInfo(context.Context) (map[string]any, error) {
 	return map[string]any{"id": "debian", "name": "Debian GNU/Linux", "pretty-name": "Debian GNU/Linux 12 (bookworm)",
-		"version-id": "12", "kernel-release": "6.1.0-simulated", "machine": "x86_64"}, nil
+		"version": "12 (bookworm)", "version-id": "12", "kernel-release": "6.1.0-simulated",
+		"kernel-version": "#1 SMP PREEMPT_DYNAMIC Debian 6.1.0-simulated", "machine": "x86_64"}, nil
 }
 
 func (g *MemGuest) FileWrite(_ context.Context, path string, data []byte) error {

@@ -385,7 +385,10 @@ func b2i(b bool) int {
 	return 0
 }
 
-func (s *Server) resourceOf(v *vm) map[string]any {
+// resourceOf is a VM's resource entry: in /cluster/resources (withPool:
+// "pool" names the VM's pool, as pve-manager adds it there) or as a member
+// in GET /pools, whose recorded entries carry no "pool".
+func (s *Server) resourceOf(v *vm, withPool bool) map[string]any {
 	r := map[string]any{
 		"id": fmt.Sprintf("qemu/%d", v.vmid), "type": "qemu", "vmid": v.vmid, "name": v.name, "node": v.node,
 		"status": v.status, "template": b2i(v.template), "maxmem": uint64(v.memory) << 20, "maxcpu": v.cores * v.sockets,
@@ -395,7 +398,7 @@ func (s *Server) resourceOf(v *vm) map[string]any {
 	if v.tags != "" {
 		r["tags"] = v.tags
 	}
-	if v.pool != "" {
+	if withPool && v.pool != "" {
 		r["pool"] = v.pool
 	}
 	if v.lock != "" {
@@ -406,6 +409,22 @@ func (s *Server) resourceOf(v *vm) map[string]any {
 		r["mem"] = uint64(v.memory) << 19
 	}
 	return r
+}
+
+// nodeResource is a node's /cluster/resources entry (cgroup-mode 2: the
+// unified cgroup hierarchy of PVE 7 and later).
+func nodeResource(n string) map[string]any {
+	return map[string]any{"id": "node/" + n, "type": "node", "node": n, "status": "online", "level": "",
+		"cgroup-mode": 2, "maxcpu": 16, "cpu": 0.05, "maxmem": uint64(64) << 30, "mem": uint64(8) << 30,
+		"maxdisk": uint64(1) << 40, "disk": uint64(100) << 30, "uptime": 86400}
+}
+
+// storageResource is the /cluster/resources entry of the clone storage on
+// node n (an LVM-thin pool, as PVE's default local-lvm).
+func (s *Server) storageResource(n string) map[string]any {
+	return map[string]any{"id": "storage/" + n + "/" + s.opts.Storage, "type": "storage", "storage": s.opts.Storage,
+		"node": n, "status": "available", "plugintype": "lvmthin", "content": "images,rootdir", "shared": 0,
+		"disk": uint64(100) << 30, "maxdisk": uint64(1) << 40}
 }
 
 func (s *Server) sortedVMs() []*vm {
@@ -424,15 +443,19 @@ func (s *Server) resources(q *request) (any, *apiError) {
 	out := []map[string]any{}
 	if typ == "" || typ == "node" {
 		for _, n := range s.nodes {
-			out = append(out, map[string]any{"id": "node/" + n, "type": "node", "node": n, "status": "online",
-				"maxcpu": 16, "maxmem": uint64(64) << 30, "maxdisk": uint64(1) << 40, "level": ""})
+			out = append(out, nodeResource(n))
 		}
 	}
 	if typ == "" || typ == "vm" {
 		for _, v := range s.sortedVMs() {
 			if s.privs(q.tok, fmt.Sprintf("/vms/%d", v.vmid))["VM.Audit"] {
-				out = append(out, s.resourceOf(v))
+				out = append(out, s.resourceOf(v, true))
 			}
+		}
+	}
+	if (typ == "" || typ == "storage") && s.privs(q.tok, "/storage/"+s.opts.Storage)["Datastore.Audit"] {
+		for _, n := range s.nodes {
+			out = append(out, s.storageResource(n))
 		}
 	}
 	return out, nil
@@ -495,12 +518,14 @@ func (s *Server) nodeStatus(q *request, node string) (any, *apiError) {
 	}, nil
 }
 
-func (s *Server) statusOf(v *vm) map[string]any {
+// vmStatus is qemu-server's vmstatus() for one VM without QMP queries
+// (full=0), as GET /nodes/{node}/qemu lists it: pid only while running;
+// template, lock and tags only when set.
+func (s *Server) vmStatus(v *vm) map[string]any {
 	st := map[string]any{
-		"vmid": v.vmid, "name": v.name, "status": v.status, "qmpstatus": v.status, "cpus": v.cores * v.sockets,
+		"vmid": v.vmid, "name": v.name, "status": v.status, "cpus": v.cores * v.sockets,
 		"maxmem": uint64(v.memory) << 20, "mem": 0, "maxdisk": uint64(8) << 30, "disk": 0, "uptime": 0, "cpu": 0,
-		"netin": 0, "netout": 0, "diskread": 0, "diskwrite": 0, "agent": b2i(v.agent), "pid": nil,
-		"ha": map[string]any{"managed": 0},
+		"netin": 0, "netout": 0, "diskread": 0, "diskwrite": 0,
 	}
 	if v.template {
 		st["template"] = 1 // only templates carry the key: go-proxmox treats any value as true
@@ -514,9 +539,55 @@ func (s *Server) statusOf(v *vm) map[string]any {
 	if v.status == "running" {
 		st["pid"] = 10000 + v.vmid
 		st["uptime"] = uint64(time.Since(v.startedAt).Seconds())
-		if v.paused {
-			st["qmpstatus"] = "paused"
-		}
+		st["mem"] = uint64(v.memory) << 19
+	}
+	return st
+}
+
+// statusOf is GET status/current: vmstatus() with QMP queries (full=1),
+// plus "ha", and "agent" only when the agent is enabled in the config.
+// The QMP-derived keys (qmpstatus aside) exist only while the VM runs.
+func (s *Server) statusOf(v *vm) map[string]any {
+	st := s.vmStatus(v)
+	st["qmpstatus"] = v.status
+	st["ha"] = map[string]any{"managed": 0}
+	if v.agent {
+		st["agent"] = 1
+	}
+	if v.status != "running" {
+		return st
+	}
+	if v.paused {
+		st["qmpstatus"] = "paused"
+	}
+	qemu, machine := "9.0.2", "pc-i440fx-9.0+pve0"
+	if s.major() >= 9 {
+		qemu, machine = "10.0.2", "pc-i440fx-10.0+pve0"
+	}
+	st["running-qemu"], st["running-machine"] = qemu, machine
+	maxmem, used := uint64(v.memory)<<20, uint64(v.memory)<<19
+	st["balloon"], st["freemem"] = maxmem, maxmem-used
+	st["ballooninfo"] = map[string]any{"actual": maxmem, "max_mem": maxmem, "total_mem": maxmem, "free_mem": maxmem - used,
+		"major_page_faults": 0, "minor_page_faults": 0, "mem_swapped_in": 0, "mem_swapped_out": 0,
+		"last_update": time.Now().Unix()}
+	st["nics"] = map[string]any{fmt.Sprintf("tap%di0", v.vmid): map[string]any{"netin": 0, "netout": 0}}
+	st["blockstat"] = map[string]any{"scsi0": blockStats()}
+	st["proxmox-support"] = map[string]any{"backup-max-workers": true, "pbs-dirty-bitmap": true,
+		"pbs-dirty-bitmap-migration": true, "pbs-dirty-bitmap-savevm": true, "pbs-masterkey": true,
+		"query-bitmap-info": true, "pbs-library-version": "1.5.1 (UNKNOWN)"}
+	return st
+}
+
+// blockStats is QMP's BlockDeviceStats of an idle drive, as query-blockstats
+// reports it (qemu-server passes the object through unchanged).
+func blockStats() map[string]any {
+	st := map[string]any{"account_failed": true, "account_invalid": true, "timed_stats": []any{}}
+	for _, k := range []string{"rd_bytes", "wr_bytes", "rd_operations", "wr_operations", "flush_operations",
+		"unmap_operations", "unmap_bytes", "rd_merged", "wr_merged", "unmap_merged", "rd_total_time_ns",
+		"wr_total_time_ns", "flush_total_time_ns", "unmap_total_time_ns", "idle_time_ns", "wr_highest_offset",
+		"failed_rd_operations", "failed_wr_operations", "failed_flush_operations", "failed_unmap_operations",
+		"invalid_rd_operations", "invalid_wr_operations", "invalid_flush_operations", "invalid_unmap_operations"} {
+		st[k] = 0
 	}
 	return st
 }
@@ -527,7 +598,7 @@ func (s *Server) qemuList(q *request, node string) (any, *apiError) {
 	out := []map[string]any{}
 	for _, v := range s.sortedVMs() {
 		if v.node == node && s.privs(q.tok, fmt.Sprintf("/vms/%d", v.vmid))["VM.Audit"] {
-			out = append(out, s.statusOf(v))
+			out = append(out, s.vmStatus(v))
 		}
 	}
 	return out, nil
@@ -1122,7 +1193,7 @@ func (s *Server) poolList(q *request) (any, *apiError) {
 		out := []map[string]any{}
 		for _, v := range s.sortedVMs() {
 			if v.pool == pool {
-				out = append(out, s.resourceOf(v))
+				out = append(out, s.resourceOf(v, false))
 			}
 		}
 		return out
