@@ -132,15 +132,19 @@ func (a *Adapter) AgentExec(ctx context.Context, t hypervisors.Target, argv []st
 	pid := *started.PID
 	d := a.cfg.PollMin
 	for {
-		var st pxapi.AgentExecStatus
+		var st execStatus
 		err := classify(a.client.Get(ctx, fmt.Sprintf("%s/exec-status?pid=%d", base, pid), &st))
 		switch {
-		case err == nil && st.Exited != 0:
-			return hypervisors.ExecResult{
+		case err == nil && bool(st.Exited):
+			res := hypervisors.ExecResult{
 				ExitCode: st.ExitCode,
 				Stdout:   hypervisors.Tail([]byte(st.OutData), a.cfg.OutputLimit),
 				Stderr:   hypervisors.Tail([]byte(st.ErrData), a.cfg.OutputLimit),
-			}, nil
+			}
+			if st.Signal > 0 {
+				res.ExitCode = 128 + st.Signal // as a shell reports a killed child
+			}
+			return res, nil
 		case err != nil && !(errors.Is(err, hypervisors.ErrTransient) || errors.Is(err, hypervisors.ErrLocked)):
 			return hypervisors.ExecResult{}, fmt.Errorf("agent exec-status pid %d on vm %d: %w", pid, t.VMID, err)
 		}
@@ -149,6 +153,21 @@ func (a *Adapter) AgentExec(ctx context.Context, t hypervisors.Target, argv []st
 		}
 		d = min(d*2, a.cfg.PollMax)
 	}
+}
+
+// execStatus is PVE's exec-status answer: QGA's guest-exec-status with
+// out-data/err-data decoded and every boolean turned into 1/0, so
+// err-truncated (sent with any stderr output by current qemu-ga) and
+// signal are numbers, which go-proxmox's AgentExecStatus (bool fields)
+// fails to decode.
+type execStatus struct {
+	Exited       pxapi.IntOrBool `json:"exited"`
+	ExitCode     int             `json:"exitcode"`
+	Signal       int             `json:"signal"`
+	OutData      string          `json:"out-data"`
+	ErrData      string          `json:"err-data"`
+	OutTruncated pxapi.IntOrBool `json:"out-truncated"`
+	ErrTruncated pxapi.IntOrBool `json:"err-truncated"`
 }
 
 func excerpt(b []byte, n int) string {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvesim"
@@ -638,3 +639,39 @@ func TestResumePaused(t *testing.T) {
 }
 
 func writeFile(p string, b []byte) error { return osWriteFile(p, b) }
+
+// TestExecStatusAsPVESendsIt runs commands whose exec-status carries what
+// PVE passes on from a current qemu-ga: truncation flags as 1/0 whenever a
+// stream has data, and "signal" instead of "exitcode" for a killed
+// process. go-proxmox's AgentExecStatus cannot decode these (bool fields).
+func TestExecStatusAsPVESendsIt(t *testing.T) {
+	e := newEnv(t, nil, nil)
+	ctx := ctxT(t, 10*time.Second)
+	if err := e.sim.AddVM(pvesim.VMSpec{VMID: 500, Node: "pve1", Name: "guest", Running: true}); err != nil {
+		t.Fatal(err)
+	}
+	g := e.sim.GuestOf(500).(*pvesim.MemGuest)
+	g.SetCommand([]string{"noisy"}, pvesim.CommandResult{Stdout: "out\n", Stderr: "warning: deprecated\n"})
+	g.SetCommand([]string{"flood"}, pvesim.CommandResult{ExitCode: 2, Stdout: "x", Stderr: "y", OutTruncated: true, ErrTruncated: true})
+	g.SetCommand([]string{"killed"}, pvesim.CommandResult{Signal: 9, Stderr: "partial\n", Polls: 1})
+	tg := hypervisors.Target{Zone: "pve1", VMID: 500}
+	tests := []struct {
+		argv []string
+		want hypervisors.ExecResult
+	}{
+		{[]string{"noisy"}, hypervisors.ExecResult{ExitCode: 0, Stdout: []byte("out\n"), Stderr: []byte("warning: deprecated\n")}},
+		{[]string{"flood"}, hypervisors.ExecResult{ExitCode: 2, Stdout: []byte("x"), Stderr: []byte("y")}},
+		{[]string{"killed"}, hypervisors.ExecResult{ExitCode: 128 + 9, Stderr: []byte("partial\n")}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.argv[0], func(t *testing.T) {
+			got, err := e.a.AgentExec(ctx, tg, tt.argv)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tt.want, got, cmpopts.EquateEmpty()); diff != "" {
+				t.Errorf("AgentExec(%q) (-want +got):\n%s", tt.argv, diff)
+			}
+		})
+	}
+}

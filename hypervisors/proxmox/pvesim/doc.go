@@ -9,8 +9,9 @@
 //     9-field form "UPID:node:pid:pstart:starttime:type:id:user:", errors
 //     travel in the HTTP reason phrase ("500 VM 101 already exists on node
 //     'pve1'"), /cluster/nextid returns a JSON string, "template" is only
-//     present for templates, exec-status carries exited/exitcode/out-data/
-//     err-data with booleans as 1/0.
+//     present for templates, exec-status carries exited, exitcode (or
+//     signal), out-data/err-data and their truncation flags with booleans
+//     as 1/0, as PVE passes on a current qemu-ga's answer.
 //   - Answers have the JSON shape of real PVE 8 and 9 answers: the keys,
 //     JSON types and nesting of go-proxmox's recorded PVE answers (held by
 //     shape_test.go, which lists every deliberate difference and why).

@@ -13,11 +13,15 @@ import (
 // ExecStatus is a guest-exec-status result in QGA terms (data not yet
 // base64-encoded).
 type ExecStatus struct {
-	Exited       bool
+	Exited bool
+	// ExitCode is the exit status of a process that exited; Signal, if not
+	// 0, is the signal that killed it instead (QGA then sends no exitcode).
 	ExitCode     int
+	Signal       int
 	OutData      []byte
 	ErrData      []byte
 	OutTruncated bool
+	ErrTruncated bool
 }
 
 // Guest is the guest agent of one VM.
@@ -36,8 +40,14 @@ var ErrBadPID = errors.New("Invalid parameter 'pid'")
 // CommandResult is the scripted outcome of a command in a MemGuest.
 type CommandResult struct {
 	ExitCode int
-	Stdout   string
-	Stderr   string
+	// Signal, if not 0, kills the command with this signal (ExitCode is
+	// then not reported).
+	Signal int
+	Stdout string
+	Stderr string
+	// OutTruncated and ErrTruncated report that the agent cut the stream
+	// at its output limit.
+	OutTruncated, ErrTruncated bool
 	// Polls is how many exec-status calls report "not exited" first.
 	Polls int
 }
@@ -265,7 +275,11 @@ func (g *MemGuest) ExecStatus(_ context.Context, pid int) (ExecStatus, error) {
 		return ExecStatus{}, nil
 	}
 	delete(g.procs, pid) // QGA forgets a reaped process
-	st := ExecStatus{Exited: true, ExitCode: p.res.ExitCode}
+	st := ExecStatus{Exited: true, ExitCode: p.res.ExitCode, Signal: p.res.Signal,
+		OutTruncated: p.res.OutTruncated, ErrTruncated: p.res.ErrTruncated}
+	if st.Signal != 0 {
+		st.ExitCode = 0
+	}
 	if p.res.Stdout != "" {
 		st.OutData = []byte(p.res.Stdout)
 	}

@@ -1144,20 +1144,27 @@ func (s *Server) agent(q *request, id int, g Guest, cmd string) (any, *apiError)
 		if gerr != nil {
 			return nil, agentErr(gerr)
 		}
-		// PVE decodes out-data/err-data and turns booleans into 1/0; it would
-		// also pass err-truncated and signal through, which go-proxmox
-		// cannot decode, so they are left out.
+		// PVE passes QGA's answer through, base64-decoding out-data and
+		// err-data and turning every boolean into 1/0 (qemu-server
+		// PVE/QemuServer/Agent.pm qemu_exec_status). QGA reports exitcode or,
+		// for a killed process, signal; and a current qemu-ga (upstream
+		// commit 28c5d27dd4; seen from Debian 12's 7.2+dfsg-7+deb12u18)
+		// reports a stream's truncation flag whenever the stream has data.
+		// So "err-truncated": 0 comes with any stderr output.
 		out := map[string]any{"exited": b2i(st.Exited)}
 		if st.Exited {
-			out["exitcode"] = st.ExitCode
-			if len(st.OutData) > 0 {
+			if st.Signal != 0 {
+				out["signal"] = st.Signal
+			} else {
+				out["exitcode"] = st.ExitCode
+			}
+			if len(st.OutData) > 0 || st.OutTruncated {
 				out["out-data"] = string(st.OutData)
+				out["out-truncated"] = b2i(st.OutTruncated)
 			}
-			if len(st.ErrData) > 0 {
+			if len(st.ErrData) > 0 || st.ErrTruncated {
 				out["err-data"] = string(st.ErrData)
-			}
-			if st.OutTruncated {
-				out["out-truncated"] = 1
+				out["err-truncated"] = b2i(st.ErrTruncated)
 			}
 		}
 		return out, nil

@@ -163,9 +163,11 @@ func (g *QGAGuest) ExecStatus(ctx context.Context, pid int) (ExecStatus, error) 
 	var out struct {
 		Exited       bool   `json:"exited"`
 		ExitCode     int    `json:"exitcode"`
+		Signal       int    `json:"signal"`
 		OutData      string `json:"out-data"`
 		ErrData      string `json:"err-data"`
 		OutTruncated bool   `json:"out-truncated"`
+		ErrTruncated bool   `json:"err-truncated"`
 	}
 	if err := g.call(ctx, "guest-exec-status", map[string]any{"pid": pid}, &out); err != nil {
 		return ExecStatus{}, err
@@ -178,5 +180,6 @@ func (g *QGAGuest) ExecStatus(ctx context.Context, pid int) (ExecStatus, error) 
 	if err != nil {
 		return ExecStatus{}, fmt.Errorf("decode err-data: %w", err)
 	}
-	return ExecStatus{Exited: out.Exited, ExitCode: out.ExitCode, OutData: o, ErrData: e, OutTruncated: out.OutTruncated}, nil
+	return ExecStatus{Exited: out.Exited, ExitCode: out.ExitCode, Signal: out.Signal, OutData: o, ErrData: e,
+		OutTruncated: out.OutTruncated, ErrTruncated: out.ErrTruncated}, nil
 }

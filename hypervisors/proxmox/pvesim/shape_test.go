@@ -290,10 +290,11 @@ var deviations = []deviation{
 			"has no vmid: the VMID is in the path. The fixtures add it by hand."},
 	{endpoints: configGets,
 		diffs: []string{"type data.memory: pvesim string, recorded integer"},
-		why: "Since PVE 8.1 memory is a property string (format pve-qm-memory, \"[current=]<MiB>\"), so the " +
-			"config answer carries a JSON string (real 8.x answers quoted in Telmate/proxmox-api-go#413 and " +
-			"Telmate/terraform-provider-proxmox#1209); the fixtures' number is pre-8.1. go-proxmox decodes both; " +
-			"pvesim sends the string so the adapter is tested against what PVE 8 and 9 send."},
+		why: "In PVE 8 and 9 memory is a property string (\"[current=]<MiB>\", read by get_current_memory " +
+			"in PVE/QemuServer/Memory.pm), so the config answer carries a JSON string, as real 8.x answers " +
+			"quoted in Telmate/proxmox-api-go#413 and Telmate/terraform-provider-proxmox#1209 show; the " +
+			"fixtures' number is the PVE 7 form. go-proxmox decodes both; pvesim sends the string so the " +
+			"adapter is tested against what PVE 8 and 9 send."},
 	{endpoints: configGets,
 		diffs: []string{"extra data.agent: string", "extra data.description: string", "extra data.onboot: integer",
 			"extra data.smbios1: string", "extra data.vmgenid: string", "extra data.template: integer"},
@@ -309,14 +310,24 @@ var deviations = []deviation{
 			"fork_worker('qmclone', ...)); go-proxmox's Clone turns null into a nil task whose Wait " +
 			"dereferences nil. The fixture's null is not what PVE sends."},
 	{endpoints: []string{"GET agent/exec-status (exited, stdout)", "GET agent/exec-status (exited, stderr)"},
-		diffs: []string{"missing data.out-truncated"},
-		why: "qemu-ga reports out-truncated only when output was truncated (has_out_truncated = truncated), " +
-			"and qemu-server turns JSON booleans into 1/0 (PVE/QemuServer/Agent.pm qemu_exec_status), so " +
-			"PVE sends \"out-truncated\": 1 or nothing; the fixture's false cannot come from PVE."},
+		diffs: []string{"type data.out-truncated: pvesim integer, recorded bool"},
+		why: "qemu-server turns every JSON boolean of QGA's answer into 1/0 (PVE/QemuServer/Agent.pm " +
+			"qemu_exec_status), so PVE sends \"out-truncated\": 0 or 1; the fixture's false cannot come " +
+			"from PVE. (go-proxmox decodes out-truncated as IntOrBool, err-truncated as bool, which breaks " +
+			"on PVE's 0; the adapter decodes exec-status itself for that reason.)"},
 	{endpoints: []string{"GET agent/exec-status (exited, stderr)"},
-		diffs: []string{"extra data.err-data: string", "missing data.out-data"},
-		why: "qemu-ga returns out-data/err-data only for streams that produced output (QGA GuestExecStatus: " +
-			"both optional); the recorded command wrote stdout only. go-proxmox's AgentExecStatus has ErrData."},
+		diffs: []string{"extra data.err-data: string", "extra data.err-truncated: integer", "missing data.out-data",
+			"missing data.out-truncated"},
+		why: "QGA returns out-data/err-data only for streams that produced output, and a current qemu-ga " +
+			"the stream's truncation flag with it (upstream commit 28c5d27dd4; Debian 12's qemu-ga " +
+			"1:7.2+dfsg-7+deb12u18 answered {exitcode, exited, out-data, out-truncated: false, err-data, " +
+			"err-truncated: false} when probed); the recorded command wrote stdout only."},
+	{endpoints: []string{"GET agent/exec-status (killed)"},
+		diffs: []string{"extra data.signal: integer", "missing data.exitcode", "missing data.out-data",
+			"missing data.out-truncated"},
+		why: "QGA reports signal instead of exitcode for a process killed by a signal (Debian 12's " +
+			"qemu-ga answered {signal: 9, exited: true} when probed), and no out-data for a process " +
+			"that printed nothing; the recorded command exited normally with output."},
 }
 
 type simResp struct {
@@ -410,6 +421,17 @@ func (e *shapeEnv) upid(method, path, body string) string {
 		e.t.Fatalf("%s %s: %d %s, want a UPID", method, path, r.code, r.body)
 	}
 	return v.Data
+}
+
+// execPID starts a command in VM 102's guest and returns its pid.
+func (e *shapeEnv) execPID(body string) int {
+	e.t.Helper()
+	r := e.do("POST", "/nodes/pve2/qemu/102/agent/exec", body)
+	var v struct{ Data struct{ PID int } }
+	if err := json.Unmarshal(r.body, &v); err != nil || v.Data.PID == 0 {
+		e.t.Fatalf("exec: %d %s", r.code, r.body)
+	}
+	return v.Data.PID
 }
 
 // finished waits until the task is stopped and returns its UPID.
@@ -615,20 +637,14 @@ var shapeCases = []shapeCase{
 	{name: "POST agent/exec", req: fixed("POST", "/nodes/pve2/qemu/102/agent/exec", `{"command":["hostname"]}`),
 		rec: map[string][]string{"9": {"POST ^/nodes/node1/qemu/101/agent/exec$"}}},
 	{name: "GET agent/exec-status (exited, stdout)", req: func(e *shapeEnv) (string, string, string) {
-		r := e.do("POST", "/nodes/pve2/qemu/102/agent/exec", `{"command":["kubectl","drain"]}`)
-		var v struct{ Data struct{ PID int } }
-		if err := json.Unmarshal(r.body, &v); err != nil || v.Data.PID == 0 {
-			e.t.Fatalf("exec: %d %s", r.code, r.body)
-		}
-		return "GET", fmt.Sprintf("/nodes/pve2/qemu/102/agent/exec-status?pid=%d", v.Data.PID), ""
+		return "GET", fmt.Sprintf("/nodes/pve2/qemu/102/agent/exec-status?pid=%d", e.execPID(`{"command":["kubectl","drain"]}`)), ""
 	}, rec: map[string][]string{"9": {"GET ^/nodes/node1/qemu/101/agent/exec-status$"}}},
 	{name: "GET agent/exec-status (exited, stderr)", req: func(e *shapeEnv) (string, string, string) {
-		r := e.do("POST", "/nodes/pve2/qemu/102/agent/exec", `{"command":["no-such-command"]}`)
-		var v struct{ Data struct{ PID int } }
-		if err := json.Unmarshal(r.body, &v); err != nil || v.Data.PID == 0 {
-			e.t.Fatalf("exec: %d %s", r.code, r.body)
-		}
-		return "GET", fmt.Sprintf("/nodes/pve2/qemu/102/agent/exec-status?pid=%d", v.Data.PID), ""
+		return "GET", fmt.Sprintf("/nodes/pve2/qemu/102/agent/exec-status?pid=%d", e.execPID(`{"command":["no-such-command"]}`)), ""
+	}, rec: map[string][]string{"9": {"GET ^/nodes/node1/qemu/101/agent/exec-status$"}}},
+	{name: "GET agent/exec-status (killed)", req: func(e *shapeEnv) (string, string, string) {
+		e.s.GuestOf(102).(*MemGuest).SetCommand([]string{"sleep"}, CommandResult{Signal: 9})
+		return "GET", fmt.Sprintf("/nodes/pve2/qemu/102/agent/exec-status?pid=%d", e.execPID(`{"command":["sleep","600"]}`)), ""
 	}, rec: map[string][]string{"9": {"GET ^/nodes/node1/qemu/101/agent/exec-status$"}}},
 }
 
@@ -644,6 +660,7 @@ var unverified = []struct{ endpoint, major, source string }{
 	{"GET agent/exec-status (exited, stdout)", "8", "recorded for PVE 9 only; PVE/QemuServer/Agent.pm " +
 		"qemu_exec_status is the same in 8 and 9 (base64-decodes out-data/err-data, booleans to 1/0)"},
 	{"GET agent/exec-status (exited, stderr)", "8", "as above"},
+	{"GET agent/exec-status (killed)", "8", "as above"},
 }
 
 // TestShapesMatchRecordedPVE holds every answer pvesim gives against the
