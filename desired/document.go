@@ -148,6 +148,8 @@ type Document struct {
 	meta   meta
 	last   *change // newest change handed to the store
 	failed error
+	// refusing, when set, is why mutations are refused (a graceful stop).
+	refusing string
 	// Committed view.
 	machines map[string]*Machine
 	log      *revlog
@@ -693,6 +695,15 @@ func (d *Document) Counts() map[[3]string]int {
 	return out
 }
 
+// Refuse makes every later mutation answer Unavailable with reason (a
+// graceful stop, or a replica that stopped leading). Outcomes of the
+// reconciler (Complete, Fail, Adopt, ExecStarting) are still recorded.
+func (d *Document) Refuse(reason string) {
+	d.mu.Lock()
+	d.refusing = reason
+	d.mu.Unlock()
+}
+
 // Healthy reports why the document cannot commit, nil while it can.
 func (d *Document) Healthy() error {
 	d.mu.RLock()
@@ -722,6 +733,10 @@ func (d *Document) Mutate(ctx context.Context, r Request) (Ack, error) {
 	if d.failed != nil {
 		d.mu.Unlock()
 		return Ack{}, unavailable(d.failed)
+	}
+	if d.refusing != "" {
+		d.mu.Unlock()
+		return Ack{}, errorf(CodeUnavailable, "%s: mutations are refused; retry against the provider once it is back", d.refusing)
 	}
 	t := d.begin()
 	if !r.Token.zero() {

@@ -42,6 +42,7 @@ type Metrics struct {
 	planSteps      prometheus.Gauge
 	lastPlanUnix   prometheus.Gauge
 	lastPlanDurSec prometheus.Gauge
+	queue          *queueMetrics
 }
 
 // Counts reports machines by (state, zone, instance type).

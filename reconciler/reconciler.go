@@ -3,8 +3,15 @@
 // document. Intents wake it per machine; a periodic full pass finds drift.
 //
 // Invariants:
-//   - One machine is reconciled by at most one worker at a time; a machine
-//     changed while being worked on is worked on again afterwards.
+//   - Work is keyed by machine id in a rate-limited work queue with
+//     controller-runtime's semantics (k8s.io/client-go/util/workqueue): one
+//     entry per id, so its memory is bounded by the fleet; one machine is
+//     reconciled by at most one worker at a time, and a machine changed
+//     while being worked on is worked on again afterwards; a machine that
+//     must wait or whose repair failed is retried with per-machine
+//     exponential backoff, forgotten once it succeeds.
+//   - Stopping drains: queued and in-flight work finishes (bounded by the
+//     caller's grace, which cancels work), nothing new is taken on.
 //   - A transition's work runs under its deadline; past it the machine is
 //     FAILED with a readable last_error, and a late success is discarded
 //     by desired.Complete.
@@ -20,6 +27,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"k8s.io/client-go/util/workqueue"
 
 	"github.com/bigfleet-vm/provider/desired"
 	"github.com/bigfleet-vm/provider/executor"
@@ -53,18 +62,19 @@ type Options struct {
 	// ObserveTimeout bounds one zone's listing.
 	ObserveTimeout time.Duration
 	Now            func() time.Time
+	// QueueMetrics receives the work queue's depth, adds, latencies and
+	// retries; nil discards them.
+	QueueMetrics workqueue.MetricsProvider
+	// RetryMin and RetryMax bound the per-machine backoff of a machine
+	// that waits or whose repair failed (defaults 1s and 60s).
+	RetryMin, RetryMax time.Duration
 }
 
 // Reconciler is the loop.
 type Reconciler struct {
 	o Options
 
-	mu         sync.Mutex
-	queued     map[string]bool
-	processing map[string]bool
-	again      map[string]bool
-	queue      chan string
-	inflight   sync.WaitGroup
+	queue workqueue.TypedRateLimitingInterface[string]
 
 	// last is the latest full observation with its index, built once per
 	// pass so per-machine work looks things up instead of scanning.
@@ -86,36 +96,22 @@ func New(o Options) *Reconciler {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Reconciler{o: o, queued: map[string]bool{}, processing: map[string]bool{}, again: map[string]bool{},
-		queue: make(chan string, 1<<16), kick: make(chan struct{}, 1)}
+	if o.RetryMin <= 0 {
+		o.RetryMin = time.Second
+	}
+	if o.RetryMax <= 0 {
+		o.RetryMax = time.Minute
+	}
+	cfg := workqueue.TypedRateLimitingQueueConfig[string]{Name: "reconcile", MetricsProvider: o.QueueMetrics}
+	limiter := workqueue.NewTypedItemExponentialFailureRateLimiter[string](o.RetryMin, o.RetryMax)
+	return &Reconciler{o: o, queue: workqueue.NewTypedRateLimitingQueueWithConfig(limiter, cfg), kick: make(chan struct{}, 1)}
 }
 
-// Enqueue asks for a machine to be reconciled soon.
-func (r *Reconciler) Enqueue(id string) {
-	r.mu.Lock()
-	if r.processing[id] {
-		r.again[id] = true
-		r.mu.Unlock()
-		return
-	}
-	if r.queued[id] {
-		r.mu.Unlock()
-		return
-	}
-	r.queued[id] = true
-	r.mu.Unlock()
-	select {
-	case r.queue <- id:
-	default:
-		// The queue is full: hand it over without blocking the caller.
-		go func() { r.queue <- id }()
-	}
-}
+// Enqueue asks for a machine to be reconciled soon. It never blocks.
+func (r *Reconciler) Enqueue(id string) { r.queue.Add(id) }
 
-// EnqueueAfter enqueues a machine after a delay.
-func (r *Reconciler) EnqueueAfter(id string, d time.Duration) {
-	time.AfterFunc(d, func() { r.Enqueue(id) })
-}
+// Depth is the number of machines waiting for a worker.
+func (r *Reconciler) Depth() int { return r.queue.Len() }
 
 // Trigger asks for a full observe-and-plan pass now.
 func (r *Reconciler) Trigger() {
@@ -130,9 +126,11 @@ type lastObservation struct {
 	ix   *observed.Index
 }
 
-// Run picks up work until ctx is done, then waits for the machines being
-// worked on; their steps run under work, which the caller cancels when its
-// shutdown bound is reached.
+// Run takes on work until ctx is done, then drains: the machines already
+// queued and those being worked on are finished, nothing new is taken on
+// (requeues are dropped; their durable intents are re-driven at the next
+// start), and Run returns when the workers are idle. Steps run under work,
+// which the caller cancels when its shutdown grace runs out.
 func (r *Reconciler) Run(ctx, work context.Context) {
 	for _, id := range r.o.Doc.Pending() {
 		r.Enqueue(id)
@@ -142,9 +140,13 @@ func (r *Reconciler) Run(ctx, work context.Context) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r.worker(ctx, work)
+			r.worker(work)
 		}()
 	}
+	defer func() {
+		r.queue.ShutDownWithDrain()
+		wg.Wait()
+	}()
 	r.fullPass(work)
 	var tick <-chan time.Time
 	if r.o.Interval > 0 {
@@ -155,7 +157,6 @@ func (r *Reconciler) Run(ctx, work context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
-			wg.Wait()
 			return
 		case <-tick:
 			r.fullPass(work)
@@ -165,28 +166,14 @@ func (r *Reconciler) Run(ctx, work context.Context) {
 	}
 }
 
-func (r *Reconciler) worker(ctx, work context.Context) {
+func (r *Reconciler) worker(work context.Context) {
 	for {
-		select {
-		case <-ctx.Done():
+		id, shutdown := r.queue.Get()
+		if shutdown {
 			return
-		case id := <-r.queue:
-			r.mu.Lock()
-			delete(r.queued, id)
-			r.processing[id] = true
-			r.mu.Unlock()
-
-			r.reconcile(work, id)
-
-			r.mu.Lock()
-			delete(r.processing, id)
-			again := r.again[id]
-			delete(r.again, id)
-			r.mu.Unlock()
-			if again {
-				r.Enqueue(id)
-			}
 		}
+		r.reconcile(work, id)
+		r.queue.Done(id)
 	}
 }
 
@@ -360,10 +347,10 @@ func (r *Reconciler) reconcile(ctx context.Context, id string) {
 	change, _ := planner.Machine(r.o.Planner, m, observed.NewIndex(snap, r.o.Planner.Installation), r.o.Now())
 	outcome := r.Apply(ctx, m, change)
 	switch outcome {
-	case OutcomeWait:
-		r.EnqueueAfter(id, 5*time.Second)
-	case OutcomeRetry:
-		r.EnqueueAfter(id, 30*time.Second)
+	case OutcomeWait, OutcomeRetry:
+		r.queue.AddRateLimited(id)
+	default:
+		r.queue.Forget(id)
 	}
 	if r.o.Metrics != nil {
 		r.o.Metrics.Reconciled(outcome, time.Since(start))

@@ -7,8 +7,10 @@
 //     recovered; a startup failure exits non-zero before listening.
 //   - /readyz is green only while gRPC serves and the state store is
 //     healthy.
-//   - Shutdown stops accepting RPCs, lets in-flight steps finish up to
-//     --shutdown-grace, then flushes the state store.
+//   - A graceful stop refuses new mutations (UNAVAILABLE) and reports
+//     NOT_SERVING at once, keeps answering reads, finishes the queued and
+//     in-flight work within --shutdown-grace, then stops gRPC and flushes
+//     the state store.
 package server
 
 import (
@@ -133,7 +135,7 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Provider
 		capacity = desired.BareMetal
 	}
 	rec = reconciler.New(reconciler.Options{Doc: doc, Hypervisor: p.HV, Executor: exec, Planner: p.Planner,
-		Interval: cfg.ReconcileInterval, Capacity: capacity, Logger: log, Metrics: p.Metrics,
+		Interval: cfg.ReconcileInterval, Capacity: capacity, Logger: log, Metrics: p.Metrics, QueueMetrics: p.Metrics.QueueMetrics(),
 		Types: func(name string) (int, int, bool) {
 			it, ok := cfg.Catalog[name]
 			return it.VCPU, it.MemoryMiB, ok
@@ -257,9 +259,22 @@ func (p *Provider) Serve(ctx context.Context) error {
 	case <-ctx.Done():
 	case serveErr = <-grpcErr:
 	}
-	log.Info("shutting down", "grace", cfg.ShutdownGrace)
+	// A graceful stop: refuse new mutations (UNAVAILABLE) and report
+	// NOT_SERVING, but keep answering reads while the reconciler finishes
+	// the queued and in-flight work; only kill -9 or an exhausted grace may
+	// interrupt a transition (and so fail a Configure at the next start).
+	log.Info("shutting down: finishing queued and in-flight work", "grace", cfg.ShutdownGrace, "queued", p.Rec.Depth())
+	p.Doc.Refuse("the provider is shutting down")
 	serving.Store(false)
 	hs.Shutdown()
+	stopLoop()
+	select {
+	case <-loopDone:
+	case <-time.After(cfg.ShutdownGrace):
+		log.Warn("queued and in-flight work did not finish within the shutdown grace; it is interrupted now and re-driven at the next start (an interrupted Configure fails)")
+	}
+	cancelWork()
+	<-loopDone
 	stopped := make(chan struct{})
 	go func() { gs.GracefulStop(); close(stopped) }()
 	select {
@@ -267,14 +282,6 @@ func (p *Provider) Serve(ctx context.Context) error {
 	case <-time.After(5 * time.Second):
 		gs.Stop()
 	}
-	stopLoop()
-	select {
-	case <-loopDone:
-	case <-time.After(cfg.ShutdownGrace):
-		log.Warn("in-flight steps did not finish within the shutdown grace; their intents are re-driven at the next start")
-	}
-	cancelWork()
-	<-loopDone
 	if hsrv != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		hsrv.Shutdown(sctx)
