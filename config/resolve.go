@@ -196,6 +196,10 @@ func (f *Flags) Resolve(fs *flag.FlagSet) (*Config, error) {
 		if err != nil {
 			p.addErr("seed-count", err)
 		}
+		if !real && c.Fake.Faults {
+			// The conformance fault convention needs slots whose Create fails.
+			offs = append(offs, inventory.FaultOfferings(c.Hypervisor, c.Catalog, offs, capacity)...)
+		}
 		c.Offerings = offs
 	}
 	if err := p.err(); err != nil {

@@ -129,3 +129,38 @@ func TestCreateFaultOffering(t *testing.T) {
 		checkShape(t, m, providerOf(sh))
 	})
 }
+
+// With nothing but --fake-faults, the whole conformance fault convention
+// works (issue 8 item 13): the readiness gate is active, so
+// fault-readiness-block fails the Configure at its timeout, and the default
+// offerings hold slots labelled conformance.fault/create=error whose Create
+// fails.
+func TestPlainFakeFaultsConvention(t *testing.T) {
+	const timeout = 2 * time.Second
+	eachShape(t, func(t *testing.T, sh shape) {
+		s := start(t, append(sh.args, "--fake-faults", "--configure-timeout", timeout.String())...)
+		var faulty, plain []string
+		for _, m := range listAll(t, s.c, stSpec) {
+			if m.Labels["conformance.fault/create"] == "error" {
+				faulty = append(faulty, m.Id)
+			} else {
+				plain = append(plain, m.Id)
+			}
+		}
+		if len(faulty) == 0 {
+			t.Fatal("the default offerings hold no slot labelled conformance.fault/create=error")
+		}
+		must(t, "create")(create(s.c, t, faulty[0], tok{}))
+		waitFailed(t, s.c, faulty[0], stIdle)
+
+		id := plain[0]
+		toIdle(t, s.c, id)
+		began := time.Now()
+		must(t, "configure")(configure(s.c, t, id, "fault-readiness-block", nil, tok{}))
+		m := waitFailed(t, s.c, id, stConfigured)
+		if el := time.Since(began); el < timeout {
+			t.Errorf("FAILED after %v, before the %v configure timeout", el, timeout)
+		}
+		t.Logf("readiness block: %q", m.LastError)
+	})
+}

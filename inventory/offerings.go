@@ -281,6 +281,36 @@ func DefaultOfferings(shape hypervisors.Shape, c Catalog, zones []string, seedCo
 	return Validate(offs, Rules{Shape: shape, Catalog: c})
 }
 
+// CreateFaultLabel is the BigFleet conformance fault convention's
+// offering label: with the value "error" a simulator fails the Create of
+// the offering's slots.
+const CreateFaultLabel = "conformance.fault/create"
+
+// FaultOfferings is what the simulator adds to the default offerings in
+// conformance fault mode: three slots on the first zone labelled
+// CreateFaultLabel=error, of a catalog type the default mix leaves unused
+// on that zone (so their machine ids never collide with it), or nil if the
+// catalog has no such type.
+func FaultOfferings(shape hypervisors.Shape, c Catalog, defaults []Offering, capacity CapacityType) []Offering {
+	if len(defaults) == 0 {
+		return nil
+	}
+	zone := defaults[0].Zone
+	used := map[string]bool{}
+	for _, o := range defaults {
+		if o.Zone == zone {
+			used[o.InstanceType] = true
+		}
+	}
+	for _, it := range c.BySize() {
+		if !used[it.Name] {
+			return []Offering{{InstanceType: it.Name, Zone: zone, CapacityType: capacity, Count: 3,
+				Resources: DefaultResources(), Labels: map[string]string{CreateFaultLabel: "error"}}}
+		}
+	}
+	return nil
+}
+
 // Zones returns the distinct zones of offs in byte-wise order.
 func Zones(offs []Offering) []string {
 	set := map[string]bool{}

@@ -41,6 +41,7 @@ import (
 	"github.com/bigfleet-vm/provider/desired"
 	"github.com/bigfleet-vm/provider/executor"
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/fake"
 	"github.com/bigfleet-vm/provider/metrics"
 	"github.com/bigfleet-vm/provider/planner"
 	"github.com/bigfleet-vm/provider/reconciler"
@@ -177,11 +178,16 @@ func plannerConfig(cfg *config.Config, installation string) planner.Config {
 		pc.UserData = string(l.BaseUserData)
 		pc.Kernel, pc.Initrd, pc.Cmdline = l.Kernel, l.Initrd, l.Cmdline
 		if pc.Image == "" && cfg.Backend == config.BackendFake {
-			pc.Image = "golden.qcow2"
+			pc.Image = fake.DefaultImage
 		}
 	} else {
 		x := cfg.Proxmox
 		pc.ProxmoxPool, pc.BootstrapPath, pc.BootstrapExec = x.Pool, x.BootstrapPath, x.BootstrapExec
+	}
+	if cfg.Backend == config.BackendFake && cfg.Fake.Faults && len(pc.NodeReadyExec) == 0 {
+		// The conformance fault convention's fault-readiness-block needs a
+		// readiness gate; the simulated guest answers this command.
+		pc.NodeReadyExec = []string{fake.DefaultReadyCommand}
 	}
 	return pc
 }
