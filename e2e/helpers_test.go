@@ -108,13 +108,17 @@ func listAll(t testing.TB, c pb.CapacityProviderClient, states ...pb.MachineStat
 	return l.Machines
 }
 
-// speculative returns the ids of n SPECULATIVE machines.
+// speculative returns the ids of n SPECULATIVE machines, skipping the
+// slots whose Create the fault convention fails.
 func speculative(t testing.TB, c pb.CapacityProviderClient, n int) []string {
 	t.Helper()
 	var ids []string
 	for _, m := range listAll(t, c, stSpec) {
 		if len(ids) == n {
 			break
+		}
+		if m.Labels["conformance.fault/create"] == "error" {
+			continue
 		}
 		ids = append(ids, m.Id)
 	}

@@ -309,7 +309,7 @@ func (p *Provider) unaryInterceptor(ctx context.Context, req any, info *grpc.Una
 		if code != 0 {
 			level = slog.LevelWarn
 		}
-		p.log.Log(ctx, level, "rpc", "method", info.FullMethod, "machine", machineOf(req), "code", code.String(),
+		p.log.Log(ctx, level, "rpc", "method", info.FullMethod, "machine", desired.Clip(machineOf(req), 64), "code", code.String(),
 			"ms", float64(time.Since(start).Microseconds())/1000)
 	}()
 	return h(ctx, req)

@@ -1,0 +1,267 @@
+package e2e
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/encoding/protowire"
+
+	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
+)
+
+// Black-box regressions for issue 8: what a shard (or an attacker) can do
+// over the wire. Each failed against the provider before the fix.
+
+// Three cursor-less List(states=[SPECULATIVE], max_results=1) calls hand
+// out three different machines, so shards picking capacity this way do
+// not all contend for one slot.
+func TestCursorlessPagesHandOutDifferentMachines(t *testing.T) {
+	eachShape(t, func(t *testing.T, sh shape) {
+		s := start(t, append(sh.args, "--seed-count", "16")...)
+		seen := map[string]bool{}
+		for range 3 {
+			l, err := s.c.List(ctx(t), &pb.ListFilter{States: []pb.MachineState{stSpec}, MaxResults: 1})
+			if err != nil || len(l.Machines) != 1 {
+				t.Fatalf("List: %v %v", err, l)
+			}
+			seen[l.Machines[0].Id] = true
+		}
+		if len(seen) != 3 {
+			t.Errorf("3 pickers got %d distinct machines", len(seen))
+		}
+		// And a paged walk from such a start still sees every machine once.
+		all := map[string]int{}
+		var cur []byte
+		for range 100 {
+			l, err := s.c.List(ctx(t), &pb.ListFilter{MaxResults: 5, SinceRevision: cur})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(l.Machines) == 0 {
+				break
+			}
+			for _, m := range l.Machines {
+				all[m.Id]++
+			}
+			cur = l.Revision
+		}
+		if len(all) != 16 {
+			t.Errorf("paged walk saw %d of 16 machines", len(all))
+		}
+		for id, n := range all {
+			if n != 1 {
+				t.Errorf("%s seen %d times", id, n)
+			}
+		}
+	})
+}
+
+// Oversized ids are refused with InvalidArgument, never stored, and never
+// echoed whole in errors or logs: 20 Creates with a 9 MiB unknown id used
+// to grow RSS by 600 MB, the state file by 176 MB and the log by 188 MB.
+func TestOversizedIDsAreRefusedAndNotEchoed(t *testing.T) {
+	dir := t.TempDir()
+	s := start(t, "--seed-count", "4", "--state", filepath.Join(dir, "state"), "--log-level", "debug")
+	id := speculative(t, s.c, 1)[0]
+	toIdle(t, s.c, id)
+	size := func() int64 {
+		var n int64
+		entries, _ := os.ReadDir(dir)
+		for _, e := range entries {
+			if fi, err := e.Info(); err == nil {
+				n += fi.Size()
+			}
+		}
+		return n
+	}
+	before, logBefore := size(), len(s.stderr.String())
+	huge := strings.Repeat("x", 9<<20)
+	for i := range 20 {
+		_, err := create(s.c, t, huge+fmt.Sprint(i), tok{"s", 1, 1})
+		if code(err) != codes.InvalidArgument || len(err.Error()) > 1024 {
+			t.Fatalf("9 MiB machine_id: %d-byte error %.120v", len(fmt.Sprint(err)), err)
+		}
+	}
+	for name, call := range map[string]func() error{
+		"shard_id": func() error { _, err := create(s.c, t, id, tok{huge, 1, 1}); return err },
+		"cluster_id": func() error {
+			_, err := s.c.Configure(ctx(t), &pb.ConfigureRequest{MachineId: id, ClusterId: huge[:4<<20]})
+			return err
+		},
+		"get id": func() error { _, err := s.c.Get(ctx(t), &pb.MachineRef{Id: huge}); return err },
+	} {
+		if err := call(); code(err) != codes.InvalidArgument || len(err.Error()) > 1024 {
+			t.Errorf("%s: %.120v", name, err)
+		}
+	}
+	if grew := size() - before; grew > 64<<10 {
+		t.Errorf("the state grew by %d bytes from refused requests", grew)
+	}
+	if grew := len(s.stderr.String()) - logBefore; grew > 256<<10 {
+		t.Errorf("the log grew by %d bytes from refused requests", grew)
+	}
+}
+
+// Fence marks are bounded per machine: a shard past the cap gets
+// ResourceExhausted (20,000 Drains with distinct shard_ids used to persist
+// 20,000 marks), and no older mark is dropped.
+func TestFenceMarksPerMachineAreBounded(t *testing.T) {
+	s := start(t, "--seed-count", "2")
+	id := speculative(t, s.c, 1)[0]
+	var last error
+	n := 0
+	for ; n < 1000; n++ {
+		if _, last = drain(s.c, t, id, tok{fmt.Sprint("shard-", n), 1, 1}); code(last) == codes.ResourceExhausted {
+			break
+		}
+	}
+	if code(last) != codes.ResourceExhausted {
+		t.Fatalf("1000 shards on one machine, last answer %v", last)
+	}
+	t.Logf("refused the first contact of shard %d: %v", n, last)
+	if _, err := drain(s.c, t, id, tok{"shard-0", 1, 1}); code(err) != codes.FailedPrecondition {
+		t.Errorf("the first shard's mark was dropped: %v", err)
+	}
+}
+
+// Invalid UTF-8 in any string field of any request gets the same,
+// documented code: InvalidArgument (it was Internal for Create, accepted
+// for a Configure shard_id and InvalidArgument for metadata).
+func TestInvalidUTF8GetsInvalidArgumentEverywhere(t *testing.T) {
+	s := start(t, "--seed-count", "4")
+	id := speculative(t, s.c, 1)[0]
+	toIdle(t, s.c, id)
+	str := func(b []byte, num protowire.Number, v string) []byte {
+		return protowire.AppendString(protowire.AppendTag(b, num, protowire.BytesType), v)
+	}
+	entry := str(str(nil, 1, "k\xff"), 2, "v")
+	bad := "bad\xff\xfe"
+	cases := []struct {
+		name, method string
+		req          []byte
+	}{
+		{"Create machine_id", "Create", str(nil, 1, bad)},
+		{"Create shard_id", "Create", str(str(nil, 1, id), 3, bad)},
+		{"Configure cluster_id", "Configure", str(str(nil, 1, id), 2, bad)},
+		{"Configure shard_id", "Configure", str(str(str(nil, 1, id), 2, "c1"), 4, bad)},
+		{"Configure metadata key", "Configure", protowire.AppendBytes(protowire.AppendTag(str(str(nil, 1, id), 2, "c1"), 7, protowire.BytesType), entry)},
+		{"Drain shard_id", "Drain", str(str(nil, 1, id), 3, bad)},
+		{"Delete shard_id", "Delete", str(str(nil, 1, id), 2, bad)},
+		{"Get id", "Get", str(nil, 1, bad)},
+	}
+	for _, c := range cases {
+		var resp []byte
+		err := s.conn.Invoke(ctx(t), "/bigfleet.v1alpha1.CapacityProvider/"+c.method, &c.req, &resp, grpc.ForceCodec(rawCodec{}))
+		if code(err) != codes.InvalidArgument {
+			t.Errorf("%s: %v, want InvalidArgument", c.name, err)
+		}
+	}
+	if m := get(t, s.c, id); m.State != stIdle {
+		t.Errorf("machine changed by refused requests: %v", m.State)
+	}
+}
+
+// An empty bootstrap blob is a valid, empty file for the hook (it used to
+// fail with "no longer in memory (the provider restarted)"), and a failed
+// Configure clears both cluster and shard_metadata.
+func TestEmptyBlobAndFailedConfigure(t *testing.T) {
+	eachShape(t, func(t *testing.T, sh shape) {
+		s := start(t, append(sh.args, "--seed-count", "4", "--fake-faults")...)
+		ids := speculative(t, s.c, 2)
+		toIdle(t, s.c, ids[0])
+		toIdle(t, s.c, ids[1])
+		if _, err := s.c.Configure(ctx(t), &pb.ConfigureRequest{MachineId: ids[0], ClusterId: "c1", BootstrapBlob: []byte{}}); err != nil {
+			t.Fatal(err)
+		}
+		waitState(t, s.c, ids[0], stConfigured)
+		must(t, "configure")(configure(s.c, t, ids[1], "fault-error", map[string]string{"k": "v"}, tok{}))
+		m := waitFailed(t, s.c, ids[1], stConfigured)
+		if m.Cluster != "" || len(m.ShardMetadata) != 0 {
+			t.Errorf("failed configure kept cluster %q metadata %v", m.Cluster, m.ShardMetadata)
+		}
+	})
+}
+
+// A drain grace of MaxInt64 is clamped (documented), not turned into a
+// negative drain timeout and a wrapped deadline.
+func TestDrainGraceIsClampedOverTheWire(t *testing.T) {
+	s := start(t, "--seed-count", "2")
+	id := speculative(t, s.c, 1)[0]
+	toConfigured(t, s.c, id, "c1", nil)
+	if _, err := s.c.Drain(ctx(t), &pb.DrainRequest{MachineId: id, GracePeriodSeconds: math.MaxInt64}); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, s.c, id, stIdle)
+	if strings.Contains(s.stderr.String(), "--timeout=-") {
+		t.Error("a negative drain timeout reached the guest")
+	}
+}
+
+// With the state on a full disk, a Create answered Unavailable is never
+// visible: not to Get, not as SPECULATIVE-again after a restart (it used
+// to show CREATING and then vanish). Needs root for a small tmpfs.
+func TestFullDiskChangeIsNeverVisible(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a small tmpfs")
+	}
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Skipf("mount tmpfs: %v %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
+	s := start(t, "--seed-count", "16", "--state", filepath.Join(dir, "state"))
+	ids := speculative(t, s.c, 12)
+	toIdle(t, s.c, ids[0])
+	filler, err := os.Create(filepath.Join(dir, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64<<10)
+	for {
+		if _, err := filler.Write(buf); err != nil {
+			break
+		}
+	}
+	filler.Close()
+	// Tail pages of the journal may still take a record or two; every
+	// Create is either committed (and visible) or Unavailable (and never).
+	committed := map[string]bool{}
+	refused := 0
+	for _, id := range ids[1:] {
+		_, err := create(s.c, t, id, tok{})
+		switch code(err) {
+		case codes.OK:
+			committed[id] = true
+		case codes.Unavailable:
+			refused++
+			if !strings.Contains(err.Error(), "no space left") {
+				t.Errorf("the error does not say why: %v", err)
+			}
+			if m := get(t, s.c, id); m.State != stSpec {
+				t.Errorf("Get shows %v for a Create that never committed", m.State)
+			}
+		default:
+			t.Fatalf("create on a full disk: %v", err)
+		}
+	}
+	if refused == 0 {
+		t.Fatal("no Create was refused on a full disk")
+	}
+	os.Remove(filepath.Join(dir, "filler"))
+	s.restart()
+	for _, id := range ids[1:] {
+		if m := get(t, s.c, id); !committed[id] && m.State != stSpec {
+			t.Errorf("%s after a restart: %v, want SPECULATIVE (its Create never committed)", id, m.State)
+		}
+	}
+	if m := get(t, s.c, ids[0]); m.State != stIdle {
+		t.Errorf("committed machine after a restart: %v", m.State)
+	}
+}
