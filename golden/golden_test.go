@@ -26,6 +26,7 @@ import (
 	"github.com/bigfleet-vm/provider/executor"
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/fake"
+	"github.com/bigfleet-vm/provider/jsonplan"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
 	"github.com/bigfleet-vm/provider/reconciler"
@@ -632,7 +633,7 @@ func (c *goldenCase) run(t *testing.T) {
 		t.Fatal(err)
 	}
 	var text bytes.Buffer
-	if err := planner.RenderText(&text, gotJSON, planner.TextOptions{}); err != nil {
+	if err := jsonplan.RenderText(&text, gotJSON, jsonplan.TextOptions{}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -641,11 +642,11 @@ func (c *goldenCase) run(t *testing.T) {
 	if diff := cmp.Diff(string(gotJSON), string(again)); diff != "" {
 		t.Errorf("planning the same inputs twice differs (-first +second):\n%s", diff)
 	}
-	decoded, err := planner.DecodeJSON(gotJSON)
+	decoded, err := jsonplan.Decode(gotJSON)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rt, _ := planner.MarshalJSON(decoded); !bytes.Equal(rt, gotJSON) {
+	if rt, _ := jsonplan.Marshal(decoded); !bytes.Equal(rt, gotJSON) {
 		t.Errorf("JSON plan does not round-trip:\n%s", cmp.Diff(string(gotJSON), string(rt)))
 	}
 	// Secrets.
@@ -707,7 +708,7 @@ func (c *goldenCase) converge(t *testing.T, hv simulator, clk *clock, plan *plan
 	switch {
 	case want && !empty(plan):
 		var txt bytes.Buffer
-		planner.RenderText(&txt, final, planner.TextOptions{})
+		jsonplan.RenderText(&txt, final, jsonplan.TextOptions{})
 		t.Errorf("no convergence after %d rounds of apply/observe/re-plan; the last plan is:\n%s", rounds, txt.String())
 	case !want && empty(plan):
 		t.Errorf("the case is marked expect-converged: false (%s), but it converged after %d rounds: drop the mark", c.cfg.Reason, rounds)

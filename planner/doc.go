@@ -8,6 +8,11 @@
 //   - Nothing is created or destroyed in a zone that is not observed OK.
 //   - Destructive steps target only VMs carrying this installation's marker.
 //   - The bootstrap blob is never part of a plan.
+//   - These types are not a wire format (they carry no JSON tags): the
+//     published form is jsonplan.Plan, reached only through Plan.JSON,
+//     which copies each field explicitly.
+//   - Whether an action is destructive is a property of the action
+//     (Action.Destructive), never derived from its rendering.
 //   - Planning one machine is O(1) index lookups (Machine); a full plan is
 //     linear in the fleet (Build).
 package planner

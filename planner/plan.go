@@ -4,12 +4,9 @@ import (
 	"time"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/jsonplan"
 	"github.com/bigfleet-vm/provider/observed"
 )
-
-// FormatVersion is the version of the JSON plan; it changes only when a
-// consumer would have to change.
-const FormatVersion = "1.0"
 
 // Action is a step kind from a closed set.
 type Action string
@@ -35,69 +32,65 @@ const (
 	ActionDeleteVM      Action = "delete-vm"
 )
 
-// Symbol is the one-character marker of an action in the human plan:
-// + create/define/clone, > start, ~ change or exec, - destroy.
-func (a Action) Symbol() string {
-	switch a {
-	case ActionCreateOverlay, ActionCreateSeed, ActionDefine, ActionClone:
-		return "+"
-	case ActionStart, ActionResume:
-		return ">"
-	case ActionStop, ActionUndefine, ActionDeleteVolume, ActionDeleteVM:
-		return "-"
-	default:
-		return "~"
-	}
+// Actions is the closed set of step kinds, in declaration order.
+var Actions = []Action{
+	ActionCreateOverlay, ActionCreateSeed, ActionDefine, ActionClone, ActionConfigureVM, ActionStart, ActionResume,
+	ActionAutostart, ActionWaitAgent, ActionBind, ActionExecBootstrap, ActionExecReady, ActionExecDrain, ActionUnbind,
+	ActionStop, ActionUndefine, ActionDeleteVolume, ActionDeleteVM,
+}
+
+// destructive are the actions that destroy something a VM had: its power
+// state, its definition or its disks. Whether an action destroys is a
+// fact about the action, decided here; how the human plan marks it is the
+// renderer's business (jsonplan.Glyph).
+var destructive = map[Action]bool{
+	ActionStop: true, ActionUndefine: true, ActionDeleteVolume: true, ActionDeleteVM: true,
 }
 
 // Destructive reports whether the action destroys something; the executor
 // re-checks ownership on the live VM right before such a step.
-func (a Action) Destructive() bool { return a.Symbol() == "-" }
+func (a Action) Destructive() bool { return destructive[a] }
+
+// Symbol is the one-character marker of an action in the human plan:
+// + create/define/clone, > start, ~ change or exec, - destroy.
+func (a Action) Symbol() string { return jsonplan.Glyph(string(a)) }
 
 // Params holds the parameters of exactly one action; the others are nil.
 type Params struct {
-	Overlay *hypervisors.OverlaySpec `json:"overlay,omitempty"`
-	Seed    *hypervisors.SeedSpec    `json:"seed,omitempty"`
-	Domain  *hypervisors.DomainSpec  `json:"domain,omitempty"`
-	Clone   *hypervisors.CloneSpec   `json:"clone,omitempty"`
-	Size    *hypervisors.SizeSpec    `json:"size,omitempty"`
-	Marker  *observed.Marker         `json:"marker,omitempty"`
+	Overlay *hypervisors.OverlaySpec
+	Seed    *hypervisors.SeedSpec
+	Domain  *hypervisors.DomainSpec
+	Clone   *hypervisors.CloneSpec
+	Size    *hypervisors.SizeSpec
+	Marker  *observed.Marker
 	// Exec is the argv run in the guest; for exec-bootstrap the blob is
 	// written to BlobPath first and removed after (the blob itself is never
 	// part of a plan).
-	Exec     []string `json:"exec,omitempty"`
-	BlobPath string   `json:"blob_path,omitempty"`
+	Exec     []string
+	BlobPath string
 	// Pool and Volume name a volume to delete.
-	Pool   string `json:"pool,omitempty"`
-	Volume string `json:"volume,omitempty"`
+	Pool   string
+	Volume string
 	// Grace bounds a graceful shutdown before a power-off.
-	Grace Duration `json:"grace,omitempty"`
+	Grace Duration
 	// Autostart value for the autostart step.
-	Autostart bool `json:"autostart,omitempty"`
+	Autostart bool
 }
 
-// Duration marshals as a Go duration string.
+// Duration is a step's time parameter.
 type Duration time.Duration
-
-func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
-
-func (d *Duration) UnmarshalText(b []byte) error {
-	v, err := time.ParseDuration(string(b))
-	*d = Duration(v)
-	return err
-}
 
 // Step is one ensure-style hypervisor operation.
 type Step struct {
 	// ID is stable and readable: "<zone>/<vm>/<action>[:<detail>]".
-	ID        string             `json:"id"`
-	Action    Action             `json:"action"`
-	Target    hypervisors.Target `json:"target"`
-	DependsOn []string           `json:"depends_on,omitempty"`
-	Params    Params             `json:"params"`
+	ID        string
+	Action    Action
+	Target    hypervisors.Target
+	DependsOn []string
+	Params    Params
 	// Reason is for people and metrics ("intent:create", "drift:stopped",
 	// "missing"); the executor never branches on it.
-	Reason string `json:"reason"`
+	Reason string
 }
 
 // DriftKind classifies a difference between desired and observed.
@@ -129,49 +122,49 @@ const (
 
 // Drift is one finding.
 type Drift struct {
-	Machine string    `json:"machine,omitempty"`
-	Zone    string    `json:"zone"`
-	VM      string    `json:"vm,omitempty"`
-	Kind    DriftKind `json:"kind"`
-	Policy  Policy    `json:"policy"`
-	Detail  string    `json:"detail"`
+	Machine string
+	Zone    string
+	VM      string
+	Kind    DriftKind
+	Policy  Policy
+	Detail  string
 }
 
 // Intent summarises the transition a machine change serves.
 type Intent struct {
-	Kind    string `json:"kind"`
-	OpID    string `json:"op_id"`
-	Cluster string `json:"cluster,omitempty"`
-	Grace   int64  `json:"grace_seconds,omitempty"`
+	Kind    string
+	OpID    string
+	Cluster string
+	Grace   int64
 }
 
 // Adopt asks the reconciler to record an owned VM for a machine.
 type Adopt struct {
-	Host         string `json:"host"`
-	VMName       string `json:"vm_name"`
-	VMID         int    `json:"vmid,omitempty"`
-	Cluster      string `json:"cluster,omitempty"`
-	InstanceType string `json:"instance_type,omitempty"`
+	Host         string
+	VMName       string
+	VMID         int
+	Cluster      string
+	InstanceType string
 }
 
 // Change is everything planned for one machine.
 type Change struct {
-	Machine string  `json:"machine"`
-	Zone    string  `json:"zone"`
-	State   string  `json:"state"`
-	Intent  *Intent `json:"intent,omitempty"`
+	Machine string
+	Zone    string
+	State   string
+	Intent  *Intent
 	// VM is the VM the change works on and, for a Create, settles the
 	// machine on (its VMID is 0 until a clone step allocates one).
-	VM    *hypervisors.Target `json:"vm,omitempty"`
-	Steps []Step              `json:"steps,omitempty"`
+	VM    *hypervisors.Target
+	Steps []Step
 	// Finish is the state the machine settles in once every step has
 	// succeeded (empty: the steps repair drift only).
-	Finish string `json:"finish,omitempty"`
+	Finish string
 	// Fail, when set, is the last_error the machine is failed with.
-	Fail  string `json:"fail,omitempty"`
-	Adopt *Adopt `json:"adopt,omitempty"`
+	Fail  string
+	Adopt *Adopt
 	// Wait says why nothing can be done now (e.g. the host is unknown).
-	Wait string `json:"wait,omitempty"`
+	Wait string
 }
 
 // Empty reports whether the change does nothing.
@@ -181,37 +174,37 @@ func (c *Change) Empty() bool {
 
 // Summary counts a plan's changes the way the human plan prints them.
 type Summary struct {
-	Create    int `json:"create"`
-	Configure int `json:"configure"`
-	Drain     int `json:"drain"`
-	Delete    int `json:"delete"`
-	Repair    int `json:"repair"`
-	Fail      int `json:"fail"`
-	Adopt     int `json:"adopt"`
-	Drift     int `json:"drift"`
-	Steps     int `json:"steps"`
+	Create    int
+	Configure int
+	Drain     int
+	Delete    int
+	Repair    int
+	Fail      int
+	Adopt     int
+	Drift     int
+	Steps     int
 }
 
 // Plan is the output of one planning pass: data, not behaviour.
+// Its published form is jsonplan.Plan (see JSON).
 type Plan struct {
-	FormatVersion string    `json:"format_version"`
-	Hypervisor    string    `json:"hypervisor"`
-	Installation  string    `json:"installation"`
-	Lineage       string    `json:"lineage"`
-	Serial        uint64    `json:"serial"`
-	ObservedAt    time.Time `json:"observed_at"`
-	PlannedAt     time.Time `json:"planned_at"`
-	Zones         []Zone    `json:"zones"`
-	Changes       []Change  `json:"changes"`
-	Drift         []Drift   `json:"drift"`
-	Summary       Summary   `json:"summary"`
+	Hypervisor   string
+	Installation string
+	Lineage      string
+	Serial       uint64
+	ObservedAt   time.Time
+	PlannedAt    time.Time
+	Zones        []Zone
+	Changes      []Change
+	Drift        []Drift
+	Summary      Summary
 }
 
 // Zone is a zone's observation status as the plan saw it.
 type Zone struct {
-	Name   string `json:"name"`
-	Status string `json:"status"`
-	Error  string `json:"error,omitempty"`
+	Name   string
+	Status string
+	Error  string
 }
 
 // HasChanges reports whether applying the plan would do anything.

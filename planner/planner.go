@@ -62,14 +62,13 @@ func Build(in Inputs) *Plan {
 		ix = observed.NewIndex(in.Observed, in.Config.Installation)
 	}
 	p := &Plan{
-		FormatVersion: FormatVersion,
-		Hypervisor:    string(in.Config.Shape),
-		Installation:  in.Config.Installation,
-		Lineage:       in.Lineage,
-		Serial:        in.Serial,
-		PlannedAt:     in.Now,
-		Changes:       []Change{},
-		Drift:         []Drift{},
+		Hypervisor:   string(in.Config.Shape),
+		Installation: in.Config.Installation,
+		Lineage:      in.Lineage,
+		Serial:       in.Serial,
+		PlannedAt:    in.Now,
+		Changes:      []Change{},
+		Drift:        []Drift{},
 	}
 	if in.Observed != nil {
 		p.ObservedAt = in.Observed.At

@@ -2,8 +2,8 @@ package server
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"sort"
 	"strconv"
@@ -15,7 +15,9 @@ import (
 
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/fake"
+	"github.com/bigfleet-vm/provider/jsonplan"
 	"github.com/bigfleet-vm/provider/observed"
+	"github.com/bigfleet-vm/provider/planner"
 )
 
 // httpHandler serves /metrics, /healthz, /readyz, /debug/plan and, on the
@@ -64,11 +66,14 @@ func (p *Provider) httpHandler(serving *atomic.Bool) http.Handler {
 	mux.HandleFunc("/debug/plan", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 60*time.Second)
 		defer cancel()
-		plan := p.Rec.Plan(ctx)
+		// The one encoder of the JSON plan, as `provider plan --json`.
+		body, err := planner.MarshalJSON(p.Rec.Plan(ctx))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
 		w.Header().Set("Content-Type", "application/json")
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		enc.Encode(plan)
+		w.Write(body)
 	})
 	if sim, ok := p.raw.(simulator); ok {
 		mux.HandleFunc("/admin/", p.admin(sim))
@@ -146,4 +151,36 @@ func (p *Provider) admin(sim simulator) http.HandlerFunc {
 		p.Rec.Trigger()
 		fmt.Fprintln(w, "ok")
 	}
+}
+
+// FetchPlan gets the plan of a running provider from its metrics
+// listener's /debug/plan (base is e.g. http://127.0.0.1:9090). It returns
+// the decoded plan and the JSON exactly as served, which Decode has
+// checked is a plan this build can read.
+func FetchPlan(ctx context.Context, base string) (*jsonplan.Plan, []byte, error) {
+	url := strings.TrimRight(base, "/") + "/debug/plan"
+	if !strings.Contains(base, "://") {
+		url = "http://" + url
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("fetch plan: %w", err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, nil, fmt.Errorf("fetch plan from %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
+	if err != nil {
+		return nil, nil, fmt.Errorf("fetch plan from %s: %w", url, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, nil, fmt.Errorf("fetch plan from %s: %s: %s", url, resp.Status, strings.TrimSpace(string(body)))
+	}
+	p, err := jsonplan.Decode(body)
+	if err != nil {
+		return nil, nil, fmt.Errorf("fetch plan from %s: %w", url, err)
+	}
+	return p, body, nil
 }

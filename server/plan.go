@@ -3,12 +3,8 @@ package server
 import (
 	"context"
 	"errors"
-	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
-	"net/http"
-	"strings"
 	"time"
 
 	"github.com/bigfleet-vm/provider/config"
@@ -79,35 +75,4 @@ func openReadOnly(ctx context.Context, cfg *config.Config, installation string, 
 		_ = w.WaitConnected(wctx) // hosts still down are observed as unknown
 	}
 	return hv, nil
-}
-
-// FetchPlan gets the plan of a running provider from its metrics
-// listener's /debug/plan (base is e.g. http://127.0.0.1:9090). It returns
-// the decoded plan and the JSON exactly as served.
-func FetchPlan(ctx context.Context, base string) (*planner.Plan, []byte, error) {
-	url := strings.TrimRight(base, "/") + "/debug/plan"
-	if !strings.Contains(base, "://") {
-		url = "http://" + url
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return nil, nil, fmt.Errorf("fetch plan: %w", err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, nil, fmt.Errorf("fetch plan from %s: %w", url, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
-	if err != nil {
-		return nil, nil, fmt.Errorf("fetch plan from %s: %w", url, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, nil, fmt.Errorf("fetch plan from %s: %s: %s", url, resp.Status, strings.TrimSpace(string(body)))
-	}
-	p, err := planner.DecodeJSON(body)
-	if err != nil {
-		return nil, nil, fmt.Errorf("fetch plan from %s: %w", url, err)
-	}
-	return p, body, nil
 }

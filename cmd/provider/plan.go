@@ -9,6 +9,7 @@ import (
 	"os"
 
 	"github.com/bigfleet-vm/provider/config"
+	"github.com/bigfleet-vm/provider/jsonplan"
 	"github.com/bigfleet-vm/provider/planner"
 	"github.com/bigfleet-vm/provider/server"
 )
@@ -41,10 +42,13 @@ func plan(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 
-	var p *planner.Plan
+	var (
+		p    *jsonplan.Plan
+		body []byte // the JSON plan as its producer encoded it
+	)
 	if *srv != "" {
 		var err error
-		if p, _, err = server.FetchPlan(ctx, *srv); err != nil {
+		if p, body, err = server.FetchPlan(ctx, *srv); err != nil {
 			fmt.Fprintf(stderr, "provider plan: %v\n", err)
 			return 1
 		}
@@ -54,7 +58,15 @@ func plan(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "provider plan: invalid configuration:\n%v\n", err)
 			return 1
 		}
-		if p, err = server.OfflinePlan(ctx, cfg); err != nil {
+		offline, err := server.OfflinePlan(ctx, cfg)
+		if err != nil {
+			fmt.Fprintf(stderr, "provider plan: %v\n", err)
+			return 1
+		}
+		if body, err = planner.MarshalJSON(offline); err == nil {
+			p, err = jsonplan.Decode(body)
+		}
+		if err != nil {
 			fmt.Fprintf(stderr, "provider plan: %v\n", err)
 			return 1
 		}
@@ -62,12 +74,9 @@ func plan(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 	var err error
 	if *asJSON {
-		var b []byte
-		if b, err = planner.MarshalJSON(p); err == nil {
-			_, err = stdout.Write(b)
-		}
+		_, err = stdout.Write(body)
 	} else {
-		err = planner.WriteText(stdout, p, planner.TextOptions{Color: !*noColor && terminal(stdout)})
+		err = jsonplan.Write(stdout, p, jsonplan.TextOptions{Color: !*noColor && terminal(stdout)})
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "provider plan: %v\n", err)

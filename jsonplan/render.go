@@ -1,8 +1,7 @@
-package planner
+package jsonplan
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
 	"sort"
@@ -17,54 +16,24 @@ type TextOptions struct {
 	Color bool
 }
 
-// MarshalJSON renders a plan as the versioned, indented JSON that
-// `provider plan --json` prints and RenderText reads.
-func MarshalJSON(p *Plan) ([]byte, error) {
-	b, err := json.MarshalIndent(p, "", "  ")
-	if err != nil {
-		return nil, fmt.Errorf("encode plan: %w", err)
-	}
-	return append(b, '\n'), nil
-}
-
-// DecodeJSON reads a versioned JSON plan. It refuses a plan of another
-// major format version, because its fields may mean something else.
-func DecodeJSON(planJSON []byte) (*Plan, error) {
-	var p Plan
-	dec := json.NewDecoder(bytes.NewReader(planJSON))
-	if err := dec.Decode(&p); err != nil {
-		return nil, fmt.Errorf("decode plan: %w", err)
-	}
-	major := func(v string) string { m, _, _ := strings.Cut(v, "."); return m }
-	if major(p.FormatVersion) != major(FormatVersion) {
-		return nil, fmt.Errorf("decode plan: format_version %q is not supported (this build reads %s.x)", p.FormatVersion, major(FormatVersion))
-	}
-	return &p, nil
-}
-
-// WriteText renders a plan as text the only way it is ever rendered: it
-// marshals the plan to its JSON form and renders that, so the human plan
-// can never show something the JSON plan does not carry.
-func WriteText(w io.Writer, p *Plan, opts TextOptions) error {
-	b, err := MarshalJSON(p)
-	if err != nil {
-		return err
-	}
-	return RenderText(w, b, opts)
-}
-
-// RenderText renders a versioned JSON plan as the human, terraform-plan
-// style text: zones, one block per machine with its intent and steps,
-// the drift, and a summary line starting "Plan: N to create, N to
-// configure, N to drain, N to delete" (or "No changes.").
+// RenderText decodes a JSON plan (checking its version) and renders it
+// as the human, terraform-plan style text: zones, one block per machine
+// with its intent and steps, the drift, and a summary line starting
+// "Plan: N to create, N to configure, N to drain, N to delete" (or "No
+// changes.").
 func RenderText(w io.Writer, planJSON []byte, opts TextOptions) error {
-	p, err := DecodeJSON(planJSON)
+	p, err := Decode(planJSON)
 	if err != nil {
 		return err
 	}
+	return Write(w, p, opts)
+}
+
+// Write renders a decoded JSON plan as text (see RenderText).
+func Write(w io.Writer, p *Plan, opts TextOptions) error {
 	r := &textRenderer{color: opts.Color}
 	r.plan(p)
-	_, err = w.Write(r.b.Bytes())
+	_, err := w.Write(r.b.Bytes())
 	return err
 }
 
@@ -141,18 +110,12 @@ func (r *textRenderer) plan(p *Plan) {
 			if d.VM != "" {
 				vm = " vm " + d.VM
 			}
-			r.line("  %s %s %s%s: %s", r.paint(ansiMagenta, string(d.Kind)), "("+string(d.Policy)+")", d.Zone+" "+who, vm, d.Detail)
+			r.line("  %s %s %s%s: %s", r.paint(ansiMagenta, d.Kind), "("+d.Policy+")", d.Zone+" "+who, vm, d.Detail)
 		}
 	}
 	r.line("")
 	s := p.Summary
-	changes := false
-	for i := range p.Changes {
-		if !p.Changes[i].Empty() {
-			changes = true
-		}
-	}
-	if !changes {
+	if !p.HasChanges() {
 		msg := "No changes."
 		if s.Drift > 0 {
 			msg += fmt.Sprintf(" %d drift reported.", s.Drift)
@@ -228,7 +191,7 @@ func (r *textRenderer) change(c *Change) {
 		r.line("  waiting: %s", c.Wait)
 	}
 	for _, s := range c.Steps {
-		sym := s.Action.Symbol()
+		sym := Glyph(s.Action)
 		detail := stepDetail(&s)
 		if detail != "" {
 			detail = "  " + detail
@@ -272,13 +235,17 @@ func stepDetail(s *Step) string {
 	case p.Volume != "":
 		parts = append(parts, "volume="+p.Pool+"/"+p.Volume)
 	}
-	if s.Action == ActionAutostart {
+	if s.Action == "autostart" {
 		parts = append(parts, "autostart="+strconv.FormatBool(p.Autostart))
 	}
-	if s.Action == ActionStop {
-		parts = append(parts, "grace="+time.Duration(p.Grace).String())
+	if s.Action == "stop" {
+		g := p.Grace
+		if g == "" {
+			g = "0s" // omitted when zero
+		}
+		parts = append(parts, "grace="+g)
 	}
-	if len(p.Exec) > 0 && s.Action != ActionExecDrain {
+	if len(p.Exec) > 0 && s.Action != "exec-drain" {
 		parts = append(parts, "exec="+p.Exec[0])
 	}
 	if p.BlobPath != "" {

@@ -1,0 +1,81 @@
+// Package planschema validates JSON plans against the published schema,
+// docs/plan.schema.json, with a real JSON Schema (2020-12) validator. It
+// is imported by tests only.
+//
+// Invariants:
+//   - The schema is read from the repository's docs/, the file operators
+//     are pointed at, never from a copy.
+//   - Formats (date-time) are asserted, not only annotated.
+package planschema
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+)
+
+// Path is the published schema's location in the repository.
+func Path() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..", "docs", "plan.schema.json")
+}
+
+var (
+	once     sync.Once
+	compiled *jsonschema.Schema
+	errLoad  error
+)
+
+func schema() (*jsonschema.Schema, error) {
+	once.Do(func() {
+		f, err := os.Open(Path())
+		if err != nil {
+			errLoad = err
+			return
+		}
+		defer f.Close()
+		doc, err := jsonschema.UnmarshalJSON(f)
+		if err != nil {
+			errLoad = fmt.Errorf("parse %s: %w", Path(), err)
+			return
+		}
+		c := jsonschema.NewCompiler()
+		c.AssertFormat()
+		if err := c.AddResource("plan.schema.json", doc); err != nil {
+			errLoad = err
+			return
+		}
+		compiled, errLoad = c.Compile("plan.schema.json")
+	})
+	return compiled, errLoad
+}
+
+// Validate reports whether planJSON is a valid plan of the published
+// schema, with every violation in the error.
+func Validate(planJSON []byte) error {
+	sch, err := schema()
+	if err != nil {
+		return fmt.Errorf("load plan schema: %w", err)
+	}
+	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(planJSON))
+	if err != nil {
+		return fmt.Errorf("plan is not JSON: %w", err)
+	}
+	return sch.Validate(inst)
+}
+
+// Raw returns the schema document itself, decoded.
+func Raw() (map[string]any, error) {
+	b, err := os.ReadFile(Path())
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]any
+	return m, json.Unmarshal(b, &m)
+}

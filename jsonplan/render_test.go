@@ -1,0 +1,111 @@
+package jsonplan_test
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/jsonplan"
+	"github.com/bigfleet-vm/provider/observed"
+	"github.com/bigfleet-vm/provider/planner"
+)
+
+var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// render renders p the way every caller does: through its JSON.
+func render(t *testing.T, p *jsonplan.Plan, color bool) string {
+	t.Helper()
+	js, err := jsonplan.Marshal(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	if err := jsonplan.RenderText(&b, js, jsonplan.TextOptions{Color: color}); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
+
+func TestRenderSummaryLine(t *testing.T) {
+	tests := []struct {
+		name string
+		sum  jsonplan.Summary
+		want string
+	}{
+		{"basic", jsonplan.Summary{Create: 3, Configure: 1, Delete: 2, Drift: 1}, "Plan: 3 to create, 1 to configure, 0 to drain, 2 to delete; 1 drift."},
+		{"extended", jsonplan.Summary{Create: 1, Repair: 2, Fail: 1, Adopt: 3, Drift: 6}, "Plan: 1 to create, 0 to configure, 0 to drain, 0 to delete, 2 to repair, 1 to fail, 3 to adopt; 6 drift."},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := &jsonplan.Plan{FormatVersion: jsonplan.FormatVersion, Summary: tt.sum,
+				Changes: []jsonplan.Change{{Machine: "m", Zone: "z", State: "CREATING", Finish: "IDLE"}}}
+			lines := strings.Split(strings.TrimSpace(render(t, p, false)), "\n")
+			if diff := cmp.Diff(tt.want, lines[len(lines)-1]); diff != "" {
+				t.Errorf("summary (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestRenderNoChanges(t *testing.T) {
+	p := planner.Build(planner.Inputs{Config: planner.Config{Shape: hypervisors.ShapeLibvirt, Installation: "i"},
+		Observed: &observed.Snapshot{Zones: map[string]*observed.Zone{"a": {Name: "a", Status: observed.StatusOK, At: t0}}, At: t0}, Now: t0})
+	var b bytes.Buffer
+	if err := planner.WriteText(&b, p, planner.TextOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if out := b.String(); !strings.HasSuffix(out, "\nNo changes.\n") {
+		t.Errorf("empty plan renders as:\n%s", out)
+	}
+}
+
+func TestRenderColorOnlyWhenAsked(t *testing.T) {
+	p := &jsonplan.Plan{FormatVersion: jsonplan.FormatVersion, Summary: jsonplan.Summary{Delete: 1},
+		Changes: []jsonplan.Change{{Machine: "m", Zone: "z", State: "DELETING", Intent: &jsonplan.Intent{Kind: "delete", OpID: "op-5"},
+			Steps: []jsonplan.Step{{ID: "z/vm/undefine", Action: "undefine", Reason: "intent:delete"}}, Finish: "SPECULATIVE"}}}
+	plain, colored := render(t, p, false), render(t, p, true)
+	if strings.Contains(plain, "\x1b[") {
+		t.Errorf("plain text carries ANSI escapes:\n%q", plain)
+	}
+	if !strings.Contains(colored, "\x1b[31m-\x1b[0m") {
+		t.Errorf("coloured text lacks a red destroy symbol:\n%q", colored)
+	}
+	if !strings.Contains(plain, "# m (z, DELETING): Delete op-5\n  - z/vm/undefine  (intent:delete)\n  => SPECULATIVE\n") {
+		t.Errorf("block:\n%s", plain)
+	}
+}
+
+func TestRenderHeadlines(t *testing.T) {
+	tests := []struct {
+		c    jsonplan.Change
+		want string
+	}{
+		{jsonplan.Change{Intent: &jsonplan.Intent{Kind: "create", OpID: "op-12"}}, "Create op-12"},
+		{jsonplan.Change{Intent: &jsonplan.Intent{Kind: "configure", OpID: "op-3", Cluster: "c1"}}, "Configure op-3 cluster=c1"},
+		{jsonplan.Change{Intent: &jsonplan.Intent{Kind: "drain", OpID: "op-4", Grace: 30}}, "Drain op-4 grace=30s"},
+		{jsonplan.Change{Intent: &jsonplan.Intent{Kind: "delete", OpID: "op-5"}}, "Delete op-5"},
+		{jsonplan.Change{Steps: []jsonplan.Step{{ID: "z/v/start", Action: "start"}}}, "repair"},
+		{jsonplan.Change{Fail: "VM gone"}, "FAILED: VM gone"},
+		{jsonplan.Change{Intent: &jsonplan.Intent{Kind: "create", OpID: "op-1"}, Fail: "create timed out after 5m0s"}, "Create op-1 -> FAILED: create timed out after 5m0s"},
+		{jsonplan.Change{Adopt: &jsonplan.Adopt{Host: "z/v", VMName: "v"}}, "adopt"},
+	}
+	for _, tt := range tests {
+		c := tt.c
+		c.Machine, c.Zone, c.State = "m", "z", "X"
+		p := &jsonplan.Plan{FormatVersion: jsonplan.FormatVersion, Changes: []jsonplan.Change{c}}
+		if out := render(t, p, false); !strings.Contains(out, "# m (z, X): "+tt.want+"\n") {
+			t.Errorf("want headline %q in:\n%s", tt.want, out)
+		}
+	}
+}
+
+func TestRenderRejectsOtherMajorVersion(t *testing.T) {
+	var b bytes.Buffer
+	if err := jsonplan.RenderText(&b, []byte(`{"format_version":"2.0"}`), jsonplan.TextOptions{}); err == nil {
+		t.Error("a 2.x plan rendered without error")
+	}
+}

@@ -1,0 +1,215 @@
+package planner_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/bigfleet-vm/provider/desired"
+	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/jsonplan"
+	"github.com/bigfleet-vm/provider/observed"
+	"github.com/bigfleet-vm/provider/planner"
+)
+
+var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// TestActionProperties pins both properties of every action: the glyph
+// the human plan shows and whether the executor treats it as destructive.
+// They are independent facts; neither is derived from the other.
+func TestActionProperties(t *testing.T) {
+	type props struct {
+		Symbol      string
+		Destructive bool
+	}
+	want := map[planner.Action]props{
+		planner.ActionCreateOverlay: {"+", false}, planner.ActionCreateSeed: {"+", false},
+		planner.ActionDefine: {"+", false}, planner.ActionClone: {"+", false},
+		planner.ActionStart: {">", false}, planner.ActionResume: {">", false},
+		planner.ActionConfigureVM: {"~", false}, planner.ActionAutostart: {"~", false}, planner.ActionWaitAgent: {"~", false},
+		planner.ActionBind: {"~", false}, planner.ActionUnbind: {"~", false}, planner.ActionExecBootstrap: {"~", false},
+		planner.ActionExecReady: {"~", false}, planner.ActionExecDrain: {"~", false},
+		planner.ActionStop: {"-", true}, planner.ActionUndefine: {"-", true},
+		planner.ActionDeleteVolume: {"-", true}, planner.ActionDeleteVM: {"-", true},
+	}
+	got := map[planner.Action]props{}
+	for _, a := range planner.Actions {
+		got[a] = props{a.Symbol(), a.Destructive()}
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("action properties (-want +got):\n%s", diff)
+	}
+	if planner.Action("no-such-action").Destructive() {
+		t.Error("an unknown action is destructive")
+	}
+}
+
+// TestActionsMatchTheJSONFormat keeps the planner's closed set of actions
+// and the JSON format's in step: a new action is a format change.
+func TestActionsMatchTheJSONFormat(t *testing.T) {
+	var mine []string
+	for _, a := range planner.Actions {
+		mine = append(mine, string(a))
+	}
+	slices.Sort(mine)
+	if diff := cmp.Diff(jsonplan.Actions(), mine); diff != "" {
+		t.Errorf("planner actions vs JSON format %s actions (-json +planner); a new action needs a format_version bump:\n%s",
+			jsonplan.FormatVersion, diff)
+	}
+}
+
+// TestJSONDecidesEveryAdapterField walks the adapter spec structs a step
+// carries and checks each field is either in the JSON plan (under the
+// listed key) or deliberately left out. A field added to an adapter spec
+// fails here until someone decides, so the JSON plan never changes by
+// accident and never silently lacks a parameter people check.
+func TestJSONDecidesEveryAdapterField(t *testing.T) {
+	// spec -> Go field -> JSON key under params.<spec>; "" would mean
+	// deliberately left out (with a comment saying why).
+	decisions := map[string]map[string]string{
+		"overlay": {"Pool": "pool", "Name": "name", "BaseImage": "base_image", "MinCapacityGiB": "min_capacity_gib"},
+		"seed": {"Pool": "pool", "Name": "name", "InstanceID": "instance_id", "Hostname": "hostname",
+			"UserData": "user_data"},
+		"domain": {"Name": "name", "VCPU": "vcpu", "MemoryMiB": "memory_mib", "DomainType": "domain_type",
+			"Pool": "pool", "Overlay": "overlay", "Seed": "seed", "Network": "network",
+			"Kernel": "kernel", "Initrd": "initrd", "Cmdline": "cmdline", "Marker": "marker",
+			"Labels": "labels"},
+		"clone": {"Name": "name", "TemplateVMID": "template_vmid", "Pool": "pool", "Marker": "marker",
+			"Labels": "labels"},
+		"size":   {"VCPU": "vcpu", "MemoryMiB": "memory_mib", "OnBoot": "onboot", "Marker": "marker"},
+		"marker": {"Installation": "installation", "MachineID": "machine_id", "OpID": "op_id", "InstanceType": "instance_type", "Cluster": "cluster"},
+	}
+	params := planner.Params{Overlay: &hypervisors.OverlaySpec{}, Seed: &hypervisors.SeedSpec{}, Domain: &hypervisors.DomainSpec{},
+		Clone: &hypervisors.CloneSpec{}, Size: &hypervisors.SizeSpec{}, Marker: &observed.Marker{}}
+	specs := map[string]reflect.Value{
+		"overlay": reflect.ValueOf(params.Overlay).Elem(), "seed": reflect.ValueOf(params.Seed).Elem(),
+		"domain": reflect.ValueOf(params.Domain).Elem(), "clone": reflect.ValueOf(params.Clone).Elem(),
+		"size": reflect.ValueOf(params.Size).Elem(), "marker": reflect.ValueOf(params.Marker).Elem(),
+	}
+	for name, v := range specs {
+		fill(t, v)
+		for i := range v.NumField() {
+			if _, ok := decisions[name][v.Type().Field(i).Name]; !ok {
+				t.Errorf("%s.%s: decide whether the JSON plan carries it (planner/json.go, jsonplan, docs/plan.schema.json, a format_version bump) and list it here",
+					v.Type().Name(), v.Type().Field(i).Name)
+			}
+		}
+	}
+	p := &planner.Plan{Changes: []planner.Change{{Machine: "m", Steps: []planner.Step{{ID: "s", Action: planner.ActionDefine, Params: params}}}}}
+	js, err := planner.MarshalJSON(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Changes []struct {
+			Steps []struct {
+				Params map[string]map[string]any `json:"params"`
+			} `json:"steps"`
+		} `json:"changes"`
+	}
+	if err := json.Unmarshal(js, &doc); err != nil {
+		t.Fatal(err)
+	}
+	got := doc.Changes[0].Steps[0].Params
+	for name, fields := range decisions {
+		for field, key := range fields {
+			if _, present := got[name][key]; key != "" && !present {
+				t.Errorf("%s.%s: want it in the JSON plan as params.%s.%s; it is missing", name, field, name, key)
+			}
+		}
+		if extra := len(got[name]) - countKeys(fields); extra != 0 {
+			t.Errorf("params.%s has %d keys, the decisions list %d: %v", name, len(got[name]), countKeys(fields), got[name])
+		}
+	}
+}
+
+func countKeys(m map[string]string) int {
+	n := 0
+	for _, key := range m {
+		if key != "" {
+			n++
+		}
+	}
+	return n
+}
+
+// fill sets every field of a struct to a non-zero value.
+func fill(t *testing.T, v reflect.Value) {
+	t.Helper()
+	for i := range v.NumField() {
+		f := v.Field(i)
+		switch f.Kind() {
+		case reflect.String:
+			f.SetString("x")
+		case reflect.Int, reflect.Int64:
+			f.SetInt(1)
+		case reflect.Bool:
+			f.SetBool(true)
+		case reflect.Map:
+			f.Set(reflect.MakeMap(f.Type()))
+			f.SetMapIndex(reflect.ValueOf("k"), reflect.ValueOf("v"))
+		case reflect.Struct:
+			fill(t, f)
+		default:
+			t.Fatalf("fill: field %s of kind %s", v.Type().Field(i).Name, f.Kind())
+		}
+	}
+}
+
+// TestConfigurePlanNeverCarriesTheBlob plans a Configure whose blob (with
+// a token in it) is in the document's memory and checks neither the JSON
+// nor the text plan contains any of it.
+func TestConfigurePlanNeverCarriesTheBlob(t *testing.T) {
+	ctx := context.Background()
+	secret := "#!/bin/sh\nkubeadm join --token s3cr3t.abcdef0123456789 10.0.0.1:6443\n"
+	for _, shape := range []hypervisors.Shape{hypervisors.ShapeLibvirt, hypervisors.ShapeProxmox} {
+		t.Run(string(shape), func(t *testing.T) {
+			now := func() time.Time { return t0 }
+			doc, _, err := desired.Open(ctx, desired.Options{Store: desired.NewMemoryStore(nil), Installation: "inst", DeleteSupported: true, Now: now, VMName: hypervisors.VMName},
+				[]desired.Slot{{ID: "m1", Zone: "a", InstanceType: "t", Capacity: desired.OnDemand, VCPU: 2, MemoryMiB: 2048}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := doc.Mutate(ctx, desired.Request{Kind: desired.KindCreate, MachineID: "m1"}); err != nil {
+				t.Fatal(err)
+			}
+			m := doc.Get("m1")
+			if _, err := doc.Complete(ctx, "m1", m.Intent.OpID, desired.Result{Host: "a/" + m.VMName}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := doc.Mutate(ctx, desired.Request{Kind: desired.KindConfigure, MachineID: "m1", Cluster: "c1", Blob: []byte(secret),
+				Metadata: map[string]string{"k": "v"}}); err != nil {
+				t.Fatal(err)
+			}
+			m = doc.Get("m1")
+			vm := &observed.VM{Zone: "a", Name: m.VMName, Power: observed.PowerRunning, VCPU: 2, MemoryMiB: 2048, Autostart: true,
+				Marker: &observed.Marker{Installation: "inst", MachineID: "m1"}}
+			snap := &observed.Snapshot{At: t0, Zones: map[string]*observed.Zone{"a": {Name: "a", Status: observed.StatusOK, At: t0, VMs: []*observed.VM{vm}}}}
+			cfg := planner.Config{Shape: shape, Installation: "inst", BootstrapPath: "/run/bigfleet-bootstrap", BootstrapExec: []string{"/bin/sh"}}
+			p := planner.Build(planner.Inputs{Config: cfg, Machines: doc.All(), Observed: snap, Now: t0})
+			if p.Summary.Configure != 1 {
+				t.Fatalf("want a Configure, got %+v", p.Summary)
+			}
+			js, err := planner.MarshalJSON(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var text bytes.Buffer
+			if err := planner.WriteText(&text, p, planner.TextOptions{Color: true}); err != nil {
+				t.Fatal(err)
+			}
+			for _, needle := range []string{secret, "s3cr3t", "abcdef0123456789", "kubeadm"} {
+				if bytes.Contains(js, []byte(needle)) || strings.Contains(text.String(), needle) {
+					t.Errorf("plan contains %q from the bootstrap blob", needle)
+				}
+			}
+		})
+	}
+}
