@@ -25,9 +25,14 @@ type Config struct {
 	Provider string
 	// InstallationID is the --installation-id given, or "" when the caller
 	// must derive one.
-	InstallationID    string
-	Addr              string
-	MetricsAddr       string // "" disables the metrics listener
+	InstallationID string
+	Addr           string
+	MetricsAddr    string // "" disables the metrics listener
+	// MetricsAddrExplicit is true when --metrics-addr was given: failing to
+	// bind it fails the start. The default address is best effort.
+	MetricsAddrExplicit bool
+	// MetricsTLS serves the metrics listener over HTTPS with TLS.Cert/Key.
+	MetricsTLS        bool
 	Reflection        bool
 	TLS               TLS
 	LogFormat         string // "text" or "json"
@@ -78,6 +83,8 @@ type Fake struct {
 	Latency time.Duration
 	// Faults enables the BigFleet conformance wire-driven fault mode.
 	Faults bool
+	// Admin serves the /admin/ endpoints that change the simulated world.
+	Admin bool
 }
 
 // ZoneURI maps one zone to the libvirt host that serves it.

@@ -107,7 +107,7 @@ func TestSeedInvocations(t *testing.T) {
 			args: []string{"--seed-count", "32", "--addr", ":9000", "--metrics-addr", ":9090", "--use-fake-backend"},
 			want: &Config{
 				Hypervisor: hypervisors.ShapeLibvirt, Backend: BackendFake, Provider: "libvirt",
-				Addr: ":9000", MetricsAddr: ":9090", Reflection: true,
+				Addr: ":9000", MetricsAddr: ":9090", MetricsAddrExplicit: true, Reflection: true,
 				LogFormat: "text", LogLevel: slog.LevelInfo, ReconcileInterval: 2 * time.Minute,
 				Timeouts:             Timeouts{Create: 5 * time.Minute, Configure: 8 * time.Minute, Drain: 15 * time.Minute, Delete: 5 * time.Minute},
 				Zones:                []string{"local-a", "local-b"},

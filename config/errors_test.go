@@ -59,9 +59,19 @@ func TestErrors(t *testing.T) {
 		{"real backend and fake flag", with(realLV, "--libvirt-backend", "libvirt", "--use-fake-backend"), []string{
 			"--use-fake-backend: contradicts --libvirt-backend=libvirt; drop one of them",
 		}},
-		{"fake-only flags on a real backend", with(realLV, "--fake-latency", "1s", "--fake-faults"), []string{
+		{"fake-only flags on a real backend", with(realLV, "--fake-latency", "1s", "--fake-faults", "--fake-admin"), []string{
 			"--fake-latency: only applies to the fake backend, but the libvirt backend is selected; drop it or pass --use-fake-backend",
 			"--fake-faults: only applies to the fake backend, but the libvirt backend is selected; drop it or pass --use-fake-backend",
+			"--fake-admin: only applies to the fake backend, but the libvirt backend is selected; drop it or pass --use-fake-backend",
+		}},
+
+		// Metrics listener.
+		{"metrics tls without a certificate", with(fakeArgs, "--metrics-tls"), []string{
+			"--metrics-tls: reuses the gRPC certificate: also pass --tls-cert and --tls-key",
+		}},
+		{"metrics tls and admin with the listener disabled", with(fakeArgs, "--metrics-addr", "", "--metrics-tls", "--fake-admin"), []string{
+			"--metrics-tls: is set but the metrics listener is disabled (--metrics-addr is empty)",
+			"--fake-admin: serves on the metrics listener, which is disabled (--metrics-addr is empty)",
 		}},
 
 		// Common flags.

@@ -38,6 +38,8 @@ type Flags struct {
 	tokenSecret, tokenFile, caFile, fingerprint  *string
 	pool, nodes, bootstrapPath, bootstrapExec    *string
 	templateVMID                                 *int
+	// Listener flags (config/listener.go).
+	metricsTLS, fakeAdmin *bool
 }
 
 // Flags that only make sense for one hypervisor; setting any of them
@@ -118,7 +120,8 @@ func RegisterFlags(fs *flag.FlagSet) *Flags {
 	f.reconcileInterval = fs.Duration("reconcile-interval", 2*time.Minute, "Background reconcile interval (0 = off).")
 
 	// Observability and TLS.
-	f.metricsAddr = fs.String("metrics-addr", ":9090", "Address for /metrics, /healthz, /readyz. Empty: disabled.")
+	f.metricsAddr = fs.String("metrics-addr", ":9090", "Address for /metrics, /healthz, /readyz and /debug/plan. Empty: disabled. If the default cannot be bound the provider logs it and serves gRPC without it; an explicitly given address that cannot be bound fails the start.")
+	f.metricsTLS = fs.Bool("metrics-tls", false, "Serve the metrics listener over HTTPS with the gRPC --tls-cert/--tls-key keypair (client certificates are not requested).")
 	f.reflection = fs.Bool("reflection", true, "Register gRPC server reflection (for grpcurl/debugging).")
 	f.logFormat = fs.String("log-format", "text", "Log format: text or json.")
 	f.logLevel = fs.String("log-level", "info", "Log level: debug, info, warn or error.")
@@ -129,6 +132,7 @@ func RegisterFlags(fs *flag.FlagSet) *Flags {
 	// Fake backend.
 	f.fakeLatency = fs.Duration("fake-latency", 0, "Fake backend: latency added to every simulated call (0 = instant).")
 	f.fakeFaults = fs.Bool("fake-faults", false, "Fake backend: honour the BigFleet conformance wire-driven fault injection.")
+	f.fakeAdmin = fs.Bool("fake-admin", false, "Fake backend: serve POST /admin/* on the metrics listener, which changes the simulated world (stop, pause, resize, delete VMs, make a zone unreachable).")
 	return f
 }
 
@@ -143,8 +147,8 @@ var usageGroups = []struct {
 	{"Instance types & pricing", []string{"instance-types", "prices", "price-per-vcpu-hour", "price-per-gib-hour"}},
 	{"Offerings", []string{"offerings", "seed-count"}},
 	{"Lifecycle", []string{"create-timeout", "configure-timeout", "drain-timeout", "delete-timeout", "node-ready-exec", "max-concurrent-per-zone", "shutdown-grace", "reconcile-interval"}},
-	{"Observability & TLS", []string{"metrics-addr", "reflection", "log-format", "log-level", "tls-cert", "tls-key", "tls-ca"}},
-	{"Fake backend (testing only)", []string{"fake-latency", "fake-faults"}},
+	{"Observability & TLS", []string{"metrics-addr", "metrics-tls", "reflection", "log-format", "log-level", "tls-cert", "tls-key", "tls-ca"}},
+	{"Fake backend (testing only)", []string{"fake-latency", "fake-faults", "fake-admin"}},
 }
 
 // Usage writes the flags of fs grouped as in the operator docs; flags a

@@ -117,9 +117,9 @@ func (f *Flags) Resolve(fs *flag.FlagSet) (*Config, error) {
 	c.Backend = f.resolveBackend(c.Hypervisor, set, &p)
 	real := c.Backend != BackendFake
 	if !real {
-		c.Fake = Fake{Latency: *f.fakeLatency, Faults: *f.fakeFaults}
+		c.Fake = Fake{Latency: *f.fakeLatency, Faults: *f.fakeFaults, Admin: *f.fakeAdmin}
 	} else {
-		for _, name := range []string{"fake-latency", "fake-faults"} {
+		for _, name := range []string{"fake-latency", "fake-faults", "fake-admin"} {
 			if set[name] {
 				p.add(name, "only applies to the fake backend, but the %s backend is selected; drop it or pass --use-fake-backend", c.Backend)
 			}
@@ -138,6 +138,7 @@ func (f *Flags) Resolve(fs *flag.FlagSet) (*Config, error) {
 		realZones, capacity = f.resolveLibvirt(c, real, defaultZone, &p)
 	}
 	resolveTLS(&c.TLS, *f.tlsCert, *f.tlsKey, *f.tlsCA, &p)
+	f.resolveListener(c, set, &p)
 
 	// Catalog, pricing, offerings, slots.
 	catalogOK := true

@@ -48,7 +48,7 @@ func hasDrift(p planJSON, zone, kind string) bool {
 func TestPlanAndDriftBlackBox(t *testing.T) {
 	state := filepath.Join(t.TempDir(), "state")
 	common := []string{"--use-fake-backend", "--seed-count", "8", "--state", state}
-	s := start(t, "--seed-count", "8", "--state", state, "--fake-latency", "300ms", "--reconcile-interval", "0")
+	s := start(t, "--seed-count", "8", "--state", state, "--fake-latency", "300ms", "--reconcile-interval", "0", "--fake-admin")
 	ids := speculative(t, s.c, 8)
 	var a, b string
 	for _, id := range ids {

@@ -49,7 +49,7 @@ func start(t *testing.T) (*harness, *config.Config) {
 	grpcAddr, metricsAddr := freePort(t), freePort(t)
 	cfg, err := config.Parse([]string{"--use-fake-backend", "--installation-id", "mt", "--seed-count", "6",
 		"--state", filepath.Join(t.TempDir(), "state"), "--addr", grpcAddr, "--metrics-addr", metricsAddr,
-		"--reconcile-interval", "0", "--shutdown-grace", "2s"}, io.Discard)
+		"--reconcile-interval", "0", "--shutdown-grace", "2s", "--fake-admin"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,17 +2,26 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
+	"log/slog"
+	"net"
 	"net/http"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/bigfleet-vm/provider/desired"
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/fake"
 	"github.com/bigfleet-vm/provider/jsonplan"
@@ -20,8 +29,73 @@ import (
 	"github.com/bigfleet-vm/provider/planner"
 )
 
+// MetricsHealthService is the gRPC health service name that reports the
+// metrics listener: SERVING while it listens, NOT_SERVING when it could
+// not be bound (the provider then serves gRPC without it). It is not
+// registered when the listener is disabled (--metrics-addr ""), so a
+// check answers NOT_FOUND. The overall status ("") is about gRPC only.
+const MetricsHealthService = "metrics-listener"
+
+// Bounds of /debug/plan.
+const (
+	// defaultPlanMaxAge is how old a plan /debug/plan may serve without
+	// observing again, when the request does not say (?max_age=).
+	defaultPlanMaxAge = 2 * time.Second
+	maxPlanMaxAge     = time.Hour
+	// planTimeout bounds one observation of every host for /debug/plan.
+	planTimeout = 60 * time.Second
+)
+
+// serveHTTP starts the metrics listener. A default --metrics-addr that
+// cannot be bound is logged and reported on MetricsHealthService, and the
+// provider serves on without it (several providers on one host all
+// default to :9090); an explicitly given one fails the start.
+func (p *Provider) serveHTTP(ctx context.Context, serving *atomic.Bool, hs *health.Server) (*http.Server, error) {
+	cfg := p.cfg
+	if cfg.MetricsAddr == "" {
+		return nil, nil
+	}
+	var tc *tls.Config
+	if cfg.MetricsTLS {
+		cert, err := tls.LoadX509KeyPair(cfg.TLS.Cert, cfg.TLS.Key)
+		if err != nil {
+			return nil, fmt.Errorf("--metrics-tls: load --tls-cert/--tls-key: %w", err)
+		}
+		tc = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}
+	}
+	hl, err := net.Listen("tcp", cfg.MetricsAddr)
+	if err != nil {
+		if cfg.MetricsAddrExplicit {
+			return nil, fmt.Errorf("listen on --metrics-addr %s: %w", cfg.MetricsAddr, err)
+		}
+		hs.SetServingStatus(MetricsHealthService, healthpb.HealthCheckResponse_NOT_SERVING)
+		p.log.Error("metrics listener is off: the default --metrics-addr cannot be bound; gRPC serves without /metrics, /healthz, /readyz and /debug/plan (pass --metrics-addr to choose a free address, or an empty one to disable it)",
+			"addr", cfg.MetricsAddr, "err", err, "health_service", MetricsHealthService)
+		return nil, nil
+	}
+	scheme := "http"
+	if tc != nil {
+		hl = tls.NewListener(hl, tc)
+		scheme = "https"
+	}
+	p.plans = newPlanCache(ctx, p.Rec.Plan)
+	hsrv := &http.Server{Handler: p.httpHandler(serving), ReadHeaderTimeout: 5 * time.Second,
+		ErrorLog: slog.NewLogLogger(p.log.Handler(), slog.LevelDebug)}
+	go hsrv.Serve(hl)
+	hs.SetServingStatus(MetricsHealthService, healthpb.HealthCheckResponse_SERVING)
+	p.log.Info("metrics listening", "addr", scheme+"://"+hl.Addr().String(), "admin", p.adminEnabled())
+	return hsrv, nil
+}
+
+// adminEnabled reports whether the /admin/ endpoints serve: only on the
+// simulator, and only when --fake-admin asks for them.
+func (p *Provider) adminEnabled() bool {
+	_, sim := p.raw.(simulator)
+	return sim && p.cfg.Fake.Admin
+}
+
 // httpHandler serves /metrics, /healthz, /readyz, /debug/plan and, on the
-// simulator only, the /admin/ drift endpoints.
+// simulator with --fake-admin, the /admin/ drift endpoints.
 func (p *Provider) httpHandler(serving *atomic.Bool) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(p.Metrics.Registry, promhttp.HandlerOpts{}))
@@ -63,22 +137,125 @@ func (p *Provider) httpHandler(serving *atomic.Bool) http.Handler {
 			fmt.Fprintln(w, s)
 		}
 	})
-	mux.HandleFunc("/debug/plan", func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), 60*time.Second)
-		defer cancel()
-		// The one encoder of the JSON plan, as `provider plan --json`.
-		body, err := planner.MarshalJSON(p.Rec.Plan(ctx))
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		w.Write(body)
-	})
-	if sim, ok := p.raw.(simulator); ok {
+	mux.HandleFunc("/debug/plan", p.debugPlan)
+	switch sim, ok := p.raw.(simulator); {
+	case ok && p.cfg.Fake.Admin:
 		mux.HandleFunc("/admin/", p.admin(sim))
+	case ok:
+		mux.HandleFunc("/admin/", func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, "the admin endpoints are off: start the simulator with --fake-admin to serve them", http.StatusNotFound)
+		})
 	}
 	return mux
+}
+
+// debugPlan serves the JSON plan: the newest one if it is at most
+// ?max_age= old (default defaultPlanMaxAge), else a fresh observation
+// shared with every request that waits for one meanwhile. The Age header
+// says how old the served plan is, in seconds.
+func (p *Provider) debugPlan(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		http.Error(w, "use GET", http.StatusMethodNotAllowed)
+		return
+	}
+	maxAge := defaultPlanMaxAge
+	if v := r.URL.Query().Get("max_age"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 || d > maxPlanMaxAge {
+			http.Error(w, fmt.Sprintf("max_age must be a duration between 0s and %s, e.g. 30s", maxPlanMaxAge), http.StatusBadRequest)
+			return
+		}
+		maxAge = d
+	}
+	body, at, err := p.plans.get(r.Context(), maxAge)
+	if err != nil {
+		http.Error(w, "plan: "+err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Age", strconv.Itoa(int(time.Since(at).Seconds())))
+	w.Write(body)
+}
+
+// planCache computes plans for /debug/plan. At most one computation runs
+// at a time; requests that find one running wait for it rather than
+// observing every host again. Its result is reused while young enough
+// and dropped when the simulated world is changed through /admin/.
+type planCache struct {
+	ctx     context.Context // bounds computations: the listener's lifetime
+	compute func(context.Context) *planner.Plan
+
+	mu       sync.Mutex
+	body     []byte    // the newest encoded plan, nil after invalidate
+	at       time.Time // when its observation started
+	gen      uint64    // bumped by invalidate
+	inflight *planCall
+}
+
+type planCall struct {
+	done chan struct{}
+	gen  uint64
+	body []byte
+	at   time.Time
+	err  error
+}
+
+func newPlanCache(ctx context.Context, compute func(context.Context) *planner.Plan) *planCache {
+	return &planCache{ctx: ctx, compute: compute}
+}
+
+// get returns an encoded plan no older than maxAge, or the one being
+// computed for a request that came before.
+func (c *planCache) get(ctx context.Context, maxAge time.Duration) ([]byte, time.Time, error) {
+	c.mu.Lock()
+	if c.body != nil && time.Since(c.at) <= maxAge {
+		body, at := c.body, c.at
+		c.mu.Unlock()
+		return body, at, nil
+	}
+	call := c.inflight
+	if call == nil {
+		call = &planCall{done: make(chan struct{}), gen: c.gen}
+		c.inflight = call
+		go c.run(call)
+	}
+	c.mu.Unlock()
+	select {
+	case <-call.done:
+		return call.body, call.at, call.err
+	case <-ctx.Done():
+		return nil, time.Time{}, ctx.Err()
+	}
+}
+
+func (c *planCache) run(call *planCall) {
+	ctx, cancel := context.WithTimeout(c.ctx, planTimeout)
+	defer cancel()
+	at := time.Now()
+	body, err := planner.MarshalJSON(c.compute(ctx))
+	c.mu.Lock()
+	call.body, call.at, call.err = body, at, err
+	if err == nil && call.gen == c.gen {
+		c.body, c.at = body, at
+	}
+	if c.inflight == call {
+		c.inflight = nil
+	}
+	c.mu.Unlock()
+	close(call.done)
+}
+
+// invalidate forgets the newest plan and detaches a running computation,
+// so the next request observes the world as it is now.
+func (c *planCache) invalidate() {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	c.body = nil
+	c.gen++
+	c.inflight = nil
+	c.mu.Unlock()
 }
 
 // simulator is what the admin endpoints drive; both fake shapes have it.
@@ -90,7 +267,7 @@ type simulator interface {
 	SetUnreachable(zone string, on bool)
 }
 
-// admin serves POST /admin/{stop,pause,resize,delete,add-foreign,unreachable}.
+// admin serves POST /admin/{stop,pause,resize,delete,add-foreign,add-owned,unreachable}.
 // VMs are named by zone plus name (libvirt) or vmid (Proxmox).
 func (p *Provider) admin(sim simulator) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
@@ -104,12 +281,16 @@ func (p *Provider) admin(sim simulator) http.HandlerFunc {
 			t.VMID, _ = strconv.Atoi(v)
 		}
 		if m := q.Get("machine"); m != "" {
-			if mm := p.Doc.Get(m); mm != nil {
-				t = hypervisors.Target{Zone: mm.Zone, Name: mm.VMName, VMID: mm.VMID}
-			} else {
-				http.Error(w, "unknown machine "+m, http.StatusNotFound)
+			mm := p.Doc.Get(m)
+			switch {
+			case mm == nil:
+				http.Error(w, "unknown machine "+bounded(m, 128), http.StatusNotFound)
+				return
+			case mm.VMName == "" || mm.State == desired.Speculative:
+				http.Error(w, "machine "+bounded(m, 128)+" is "+mm.State.String()+" and has no VM yet; Create it first", http.StatusConflict)
 				return
 			}
+			t = hypervisors.Target{Zone: mm.Zone, Name: mm.VMName, VMID: mm.VMID}
 		}
 		var err error
 		switch action := strings.TrimPrefix(r.URL.Path, "/admin/"); action {
@@ -141,42 +322,78 @@ func (p *Provider) admin(sim simulator) http.HandlerFunc {
 		case "unreachable":
 			sim.SetUnreachable(t.Zone, q.Get("on") != "false")
 		default:
-			http.Error(w, "unknown admin action "+action, http.StatusNotFound)
+			http.Error(w, "unknown admin action "+bounded(action, 64), http.StatusNotFound)
 			return
 		}
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
+		p.plans.invalidate()
 		p.Rec.Trigger()
 		fmt.Fprintln(w, "ok")
 	}
 }
 
+// bounded cuts s to n bytes for a message.
+func bounded(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "..."
+	}
+	return s
+}
+
+// FetchOptions configure FetchPlan.
+type FetchOptions struct {
+	// CAFile is a PEM bundle that verifies an https:// listener's
+	// certificate instead of the system roots.
+	CAFile string
+}
+
+// maxPlanBytes bounds a fetched plan.
+const maxPlanBytes = 256 << 20
+
 // FetchPlan gets the plan of a running provider from its metrics
-// listener's /debug/plan (base is e.g. http://127.0.0.1:9090). It returns
-// the decoded plan and the JSON exactly as served, which Decode has
-// checked is a plan this build can read.
-func FetchPlan(ctx context.Context, base string) (*jsonplan.Plan, []byte, error) {
+// listener's /debug/plan (base is e.g. http://127.0.0.1:9090, or https://
+// with --metrics-tls). It returns the decoded plan and the JSON exactly as
+// served, which Decode has checked is a plan this build can read.
+func FetchPlan(ctx context.Context, base string, o FetchOptions) (*jsonplan.Plan, []byte, error) {
 	url := strings.TrimRight(base, "/") + "/debug/plan"
 	if !strings.Contains(base, "://") {
 		url = "http://" + url
+	}
+	client := http.DefaultClient
+	if o.CAFile != "" {
+		pemBytes, err := os.ReadFile(o.CAFile)
+		if err != nil {
+			return nil, nil, fmt.Errorf("fetch plan: CA bundle: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pemBytes) {
+			return nil, nil, fmt.Errorf("fetch plan: CA bundle %s: no PEM certificate found", o.CAFile)
+		}
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}
+		client = &http.Client{Transport: tr}
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, nil, fmt.Errorf("fetch plan: %w", err)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return nil, nil, fmt.Errorf("fetch plan from %s: %w", url, err)
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxPlanBytes+1))
 	if err != nil {
 		return nil, nil, fmt.Errorf("fetch plan from %s: %w", url, err)
 	}
+	if len(body) > maxPlanBytes {
+		return nil, nil, fmt.Errorf("fetch plan from %s: the plan is larger than %d MiB", url, maxPlanBytes>>20)
+	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, nil, fmt.Errorf("fetch plan from %s: %s: %s", url, resp.Status, strings.TrimSpace(string(body)))
+		return nil, nil, fmt.Errorf("fetch plan from %s: %s: %s", url, resp.Status, bounded(strings.TrimSpace(string(body)), 512))
 	}
 	p, err := jsonplan.Decode(body)
 	if err != nil {

@@ -11,6 +11,12 @@
 //     NOT_SERVING at once, keeps answering reads, finishes the queued and
 //     in-flight work within --shutdown-grace, then stops gRPC and flushes
 //     the state store.
+//   - The metrics listener is best effort on its default address: a bind
+//     failure is logged and reported as NOT_SERVING on the gRPC health
+//     service MetricsHealthService, and gRPC serves on. An explicit
+//     --metrics-addr that cannot be bound fails the start.
+//   - The /admin/ endpoints change the simulated world only on the
+//     simulator with --fake-admin.
 package server
 
 import (
@@ -22,7 +28,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -72,6 +77,7 @@ type Provider struct {
 	Metrics *metrics.Metrics
 	Rec     *reconciler.Reconciler
 	Planner planner.Config
+	plans   *planCache // /debug/plan; set when the metrics listener serves
 }
 
 // Build assembles the provider. Nothing listens yet.
@@ -232,16 +238,10 @@ func (p *Provider) Serve(ctx context.Context) error {
 		return fmt.Errorf("listen on --addr %s: %w", cfg.Addr, err)
 	}
 	var serving atomic.Bool
-	var hsrv *http.Server
-	if cfg.MetricsAddr != "" {
-		hl, err := net.Listen("tcp", cfg.MetricsAddr)
-		if err != nil {
-			lis.Close()
-			return fmt.Errorf("listen on --metrics-addr %s: %w", cfg.MetricsAddr, err)
-		}
-		hsrv = &http.Server{Handler: p.httpHandler(&serving), ReadHeaderTimeout: 5 * time.Second}
-		go hsrv.Serve(hl)
-		log.Info("metrics listening", "addr", hl.Addr().String())
+	hsrv, err := p.serveHTTP(ctx, &serving, hs)
+	if err != nil {
+		lis.Close()
+		return err
 	}
 
 	loopCtx, stopLoop := context.WithCancel(context.Background())

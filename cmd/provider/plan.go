@@ -23,12 +23,13 @@ func plan(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("provider plan", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	flags := config.RegisterFlags(fs)
-	srv := fs.String("server", "", "Ask a running provider instead of planning offline: its metrics listener, e.g. http://127.0.0.1:9090 (GET /debug/plan).")
+	srv := fs.String("server", "", "Ask a running provider instead of planning offline: its metrics listener, e.g. http://127.0.0.1:9090 (GET /debug/plan), or https:// with --metrics-tls.")
+	serverCA := fs.String("server-ca", "", "PEM bundle that verifies the --server listener's certificate (https://), instead of the system roots.")
 	asJSON := fs.Bool("json", false, "Print the versioned JSON plan instead of text.")
 	detailed := fs.Bool("detailed-exitcode", false, "Exit 0 when there are no changes, 2 when changes are pending, 1 on error.")
 	noColor := fs.Bool("no-color", false, "Never colour the text plan (it is coloured only on a terminal anyway).")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: provider plan [--server URL] [--json] [--detailed-exitcode] [--no-color] [serve flags]\n")
+		fmt.Fprintf(stderr, "Usage: provider plan [--server URL [--server-ca FILE]] [--json] [--detailed-exitcode] [--no-color] [serve flags]\n")
 		config.Usage(stderr, fs)
 	}
 	if err := fs.Parse(args); err != nil {
@@ -48,7 +49,7 @@ func plan(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	)
 	if *srv != "" {
 		var err error
-		if p, body, err = server.FetchPlan(ctx, *srv); err != nil {
+		if p, body, err = server.FetchPlan(ctx, *srv, server.FetchOptions{CAFile: *serverCA}); err != nil {
 			fmt.Fprintf(stderr, "provider plan: %v\n", err)
 			return 1
 		}
