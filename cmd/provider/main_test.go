@@ -22,6 +22,60 @@ func runArgs(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	return o.String(), e.String(), code
 }
 
+// TestHelpExitsZero asks every subcommand for help: each prints it and
+// exits 0, never "invalid configuration: ... help requested".
+func TestHelpExitsZero(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string // in stdout+stderr
+	}{
+		{[]string{"help"}, "pve-sim"},
+		{[]string{"-h"}, "--metrics-addr"},
+		{[]string{"--help"}, "--metrics-addr"},
+		{[]string{"serve", "-h"}, "--metrics-addr"},
+		{[]string{"serve", "--help"}, "--fake-admin"},
+		{[]string{"plan", "-h"}, "--server-ca"},
+		{[]string{"pve-sim", "-h"}, "-nodes"},
+		{[]string{"help", "serve"}, "--metrics-tls"},
+		{[]string{"help", "plan"}, "--detailed-exitcode"},
+		{[]string{"help", "pve-sim"}, "-template-vmid"},
+		{[]string{"version"}, "provider"},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			out, errOut, code := runArgs(t, tt.args...)
+			all := out + errOut
+			if code != 0 {
+				t.Errorf("exit %d, want 0:\n%s", code, all)
+			}
+			if !strings.Contains(all, tt.want) {
+				t.Errorf("output lacks %q:\n%s", tt.want, all)
+			}
+			for _, bad := range []string{"invalid configuration", "help requested"} {
+				if strings.Contains(all, bad) {
+					t.Errorf("output says %q:\n%s", bad, all)
+				}
+			}
+		})
+	}
+	// `provider help SUBCOMMAND` is help output: it goes to stdout.
+	if out, _, _ := runArgs(t, "help", "plan"); !strings.Contains(out, "--server") {
+		t.Errorf("provider help plan printed nothing on stdout")
+	}
+}
+
+func TestUnknownSubcommandListsThemAll(t *testing.T) {
+	_, errOut, code := runArgs(t, "frobnicate")
+	if code != 2 {
+		t.Errorf("exit %d, want 2", code)
+	}
+	for _, s := range []string{`"frobnicate"`, "serve", "plan", "pve-sim", "version", "help"} {
+		if !strings.Contains(errOut, s) {
+			t.Errorf("the error lacks %q:\n%s", s, errOut)
+		}
+	}
+}
+
 // makeState starts no server: it assembles one on state, records a
 // pending Create and closes it, as a provider that stopped would leave it.
 func makeState(t *testing.T, state string) {
@@ -40,6 +94,30 @@ func makeState(t *testing.T, state string) {
 	}
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestPlanStateMustExist(t *testing.T) {
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state")
+	makeState(t, state)
+	tests := []struct {
+		name     string
+		state    string
+		wantCode int
+		want     string
+	}{
+		{"typo in the path", filepath.Join(dir, "stat"), 1, "no state file there"},
+		{"missing directory", filepath.Join(dir, "nope", "state"), 1, "no state file there"},
+		{"existing state with a pending create", state, 2, "to create"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out, errOut, code := runArgs(t, "plan", "--use-fake-backend", "--seed-count", "4", "--no-color", "--detailed-exitcode", "--state", tt.state)
+			if code != tt.wantCode || !strings.Contains(out+errOut, tt.want) {
+				t.Errorf("exit %d (want %d), want %q in:\n%s%s", code, tt.wantCode, tt.want, out, errOut)
+			}
+		})
 	}
 }
 

@@ -25,6 +25,9 @@ func pveSim(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	tokenID := fs.String("token-id", "bigfleet@pve!demo", "API token id accepted by the simulator")
 	template := fs.Int("template-vmid", 9000, "VMID of the template created on the first node")
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
 		return 2
 	}
 	var b [16]byte
