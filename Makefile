@@ -4,7 +4,13 @@ GO ?= go
 BIN := bin/provider
 PKGS := ./...
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
-RUN_FLAGS ?= --use-fake-backend --seed-count 32 --addr 127.0.0.1:9000 --metrics-addr 127.0.0.1:9090
+# make run keeps its state (desired document and simulated world) in
+# RUN_DIR, so `provider plan` works offline on it and a restart finds its
+# VMs; `rm -rf .run` starts afresh. --drift-repair-delay holds a repair
+# back long enough to see it pending in `provider plan` (README demo);
+# e2e/demo_test.go runs the demo with these flags.
+RUN_DIR := .run
+RUN_FLAGS ?= --use-fake-backend --seed-count 32 --addr 127.0.0.1:9000 --metrics-addr 127.0.0.1:9090 --state $(RUN_DIR)/state --fake-admin --drift-repair-delay 30s
 
 .PHONY: help build run test bench golden proto lint check integration pve-sim clean
 
@@ -14,9 +20,11 @@ help: ## List the targets.
 build: ## Build bin/provider.
 	$(GO) build -trimpath -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/provider
 
-run: build ## Run the provider on the embedded libvirt-shaped simulator.
+run: build ## Run the provider on the embedded libvirt-shaped simulator (state in .run/).
+	@mkdir -p $(RUN_DIR)
 	@echo "provider: gRPC on 127.0.0.1:9000, metrics on 127.0.0.1:9090 (simulator, $(RUN_FLAGS))"
 	@echo "try:  go run github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.4 -plaintext -d '{\"max_results\":3}' 127.0.0.1:9000 bigfleet.v1alpha1.CapacityProvider/List"
+	@echo "plan: ./$(BIN) plan --server http://127.0.0.1:9090   (or offline: ./$(BIN) plan --use-fake-backend --seed-count 32 --state $(RUN_DIR)/state)"
 	./$(BIN) $(RUN_FLAGS)
 
 test: ## Unit, golden and black-box tests (with -race).

@@ -32,7 +32,9 @@ type Config struct {
 	// bind it fails the start. The default address is best effort.
 	MetricsAddrExplicit bool
 	// MetricsTLS serves the metrics listener over HTTPS with TLS.Cert/Key.
-	MetricsTLS        bool
+	MetricsTLS bool
+	// DriftRepairDelay holds back a repair a full pass found.
+	DriftRepairDelay  time.Duration
 	Reflection        bool
 	TLS               TLS
 	LogFormat         string // "text" or "json"

@@ -65,13 +65,19 @@ func TestErrors(t *testing.T) {
 			"--fake-admin: only applies to the fake backend, but the libvirt backend is selected; drop it or pass --use-fake-backend",
 		}},
 
-		// Metrics listener.
+		// Metrics listener and drift repair.
 		{"metrics tls without a certificate", with(fakeArgs, "--metrics-tls"), []string{
 			"--metrics-tls: reuses the gRPC certificate: also pass --tls-cert and --tls-key",
 		}},
 		{"metrics tls and admin with the listener disabled", with(fakeArgs, "--metrics-addr", "", "--metrics-tls", "--fake-admin"), []string{
 			"--metrics-tls: is set but the metrics listener is disabled (--metrics-addr is empty)",
 			"--fake-admin: serves on the metrics listener, which is disabled (--metrics-addr is empty)",
+		}},
+		{"drift repair delay out of range", with(fakeArgs, "--drift-repair-delay", "-1s"), []string{
+			"--drift-repair-delay: must be between 0 (repair at once) and 1h0m0s, got -1s",
+		}},
+		{"drift repair delay too long", with(fakeArgs, "--drift-repair-delay", "2h"), []string{
+			"--drift-repair-delay: must be between 0 (repair at once) and 1h0m0s, got 2h0m0s",
 		}},
 
 		// Common flags.

@@ -38,8 +38,9 @@ type Flags struct {
 	tokenSecret, tokenFile, caFile, fingerprint  *string
 	pool, nodes, bootstrapPath, bootstrapExec    *string
 	templateVMID                                 *int
-	// Listener flags (config/listener.go).
+	// Listener and drift-repair flags (config/listener.go).
 	metricsTLS, fakeAdmin *bool
+	driftRepairDelay      *time.Duration
 }
 
 // Flags that only make sense for one hypervisor; setting any of them
@@ -118,6 +119,7 @@ func RegisterFlags(fs *flag.FlagSet) *Flags {
 	f.maxConcurrentPerZone = fs.Int("max-concurrent-per-zone", 8, "Most hypervisor operations run at once per zone (> 0).")
 	f.shutdownGrace = fs.Duration("shutdown-grace", 30*time.Second, "How long shutdown waits for in-flight work before exiting.")
 	f.reconcileInterval = fs.Duration("reconcile-interval", 2*time.Minute, "Background reconcile interval (0 = off).")
+	f.driftRepairDelay = fs.Duration("drift-repair-delay", 0, "How long a drift repair a full pass finds (start a stopped VM, resume a paused one) waits before it runs, so `provider plan` can show it first (0 = at once; at most 1h).")
 
 	// Observability and TLS.
 	f.metricsAddr = fs.String("metrics-addr", ":9090", "Address for /metrics, /healthz, /readyz and /debug/plan. Empty: disabled. If the default cannot be bound the provider logs it and serves gRPC without it; an explicitly given address that cannot be bound fails the start.")
@@ -146,7 +148,7 @@ var usageGroups = []struct {
 	{"Proxmox connection and clone parameters", []string{"proxmox-backend", "proxmox-api-url", "proxmox-token-id", "proxmox-token-secret", "proxmox-token-file", "proxmox-ca-file", "proxmox-tls-fingerprint", "proxmox-pool", "nodes", "template-vmid", "bootstrap-path", "bootstrap-exec"}},
 	{"Instance types & pricing", []string{"instance-types", "prices", "price-per-vcpu-hour", "price-per-gib-hour"}},
 	{"Offerings", []string{"offerings", "seed-count"}},
-	{"Lifecycle", []string{"create-timeout", "configure-timeout", "drain-timeout", "delete-timeout", "node-ready-exec", "max-concurrent-per-zone", "shutdown-grace", "reconcile-interval"}},
+	{"Lifecycle", []string{"create-timeout", "configure-timeout", "drain-timeout", "delete-timeout", "node-ready-exec", "max-concurrent-per-zone", "shutdown-grace", "reconcile-interval", "drift-repair-delay"}},
 	{"Observability & TLS", []string{"metrics-addr", "metrics-tls", "reflection", "log-format", "log-level", "tls-cert", "tls-key", "tls-ca"}},
 	{"Fake backend (testing only)", []string{"fake-latency", "fake-faults", "fake-admin"}},
 }

@@ -1,7 +1,13 @@
 package config
 
-// resolveListener checks the metrics listener's flags; the gRPC TLS flags
-// are already in c.TLS.
+import "time"
+
+// maxDriftRepairDelay bounds --drift-repair-delay: a longer hold would
+// leave a stopped node down for no reason anyone could want.
+const maxDriftRepairDelay = time.Hour
+
+// resolveListener checks the metrics listener's and the drift repair's
+// flags; the gRPC TLS flags are already in c.TLS.
 func (f *Flags) resolveListener(c *Config, set map[string]bool, p *problems) {
 	c.MetricsAddrExplicit = set["metrics-addr"]
 	c.MetricsTLS = *f.metricsTLS
@@ -12,6 +18,10 @@ func (f *Flags) resolveListener(c *Config, set map[string]bool, p *problems) {
 		case !c.TLS.Enabled():
 			p.add("metrics-tls", "reuses the gRPC certificate: also pass --tls-cert and --tls-key")
 		}
+	}
+	c.DriftRepairDelay = *f.driftRepairDelay
+	if c.DriftRepairDelay < 0 || c.DriftRepairDelay > maxDriftRepairDelay {
+		p.add("drift-repair-delay", "must be between 0 (repair at once) and %s, got %s", maxDriftRepairDelay, c.DriftRepairDelay)
 	}
 	if *f.fakeAdmin && c.MetricsAddr == "" {
 		p.add("fake-admin", "serves on the metrics listener, which is disabled (--metrics-addr is empty)")

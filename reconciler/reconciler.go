@@ -68,6 +68,10 @@ type Options struct {
 	// RetryMin and RetryMax bound the per-machine backoff of a machine
 	// that waits or whose repair failed (defaults 1s and 60s).
 	RetryMin, RetryMax time.Duration
+	// RepairDelay holds back a drift repair (steps without an intent) that
+	// a full pass found, so an operator can see it pending in a plan; 0
+	// repairs at once. Intents, failures and adoptions are never delayed.
+	RepairDelay time.Duration
 }
 
 // Reconciler is the loop.
@@ -246,6 +250,10 @@ func (r *Reconciler) fullPass(ctx context.Context) {
 		}
 		if c.Adopt != nil && r.o.Doc.Get(c.Machine) == nil {
 			r.Apply(ctx, nil, c)
+			continue
+		}
+		if r.o.RepairDelay > 0 && c.Intent == nil && c.Fail == "" && c.Adopt == nil {
+			r.queue.AddAfter(c.Machine, r.o.RepairDelay)
 			continue
 		}
 		r.Enqueue(c.Machine)

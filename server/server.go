@@ -143,6 +143,7 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Provider
 	}
 	rec = reconciler.New(reconciler.Options{Doc: doc, Hypervisor: p.HV, Executor: exec, Planner: p.Planner,
 		Interval: cfg.ReconcileInterval, Capacity: capacity, Logger: log, Metrics: p.Metrics, QueueMetrics: p.Metrics.QueueMetrics(),
+		RepairDelay: cfg.DriftRepairDelay,
 		Types: func(name string) (int, int, bool) {
 			it, ok := cfg.Catalog[name]
 			return it.VCPU, it.MemoryMiB, ok
