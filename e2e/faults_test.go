@@ -122,7 +122,7 @@ func TestCreateFaultOffering(t *testing.T) {
 	eachShape(t, func(t *testing.T, sh shape) {
 		s := start(t, append(sh.args, "--fake-faults",
 			"--offerings", offeringsFile(t, sh, "on_demand", 2, map[string]string{"conformance.fault/create": "error"}))...)
-		id := speculative(t, s.c, 1)[0]
+		id := listAll(t, s.c, stSpec)[0].Id // every slot carries the fault label
 		must(t, "create")(create(s.c, t, id, tok{}))
 		m := waitFailed(t, s.c, id, stIdle)
 		t.Logf("create failure: %q", m.LastError)
