@@ -127,6 +127,18 @@ func TestErrors(t *testing.T) {
 		{"node ready exec", with(fakeArgs, "--node-ready-exec", "/bin/check,,x"), []string{
 			`--node-ready-exec: "/bin/check,,x" has an empty element at position 1; write the argv as program,arg1,arg2 (arguments cannot contain commas)`,
 		}},
+		{"state is a directory", with(fakeArgs, "--state", "$DIR"), []string{
+			`--state: "$DIR" is a directory; name the state file inside it, e.g. "$DIR/state"`,
+		}},
+		{"state ends in a slash", with(fakeArgs, "--state", "$DIR/new/"), []string{
+			`--state: "$DIR/new/" ends in '/'; name the state file, not its directory, e.g. "$DIR/new/state"`,
+		}},
+		{"state is an etcd URL", with(fakeArgs, "--state", "etcd://127.0.0.1:2379/x"), []string{
+			`--state: "etcd://127.0.0.1:2379/x": the etcd state store is not supported by this build yet; pass a file path such as /var/lib/bigfleet/state`,
+		}},
+		{"state is another URL", with(fakeArgs, "--state", "S3://bucket/state"), []string{
+			`--state: "S3://bucket/state" looks like a s3:// URL, which is not a state store this build supports; pass a file path such as /var/lib/bigfleet/state`,
+		}},
 		{"seed count", with(fakeArgs, "--seed-count", "0"), []string{
 			"--seed-count: must be > 0, got 0; omit it for the default of 32",
 		}},
@@ -343,5 +355,23 @@ func TestBareConnectOnFakeWithBadDefaultZone(t *testing.T) {
 	want := []string{`--connect: the bare URI goes to --default-zone, but zone "a:b" contains '/' or ':', which machine ids and host refs use as separators; rename it`}
 	if diff := cmp.Diff(want, lines(err)); diff != "" {
 		t.Errorf("problems (-want +got):\n%s", diff)
+	}
+}
+
+// TestStatePathAccepted pins what --state checks must let through: file
+// paths that do not exist yet, existing files, and names with a colon
+// that are not URLs.
+func TestStatePathAccepted(t *testing.T) {
+	f := newFiles(t)
+	for _, path := range []string{"", f.dir + "/state", f.empty, "etcd:state", "./a/b://c", "state"} {
+		t.Run(path, func(t *testing.T) {
+			c, err := Parse(append(append([]string{}, fakeArgs...), "--state", path), io.Discard)
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			if c.StatePath != path {
+				t.Errorf("StatePath = %q, want %q", c.StatePath, path)
+			}
+		})
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -320,6 +322,9 @@ func (f *Flags) resolveCommon(c *Config, set map[string]bool, p *problems) {
 	}
 	c.Reflection = *f.reflection
 	c.StatePath = *f.state
+	if err := checkStatePath(c.StatePath); err != nil {
+		p.add("state", "%v", err)
+	}
 	switch strings.ToLower(*f.logFormat) {
 	case "text", "json":
 		c.LogFormat = strings.ToLower(*f.logFormat)
@@ -372,6 +377,41 @@ func checkListenAddr(addr string) error {
 		return fmt.Errorf("%q has port %q; use a number from 0 to 65535", addr, port)
 	}
 	return nil
+}
+
+// stateURLRE matches a --state value that starts like a URL: an RFC 3986
+// scheme and "://".
+var stateURLRE = regexp.MustCompile(`^([A-Za-z][A-Za-z0-9+.-]*)://`)
+
+// checkStatePath says why --state cannot name a state this build can
+// open: a store other than a local file (chosen by URL scheme; this is the
+// one place that knows which schemes are built in), or a path that names
+// a directory. Empty means in memory and is fine.
+func checkStatePath(path string) error {
+	if m := stateURLRE.FindStringSubmatch(path); m != nil {
+		switch scheme := strings.ToLower(m[1]); scheme {
+		case "etcd":
+			return fmt.Errorf("%q: the etcd state store is not supported by this build yet; pass a file path such as /var/lib/bigfleet/state", clip(path))
+		default:
+			return fmt.Errorf("%q looks like a %s:// URL, which is not a state store this build supports; pass a file path such as /var/lib/bigfleet/state", clip(path), clip(scheme))
+		}
+	}
+	if strings.HasSuffix(path, "/") {
+		return fmt.Errorf("%q ends in '/'; name the state file, not its directory, e.g. %q", clip(path), clip(path+"state"))
+	}
+	if st, err := os.Stat(path); err == nil && st.IsDir() {
+		return fmt.Errorf("%q is a directory; name the state file inside it, e.g. %q", clip(path), clip(filepath.Join(path, "state")))
+	}
+	return nil
+}
+
+// clip bounds a flag value echoed in an error.
+func clip(s string) string {
+	const limit = 256
+	if len(s) <= limit {
+		return s
+	}
+	return s[:limit] + "..."
 }
 
 // parseArgv splits a comma-separated argv; empty elements are errors.
