@@ -83,7 +83,7 @@ func TestCrashDuringCompaction(t *testing.T) {
 	defer func() { testHook = nil }()
 	done := make(chan error, 1)
 	go func() { done <- f.compactNow(context.Background()) }()
-	for _, want := range []string{"rotated", "snapshot-written", "snapshot-installed"} {
+	for _, want := range []string{"next-created", "sealed", "rotated", "snapshot-written", "snapshot-installed"} {
 		step := <-steps
 		if step != want {
 			t.Fatalf("compaction step %q, want %q", step, want)
@@ -106,12 +106,12 @@ func TestCrashDuringCompaction(t *testing.T) {
 	mustClose(t, f)
 	images["closed"] = image{copyState(t, path), reopen(t, path)}
 
-	// Open must finish an interrupted compaction by rewriting; crash that
-	// rewrite too.
+	// Open must finish a compaction interrupted before its snapshot was
+	// installed; crash that too.
 	rewriting := copyState(t, images["rotated"].path)
 	testHook = func(step string) {
-		if step == "rewrite-snapshot-installed" {
-			images["rewrite: snapshot-installed"] = image{copyState(t, rewriting), images["rotated"].want}
+		if step == "finish-snapshot-installed" {
+			images["finish: snapshot-installed"] = image{copyState(t, rewriting), images["rotated"].want}
 		}
 	}
 	g := mustOpen(t, rewriting, Options{})
@@ -130,15 +130,18 @@ func TestCrashDuringCompaction(t *testing.T) {
 		images[step+" + torn next"] = image{torn, images[step].want}
 	}
 
-	if _, ok := images["rewrite: snapshot-installed"]; !ok {
-		t.Fatal("Open did not rewrite the state left by a crash before the snapshot was written")
+	if _, ok := images["finish: snapshot-installed"]; !ok {
+		t.Fatal("Open did not finish the compaction left by a crash before the snapshot was written")
 	}
 	// The copies must show the crash states the protocol passes through.
 	wantFiles := map[string][]string{
-		"rotated":            {"state.journal", "state.journal.next", "state.snap"},
-		"snapshot-written":   {"state.journal", "state.journal.next", "state.snap", "state.snap.tmp"},
-		"snapshot-installed": {"state.journal", "state.journal.next", "state.snap"},
-		"compacted":          {"state.journal", "state.snap"},
+		"next-created":               {"state.journal", "state.journal.next", "state.snap"},
+		"sealed":                     {"state.journal", "state.journal.next", "state.snap"},
+		"rotated":                    {"state.journal", "state.journal.next", "state.snap"},
+		"finish: snapshot-installed": {"state.journal", "state.journal.next", "state.snap"},
+		"snapshot-written":           {"state.journal", "state.journal.next", "state.snap", "state.snap.tmp"},
+		"snapshot-installed":         {"state.journal", "state.journal.next", "state.snap"},
+		"compacted":                  {"state.journal", "state.snap"},
 	}
 	for step, want := range wantFiles {
 		if diff := cmp.Diff(want, existing(t, images[step].path)); diff != "" {

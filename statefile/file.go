@@ -34,6 +34,15 @@ type Store interface {
 	Apply(ops ...Op) uint64
 	// Wait returns nil once every record up to seq is durable.
 	Wait(ctx context.Context, seq uint64) error
+	// Load returns every committed key/value pair; call it once, before
+	// the first Commit. Values must not be modified.
+	Load(ctx context.Context) (map[string][]byte, error)
+	// Commit queues ops as one atomic batch and returns without waiting.
+	// done, if not nil, is called exactly once, never from inside Commit,
+	// on one goroutine of the store, in Commit order: nil once the batch
+	// is durable, or an error once it is not known to be. A store that
+	// fails a batch fails every later batch too.
+	Commit(ops []Op, done func(error))
 	// Healthy returns the error that stopped the store, if any.
 	Healthy() error
 	// Size is the store's footprint in bytes, for metrics.
@@ -85,41 +94,48 @@ type File struct {
 	mu           sync.Mutex
 	wake         *sync.Cond // the committer waits on it for work
 	state        map[string][]byte
-	queue        []*batch // oldest first; Apply appends to the last one
-	lastSeq      uint64   // last sequence number handed out
-	lastQueued   uint64   // last sequence number queued for the disk
-	durable      uint64   // every record up to here is fsynced
+	queue        []*batch // oldest first; Apply and Commit append to the last one
+	orphans      []func(error)
+	lastSeq      uint64 // last sequence number handed out
+	lastQueued   uint64 // last sequence number queued for the disk
+	durable      uint64 // every record up to here is fsynced
 	rejected     map[uint64]error
 	err          error         // sticky failure
 	changed      chan struct{} // closed and replaced when durable, err, snapGen or closed change
 	closing      bool
 	closed       bool
+	exited       bool // the committer returned; late callbacks go to f.late
 	compacting   bool
 	forceCompact bool
 	gen          uint64 // generation of the journal being appended to
 	snapGen      uint64 // generation of the snapshot on disk
+	journalPath  string // the name the appended journal has now
 
 	snapBytes, oldJournalBytes, journalBytes atomic.Int64
 
 	journal       *os.File // owned by the committer
 	committerDone chan struct{}
 	compactions   sync.WaitGroup
+	late          serial // runs callbacks of Commits that came after the committer returned
 }
 
 // batch is one future journal frame: a reserved frame header followed by
-// whole records.
+// whole records, and the Commit callbacks to run once it is durable. A
+// batch without records only carries callbacks.
 type batch struct {
 	buf     []byte
 	records int
 	last    uint64
+	dones   []func(error)
 }
 
 // Open opens the state at path, creating it if missing, and replays it. It
 // takes the state's lock and fails with ErrLocked, naming the path, if
-// another process (or another File) holds it.
+// another process (or another File) holds it or holds one of its
+// journals. It fails if the directory cannot be written.
 func Open(path string, opts Options) (*File, error) {
-	if path == "" {
-		return nil, errors.New("open state: empty path")
+	if err := checkPath(path); err != nil {
+		return nil, fmt.Errorf("open state %q: %w", path, err)
 	}
 	p := pathsFor(path)
 	if _, err := os.Stat(p.dir); errors.Is(err, os.ErrNotExist) {
@@ -138,6 +154,15 @@ func Open(path string, opts Options) (*File, error) {
 	if !ok {
 		return nil, fmt.Errorf("open state %s: lock %s is held: %w", path, p.lock, ErrLocked)
 	}
+	if err := probeDir(p, opts.NoSync); err != nil {
+		lock.Unlock()
+		return nil, fmt.Errorf("open state %s: %w", path, err)
+	}
+	journal, next, err := lockJournals(p)
+	if err != nil {
+		lock.Unlock()
+		return nil, fmt.Errorf("open state %s: %w", path, err)
+	}
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -152,7 +177,16 @@ func Open(path string, opts Options) (*File, error) {
 		committerDone: make(chan struct{}),
 	}
 	f.wake = sync.NewCond(&f.mu)
-	if err := f.restore(); err != nil {
+	err = f.restore(journal, next)
+	for _, h := range []*os.File{journal, next} {
+		if h != nil && h != f.journal {
+			h.Close()
+		}
+	}
+	if err != nil {
+		if f.journal != nil {
+			f.journal.Close()
+		}
 		lock.Unlock()
 		return nil, fmt.Errorf("open state %s: %w", path, err)
 	}
@@ -160,9 +194,12 @@ func Open(path string, opts Options) (*File, error) {
 	return f, nil
 }
 
-// restore loads the files, repairs what a crash left behind and opens the
-// journal for appending.
-func (f *File) restore() error {
+// restore loads the files, repairs what a crash left behind and sets
+// f.journal to the journal to append to. journal and next are the locked
+// descriptors of the existing journals (nil if absent); restore reads
+// through them and appends through one of them, so what it replays is
+// what it locked.
+func (f *File) restore(journal, next *os.File) error {
 	start := time.Now()
 	for _, tmp := range f.p.temps() {
 		if err := os.Remove(tmp); err == nil {
@@ -171,15 +208,19 @@ func (f *File) restore() error {
 			return fmt.Errorf("remove %s: %w", tmp, err)
 		}
 	}
-	o, err := openAll(f.p)
-	if err != nil {
-		return err
+	o := openFiles{journal: journal, next: next}
+	snap, err := os.Open(f.p.snap)
+	switch {
+	case err == nil:
+		o.snap = snap
+		defer snap.Close()
+	case !errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("open %s: %w", f.p.snap, err)
 	}
-	ld, err := load(f.p, o)
-	o.close()
+	ld, err := load(f.p, o, true)
 	switch {
 	case errors.Is(err, errNoState):
-		ld = &loaded{state: make(map[string][]byte)}
+		return f.create(start)
 	case err != nil:
 		return err
 	}
@@ -187,92 +228,95 @@ func (f *File) restore() error {
 	f.snapGen = ld.snapGen
 	f.snapBytes.Store(ld.snapSize)
 
-	var j *journalInfo
-	if len(ld.chain) == 1 {
-		j = &ld.chain[0]
+	j := ld.chain[len(ld.chain)-1]
+	fd := journal
+	if j.path == f.p.next {
+		fd = next
+	}
+	if j.end < j.size {
+		f.log.Warn("truncating torn journal tail", "file", j.path, "offset", j.end, "bytes", j.size-j.end, "reason", j.tear)
+	}
+	if err := prepareAppend(fd, j.path, j.end, j.size, f.opts.NoSync); err != nil {
+		return err
 	}
 	switch {
-	case j != nil && j.path == f.p.journal:
-		// The common case; at most a stale .next from an earlier repair.
-		if err := f.removeStale(ld.stale); err != nil {
+	case len(ld.chain) == 2:
+		// A crash between steps 1 and 2 of a compaction: install the
+		// snapshot it did not write, with the state at the rotation.
+		f.log.Warn("finishing an interrupted compaction", "generation", j.gen)
+		size, err := writeSnapshot(f.p.snap, j.gen, ld.rotation, j.end, f.opts.NoSync)
+		if err != nil {
 			return err
 		}
-	case j != nil && j.path == f.p.next:
-		// The crash hit between steps 2 and 3 of a compaction.
-		f.log.Warn("finishing an interrupted compaction", "generation", j.gen)
+		hook("finish-snapshot-installed")
+		f.snapGen = j.gen
+		f.snapBytes.Store(size)
+		fallthrough
+	case j.path == f.p.next:
+		// A crash between steps 2 and 3; the journal it replaces is stale.
 		if err := os.Rename(f.p.next, f.p.journal); err != nil {
 			return fmt.Errorf("rename %s: %w", f.p.next, err)
 		}
 		if err := syncDir(f.p.dir, f.opts.NoSync); err != nil {
 			return err
 		}
-		j.path = f.p.journal
 	default:
-		// New state, a crash before step 2 of a compaction (two journals),
-		// or a snapshot without its journal: write everything afresh.
-		if ld.snapGen != 0 {
-			f.log.Warn("rewriting state after an interrupted compaction", "journals", len(ld.chain), "generation", ld.maxGen+1)
+		if err := f.removeStale(ld.stale); err != nil {
+			return err
 		}
-		return f.rewrite(ld, start)
 	}
-	if j.end < j.size {
-		f.log.Warn("truncating torn journal tail", "file", j.path, "offset", j.end, "bytes", j.size-j.end, "reason", j.tear)
-	}
-	jf, err := os.OpenFile(j.path, os.O_RDWR, 0)
-	if err != nil {
-		return fmt.Errorf("open %s: %w", j.path, err)
-	}
-	if err := prepareAppend(jf, j.end, j.size, f.opts.NoSync); err != nil {
-		jf.Close()
-		return err
-	}
-	f.journal = jf
+	f.journal = fd
+	f.journalPath = f.p.journal
 	f.gen = j.gen
 	f.journalBytes.Store(j.end)
-	f.log.Info("state opened", "keys", len(f.state), "records_replayed", j.records,
+	records := 0
+	for _, c := range ld.chain {
+		records += c.records
+	}
+	f.log.Info("state opened", "keys", len(f.state), "records_replayed", records,
 		"generation", j.gen, "bytes", f.Size(), "duration", time.Since(start))
 	return nil
 }
 
-// prepareAppend cuts a torn tail and positions f at end.
-func prepareAppend(f *os.File, end, size int64, noSync bool) error {
-	if end < size {
-		if err := f.Truncate(end); err != nil {
-			return fmt.Errorf("truncate %s: %w", f.Name(), err)
-		}
-		if err := syncFile(f, noSync); err != nil {
-			return err
-		}
-	}
-	if _, err := f.Seek(end, io.SeekStart); err != nil {
-		return fmt.Errorf("seek %s: %w", f.Name(), err)
-	}
-	return nil
-}
-
-// rewrite writes the loaded state as a new generation and starts an empty
-// journal for it; every existing journal becomes stale the moment the
-// snapshot is renamed into place.
-func (f *File) rewrite(ld *loaded, start time.Time) error {
-	gen := ld.maxGen + 1
-	size, err := writeSnapshot(f.p.snap, gen, f.state, f.opts.NoSync)
-	if err != nil {
-		return err
-	}
-	hook("rewrite-snapshot-installed")
+// create starts a new state: the journal first, so that a crash before
+// the snapshot leaves only an empty journal, which Open recognises as no
+// state; then the snapshot that promises it.
+func (f *File) create(start time.Time) error {
+	const gen = 1
 	jf, err := createJournal(f.p.journal, gen, f.opts.NoSync)
 	if err != nil {
 		return err
 	}
-	if err := f.removeStale([]string{f.p.next}); err != nil {
+	hook("created-journal")
+	f.state = make(map[string][]byte)
+	n := int64(len(journalStart(gen)))
+	size, err := writeSnapshot(f.p.snap, gen, f.state, n, f.opts.NoSync)
+	if err != nil {
 		jf.Close()
 		return err
 	}
 	f.journal = jf
+	f.journalPath = f.p.journal
 	f.gen, f.snapGen = gen, gen
 	f.snapBytes.Store(size)
-	f.journalBytes.Store(headerSize)
-	f.log.Info("state opened", "keys", len(f.state), "generation", gen, "bytes", f.Size(), "duration", time.Since(start))
+	f.journalBytes.Store(n)
+	f.log.Info("state created", "generation", gen, "bytes", f.Size(), "duration", time.Since(start))
+	return nil
+}
+
+// prepareAppend cuts a torn tail and positions f, which path names, at end.
+func prepareAppend(f *os.File, path string, end, size int64, noSync bool) error {
+	if end < size {
+		if err := f.Truncate(end); err != nil {
+			return fileErr("truncate", path, err)
+		}
+		if err := syncFile(f, path, noSync); err != nil {
+			return err
+		}
+	}
+	if _, err := f.Seek(end, io.SeekStart); err != nil {
+		return fileErr("seek", path, err)
+	}
 	return nil
 }
 
@@ -295,6 +339,86 @@ func (f *File) removeStale(files []string) error {
 	return nil
 }
 
+// Load returns a copy of every committed key/value pair: the recovered
+// state plus every batch queued so far, once those are durable. It is
+// meant to be called once, before the first Commit. Values are shared and
+// must not be modified. It fails with the store's failure, ErrClosed
+// after Close, or ctx's error.
+func (f *File) Load(ctx context.Context) (map[string][]byte, error) {
+	f.mu.Lock()
+	if f.closing && f.err == nil {
+		f.mu.Unlock()
+		return nil, ErrClosed
+	}
+	state := maps.Clone(f.state)
+	last := f.lastQueued
+	f.mu.Unlock()
+	if err := f.Wait(ctx, last); err != nil {
+		return nil, fmt.Errorf("load state: %w", err)
+	}
+	return state, nil
+}
+
+// Commit queues ops as one atomic record and returns without waiting. It
+// copies ops. done, if not nil, is called exactly once, never from inside
+// Commit, on the committer goroutine and in Commit order: with nil once
+// the frame holding the record is fsynced, or with the store's sticky
+// failure (ErrClosed once Close began) once it is not known to be. Ops are
+// visible to Snapshot and Load as soon as Commit returns. With no ops,
+// done is a barrier: it runs once every earlier Commit's has. A record
+// over 256 MiB stops the store, since later records may depend on it.
+// done must return quickly and must not call Close.
+func (f *File) Commit(ops []Op, done func(error)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err == nil && !f.closing && len(ops) > 0 {
+		if n := recordSize(ops); n > maxRecord {
+			f.failLocked(fmt.Errorf("commit a record of %d bytes: over the %d-byte limit", n, maxRecord))
+		}
+	}
+	if f.err != nil || f.closing {
+		f.orphan(done)
+		return
+	}
+	var b *batch
+	if len(ops) > 0 {
+		b = f.queueLocked(ops)
+	} else if n := len(f.queue); n > 0 {
+		b = f.queue[n-1]
+	} else {
+		b = &batch{buf: make([]byte, frameHeaderSize)}
+		f.queue = append(f.queue, b)
+		f.wake.Signal()
+	}
+	if done != nil {
+		b.dones = append(b.dones, done)
+	}
+}
+
+// orphan arranges for done to learn that its batch will never be
+// written. Callers hold f.mu.
+func (f *File) orphan(done func(error)) {
+	if done == nil {
+		return
+	}
+	if !f.exited {
+		f.orphans = append(f.orphans, done)
+		f.wake.Signal()
+		return
+	}
+	err := f.stopErr()
+	f.late.post(func() { done(err) })
+}
+
+// stopErr is what a batch that will never be written reports. Callers hold
+// f.mu.
+func (f *File) stopErr() error {
+	if f.err != nil {
+		return f.err
+	}
+	return ErrClosed
+}
+
 // Snapshot returns a copy of the current state. Right after Open it is
 // exactly the recovered state. Values are shared and must not be modified.
 func (f *File) Snapshot() map[string][]byte {
@@ -315,15 +439,22 @@ func (f *File) Apply(ops ...Op) uint64 {
 	if len(ops) == 0 {
 		return f.lastSeq
 	}
-	f.lastSeq++
-	seq := f.lastSeq
 	if f.err != nil || f.closing {
-		return seq
+		f.lastSeq++
+		return f.lastSeq
 	}
 	if n := recordSize(ops); n > maxRecord {
-		f.rejected[seq] = fmt.Errorf("record %d of %d bytes exceeds the %d-byte limit", seq, n, maxRecord)
-		return seq
+		f.lastSeq++
+		f.rejected[f.lastSeq] = fmt.Errorf("record %d of %d bytes exceeds the %d-byte limit", f.lastSeq, n, maxRecord)
+		return f.lastSeq
 	}
+	return f.queueLocked(ops).last
+}
+
+// queueLocked appends ops as the next record to the queue and to the
+// in-memory state. Callers hold f.mu.
+func (f *File) queueLocked(ops []Op) *batch {
+	f.lastSeq++
 	var b *batch
 	if n := len(f.queue); n > 0 && len(f.queue[n-1].buf) < batchLimit {
 		b = f.queue[n-1]
@@ -333,8 +464,8 @@ func (f *File) Apply(ops ...Op) uint64 {
 	}
 	b.buf = appendRecord(b.buf, ops)
 	b.records++
-	b.last = seq
-	f.lastQueued = seq
+	b.last = f.lastSeq
+	f.lastQueued = f.lastSeq
 	for _, op := range ops {
 		if op.Delete {
 			delete(f.state, op.Key)
@@ -343,7 +474,7 @@ func (f *File) Apply(ops ...Op) uint64 {
 		}
 	}
 	f.wake.Signal()
-	return seq
+	return b
 }
 
 // Wait returns nil once the record seq and all before it are durable. If
@@ -402,9 +533,9 @@ func (f *File) Size() int64 {
 	return f.snapBytes.Load() + f.oldJournalBytes.Load() + f.journalBytes.Load()
 }
 
-// Close writes and fsyncs everything queued, waits for a running
-// compaction and releases the lock. It returns the store's failure, if
-// any. Calling it again returns nil.
+// Close writes and fsyncs everything queued, runs the callbacks of every
+// Commit so far, waits for a running compaction and releases the locks.
+// It returns the store's failure, if any. Calling it again returns nil.
 func (f *File) Close() error {
 	f.mu.Lock()
 	if f.closing {
@@ -420,7 +551,7 @@ func (f *File) Close() error {
 	f.compactions.Wait()
 	var errs []error
 	if err := f.journal.Close(); err != nil {
-		errs = append(errs, fmt.Errorf("close %s: %w", f.journal.Name(), err))
+		errs = append(errs, fileErr("close", f.journalPath, err))
 	}
 	if err := f.lock.Unlock(); err != nil {
 		errs = append(errs, fmt.Errorf("unlock %s: %w", f.p.lock, err))
@@ -445,10 +576,21 @@ func (f *File) notify() {
 func (f *File) fail(err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.failLocked(err)
+}
+
+// failLocked stops the store: every queued batch is dropped and its
+// callbacks join the orphans, ahead of later ones. Callers hold f.mu.
+func (f *File) failLocked(err error) {
 	if f.err != nil {
 		return
 	}
 	f.err = fmt.Errorf("state %s failed: %w", f.p.base, err)
+	var dones []func(error)
+	for _, b := range f.queue {
+		dones = append(dones, b.dones...)
+	}
+	f.orphans = append(dones, f.orphans...)
 	f.queue = nil
 	f.log.Error("state store failed", "err", err)
 	f.notify()
@@ -478,19 +620,34 @@ func (f *File) needCompact() bool {
 	return f.forceCompact || (t > 0 && f.journalBytes.Load() >= t)
 }
 
-// commitLoop is the only writer of the journal: it takes the oldest queued
-// batch, appends it as one frame, fsyncs, and publishes the new durable
-// sequence number. Between batches it starts compactions.
+// commitLoop is the only writer of the journal and the only caller of
+// Commit callbacks until Close: it takes the oldest queued batch, appends
+// it as one frame, fsyncs, publishes the new durable sequence number and
+// runs the batch's callbacks. Between batches it starts compactions. After
+// a failure, and once Close has flushed the queue, it runs the callbacks
+// of batches that will never be written.
 func (f *File) commitLoop() {
 	defer close(f.committerDone)
 	for {
 		f.mu.Lock()
-		for len(f.queue) == 0 && !f.closing && f.err == nil && !f.needCompact() {
+		for len(f.queue) == 0 && len(f.orphans) == 0 && !f.closing && !f.needCompact() {
 			f.wake.Wait()
 		}
-		if f.err != nil || (f.closing && len(f.queue) == 0) {
-			f.mu.Unlock()
-			return
+		if len(f.queue) == 0 {
+			if len(f.orphans) > 0 {
+				dones, err := f.orphans, f.stopErr()
+				f.orphans = nil
+				f.mu.Unlock()
+				for _, done := range dones {
+					done(err)
+				}
+				continue
+			}
+			if f.closing {
+				f.exited = true
+				f.mu.Unlock()
+				return
+			}
 		}
 		var b *batch
 		if len(f.queue) > 0 {
@@ -508,74 +665,108 @@ func (f *File) commitLoop() {
 			f.gen++
 			gen = f.gen
 		}
+		path := f.journalPath
 		f.mu.Unlock()
 
 		if b != nil {
-			if err := f.commit(b); err != nil {
-				f.fail(err)
-				return
+			if err := f.commit(b, path); err != nil {
+				f.mu.Lock()
+				f.failLocked(err)
+				err = f.err
+				f.mu.Unlock()
+				for _, done := range b.dones {
+					done(err)
+				}
+				continue
 			}
 		}
 		if snap != nil {
-			if err := f.rotate(gen, snap); err != nil {
+			if err := f.rotate(gen, snap, path); err != nil {
 				f.fail(err)
-				return
 			}
 		}
 	}
 }
 
-// commit appends b as one frame and fsyncs it.
-func (f *File) commit(b *batch) error {
-	putFrameHeader(b.buf)
-	if _, err := f.journal.Write(b.buf); err != nil {
-		return fmt.Errorf("append to %s: %w", f.journal.Name(), err)
+// commit appends b as one frame to the journal, which path names, fsyncs
+// it and runs b's callbacks.
+func (f *File) commit(b *batch, path string) error {
+	if b.records > 0 {
+		putFrameHeader(b.buf)
+		if _, err := f.journal.Write(b.buf); err != nil {
+			return fileErr("append to", path, err)
+		}
+		start := time.Now()
+		if err := syncFile(f.journal, path, f.opts.NoSync); err != nil {
+			return err
+		}
+		took := time.Since(start)
+		f.journalBytes.Add(int64(len(b.buf)))
+		f.mu.Lock()
+		f.durable = b.last
+		f.notify()
+		f.mu.Unlock()
+		if f.opts.OnCommit != nil {
+			defer f.opts.OnCommit(b.records, len(b.buf), took)
+		}
 	}
-	start := time.Now()
-	if err := syncFile(f.journal, f.opts.NoSync); err != nil {
-		return err
-	}
-	took := time.Since(start)
-	f.journalBytes.Add(int64(len(b.buf)))
-	f.mu.Lock()
-	f.durable = b.last
-	f.notify()
-	f.mu.Unlock()
-	if f.opts.OnCommit != nil {
-		f.opts.OnCommit(b.records, len(b.buf), took)
+	for _, done := range b.dones {
+		done(nil)
 	}
 	return nil
 }
 
-// rotate is step 1 of a compaction: switch appends to a fresh journal of
-// gen and hand the old one and the clone to a background goroutine.
-func (f *File) rotate(gen uint64, snap map[string][]byte) error {
+// rotate is step 1 of a compaction: create the journal of gen, seal the
+// one at path (which promises the new one to recovery, so it is written
+// only once the new one is durable, and before any record goes to it),
+// switch appends to the new one, and hand the old one and the clone to a
+// background goroutine.
+func (f *File) rotate(gen uint64, snap map[string][]byte, path string) error {
 	next, err := createJournal(f.p.next, gen, f.opts.NoSync)
 	if err != nil {
 		return fmt.Errorf("compact to generation %d: %w", gen, err)
 	}
+	hook("next-created")
+	seal := controlFrame(ctlSeal, gen)
+	if _, err := f.journal.Write(seal); err != nil {
+		next.Close()
+		return fileErr("seal", path, err)
+	}
+	if err := syncFile(f.journal, path, f.opts.NoSync); err != nil {
+		next.Close()
+		return err
+	}
+	hook("sealed")
 	old := f.journal
 	f.journal = next
-	f.oldJournalBytes.Store(f.journalBytes.Load())
-	f.journalBytes.Store(headerSize)
+	f.mu.Lock()
+	f.journalPath = f.p.next
+	f.mu.Unlock()
+	f.oldJournalBytes.Store(f.journalBytes.Load() + int64(len(seal)))
+	f.journalBytes.Store(int64(len(journalStart(gen))))
 	f.compactions.Add(1)
 	go f.compact(gen, snap, old)
 	return nil
 }
 
-// compact is steps 2 and 3 of a compaction.
+// compact is steps 2 and 3 of a compaction. old, the sealed journal, stays
+// open, and so locked, until the new journal has replaced it.
 func (f *File) compact(gen uint64, snap map[string][]byte, old *os.File) {
 	defer f.compactions.Done()
+	defer old.Close()
 	start := time.Now()
-	old.Close()
 	hook("rotated")
-	size, err := writeSnapshot(f.p.snap, gen, snap, f.opts.NoSync)
+	// Every byte of the new journal counted so far is fsynced.
+	size, err := writeSnapshot(f.p.snap, gen, snap, f.journalBytes.Load(), f.opts.NoSync)
 	if err == nil {
 		hook("snapshot-installed")
 		err = os.Rename(f.p.next, f.p.journal)
 		if err != nil {
 			err = fmt.Errorf("rename %s: %w", f.p.next, err)
 		} else {
+			f.mu.Lock()
+			f.journalPath = f.p.journal
+			f.mu.Unlock()
 			err = syncDir(f.p.dir, f.opts.NoSync)
 		}
 	}

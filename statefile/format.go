@@ -8,12 +8,11 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
-	"os"
 )
 
-// On-disk format, version 1. See doc.go for the layout.
+// On-disk format, version 2. See doc.go for the layout.
 const (
-	formatVersion   = 1
+	formatVersion   = 2
 	headerSize      = 32
 	frameHeaderSize = 12
 
@@ -22,6 +21,16 @@ const (
 
 	opPut    byte = 1
 	opDelete byte = 2
+
+	// A journal frame whose payload starts with a zero op count is a
+	// control frame: one of these tags and a uvarint generation.
+	ctlStart byte = 'S' // first frame of every journal: its own generation
+	ctlSeal  byte = 'E' // last frame of a journal a compaction left: the next generation
+
+	// metaTag starts the first frame of every snapshot, followed by the
+	// uvarint length of its generation's journal that was durable when
+	// the snapshot was installed.
+	metaTag byte = 'M'
 
 	// maxFrame bounds a frame's payload; a larger length is corruption.
 	maxFrame = 1 << 30
@@ -207,9 +216,78 @@ func cloneValue(v []byte) []byte {
 	return c
 }
 
+// frame returns payload framed: a frame header followed by payload.
+func frame(payload []byte) []byte {
+	b := make([]byte, frameHeaderSize, frameHeaderSize+len(payload))
+	b = append(b, payload...)
+	putFrameHeader(b)
+	return b
+}
+
+// controlFrame is a whole journal control frame: tag and generation.
+func controlFrame(tag byte, gen uint64) []byte {
+	return frame(binary.AppendUvarint([]byte{0, tag}, gen))
+}
+
+// journalStart is the header and start frame every journal of gen begins
+// with; its length is the least a journal of gen can hold.
+func journalStart(gen uint64) []byte {
+	return append(fileHeader{kind: kindJournal, gen: gen}.encode(), controlFrame(ctlStart, gen)...)
+}
+
+// control is a decoded control frame.
+type control struct {
+	tag byte
+	gen uint64
+}
+
+// parseControl reports whether a journal frame's payload is a control
+// frame and decodes it. Record frames start with a non-zero op count.
+func parseControl(payload []byte) (control, bool, error) {
+	if len(payload) == 0 || payload[0] != 0 {
+		return control{}, false, nil
+	}
+	d := decoder{b: payload[1:]}
+	c := control{tag: d.byte(), gen: d.uvarint()}
+	switch {
+	case d.err != nil:
+	case c.tag != ctlStart && c.tag != ctlSeal:
+		d.err = fmt.Errorf("unknown control tag %d", c.tag)
+	case len(d.b) > 0:
+		d.err = fmt.Errorf("%d stray bytes after a control record", len(d.b))
+	}
+	return c, true, d.err
+}
+
+// metaPayload is the first frame of a snapshot: how long its generation's
+// journal was known to be durably when the snapshot was installed.
+func metaPayload(journalMin int64) []byte {
+	return binary.AppendUvarint([]byte{metaTag}, uint64(journalMin))
+}
+
+func parseMeta(payload []byte) (int64, error) {
+	d := decoder{b: payload}
+	if tag := d.byte(); d.err == nil && tag != metaTag {
+		return 0, fmt.Errorf("first frame is not the snapshot's meta frame (tag %d)", tag)
+	}
+	n := d.uvarint()
+	switch {
+	case d.err != nil:
+		return 0, d.err
+	case len(d.b) > 0:
+		return 0, fmt.Errorf("%d stray bytes after the meta record", len(d.b))
+	case n > 1<<62:
+		return 0, fmt.Errorf("journal length %d is implausible", n)
+	}
+	return int64(n), nil
+}
+
 // applyJournalPayload replays the records of one journal frame into state
 // and returns how many records it held.
 func applyJournalPayload(payload []byte, state map[string][]byte) (int, error) {
+	if len(payload) == 0 {
+		return 0, errors.New("empty frame")
+	}
 	d := decoder{b: payload}
 	records := 0
 	for len(d.b) > 0 && d.err == nil {
@@ -260,7 +338,7 @@ func applySnapshotPayload(payload []byte, state map[string][]byte) (int, error) 
 // the file's length when it was opened.
 type frameReader struct {
 	path string
-	f    *os.File
+	f    io.ReaderAt
 	r    *bufio.Reader
 	off  int64
 	size int64
@@ -268,11 +346,11 @@ type frameReader struct {
 	buf  []byte
 }
 
-func newFrameReader(path string, f *os.File, size int64) *frameReader {
+func newFrameReader(path string, f io.ReaderAt, size int64) *frameReader {
 	return &frameReader{
 		path: path,
 		f:    f,
-		r:    bufio.NewReaderSize(io.NewSectionReader(f, headerSize, size-headerSize), 1<<20),
+		r:    bufio.NewReaderSize(io.NewSectionReader(f, headerSize, size-headerSize), int(min(1<<20, max(16, size-headerSize)))),
 		off:  headerSize,
 		size: size,
 	}

@@ -118,3 +118,7 @@ func existing(t testing.TB, path string) []string {
 	}
 	return names
 }
+
+// metaFrameSize is the size of a snapshot's meta frame when the journal
+// length it records is under 128 bytes (a one-byte varint).
+const metaFrameSize = frameHeaderSize + 2

@@ -164,6 +164,8 @@ func TestReadOnlyRacingCompaction(t *testing.T) {
 
 	compacted := make(chan error, 1)
 	go func() { compacted <- f.compactNow(context.Background()) }()
+	close(expect("next-created").resume)
+	close(expect("sealed").resume)
 	s := expect("rotated")
 	mustApply(t, f, put("m/b", "acked in the next journal"))
 	close(s.resume)

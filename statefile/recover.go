@@ -1,20 +1,23 @@
 package statefile
 
 import (
+	"bytes"
 	"cmp"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 )
 
 // paths names the files of one state; see doc.go.
 type paths struct {
-	base, dir, snap, journal, next, lock string
+	base, dir, snap, journal, next, lock, probe string
 }
 
 func pathsFor(p string) paths {
@@ -25,18 +28,36 @@ func pathsFor(p string) paths {
 		journal: p + ".journal",
 		next:    p + ".journal.next",
 		lock:    p + ".lock",
+		probe:   p + ".probe.tmp",
 	}
 }
 
 func (p paths) temps() []string {
-	return []string{p.snap + ".tmp", p.journal + ".tmp", p.next + ".tmp"}
+	return []string{p.snap + ".tmp", p.journal + ".tmp", p.next + ".tmp", p.probe}
 }
 
-// errNoState means none of the state's files exist.
+// checkPath rejects a state path that names a directory: the state's files
+// would land next to it (or, for a trailing separator, inside it as
+// hidden files).
+func checkPath(path string) error {
+	switch {
+	case path == "":
+		return errors.New("empty path")
+	case strings.HasSuffix(path, "/") || strings.HasSuffix(path, string(filepath.Separator)):
+		return errors.New("the path ends in a separator; name a file, not a directory")
+	}
+	if st, err := os.Stat(path); err == nil && st.IsDir() {
+		return errors.New("the path is a directory; name a file inside it, e.g. " + filepath.Join(path, "state"))
+	}
+	return nil
+}
+
+// errNoState means no state exists yet: none of the files, or only the
+// empty journal a crashed creation of a new state left.
 var errNoState = errors.New("no state")
 
-// openFiles holds read-only descriptors for the files that existed when
-// they were opened; nil means absent.
+// openFiles holds descriptors for the files that existed when they were
+// opened; nil means absent.
 type openFiles struct {
 	snap, journal, next *os.File
 }
@@ -111,6 +132,7 @@ type journalInfo struct {
 	size    int64 // file length when read
 	end     int64 // end of the last whole frame; < size means a torn tail
 	records int
+	sealed  bool   // ends with a seal frame naming generation gen+1
 	tear    string // why the tail was judged torn
 }
 
@@ -121,151 +143,278 @@ type loaded struct {
 	snapSize int64
 	chain    []journalInfo // replayed, oldest first
 	stale    []string      // journals older than the snapshot, ignored
-	maxGen   uint64
+	// rotation is the state at the end of chain[0] when the chain has two
+	// journals and load was asked to keep it: the content of the snapshot
+	// that an interrupted compaction did not install.
+	rotation map[string][]byte
 }
 
-// load replays the snapshot and the journals that continue it. Only the
-// last journal of the chain may end in a torn frame.
-func load(p paths, o openFiles) (*loaded, error) {
+// sized is an open file and its length, taken once.
+type sized struct {
+	path string
+	f    *os.File
+	size int64
+}
+
+func statSize(path string, f *os.File) (int64, error) {
+	st, err := f.Stat()
+	if err != nil {
+		return 0, fmt.Errorf("stat %s: %w", path, err)
+	}
+	return st.Size(), nil
+}
+
+// load replays the snapshot and the journals that continue it, and checks
+// every promise one file makes about another (see doc.go): the snapshot
+// promises its generation's journal and a durable length of it, a sealed
+// journal promises the next generation's, and records in the next
+// generation's journal promise a seal before them.
+func load(p paths, o openFiles, keepRotation bool) (*loaded, error) {
+	// Lengths are taken next before journal: a record reaches the next
+	// journal only after the old one's seal is durable, so a reader that
+	// sees such a record also sees the seal.
+	var next, journal *sized
+	for _, s := range []struct {
+		path string
+		f    *os.File
+		dst  **sized
+	}{{p.next, o.next, &next}, {p.journal, o.journal, &journal}} {
+		if s.f == nil {
+			continue
+		}
+		n, err := statSize(s.path, s.f)
+		if err != nil {
+			return nil, err
+		}
+		*s.dst = &sized{s.path, s.f, n}
+	}
 	if o.snap == nil {
-		for _, s := range []struct {
-			path string
-			f    *os.File
-		}{{p.journal, o.journal}, {p.next, o.next}} {
-			if s.f != nil {
-				return nil, fmt.Errorf("snapshot %s is missing but journal %s exists: %w", p.snap, s.path, ErrCorrupt)
+		if next != nil {
+			return nil, corrupt(p.snap, 0, "the snapshot is missing, but journal %s exists", p.next)
+		}
+		if journal != nil {
+			if fresh, err := isFreshJournal(journal); err != nil || !fresh {
+				return nil, errors.Join(err, corrupt(p.snap, 0, "the snapshot is missing, but journal %s exists", p.journal))
 			}
 		}
 		return nil, errNoState
 	}
 	ld := &loaded{state: make(map[string][]byte)}
-	h, size, err := readSnapshot(p.snap, o.snap, ld.state)
+	h, size, promise, err := readSnapshot(p.snap, o.snap, ld.state)
 	if err != nil {
 		return nil, err
 	}
-	ld.snapGen, ld.snapSize, ld.maxGen = h.gen, size, h.gen
+	ld.snapGen, ld.snapSize = h.gen, size
 
 	type candidate struct {
-		path string
-		f    *os.File
-		gen  uint64
-		size int64
+		sized
+		gen uint64
 	}
 	var chain []candidate
-	for _, s := range []struct {
-		path string
-		f    *os.File
-	}{{p.journal, o.journal}, {p.next, o.next}} {
-		if s.f == nil {
+	for _, s := range []*sized{journal, next} {
+		if s == nil {
 			continue
 		}
-		h, size, err := readHeader(s.path, s.f, kindJournal)
+		h, err := readHeader(s.path, s.f, s.size, kindJournal)
 		if err != nil {
 			return nil, err
 		}
-		ld.maxGen = max(ld.maxGen, h.gen)
 		switch {
 		case h.gen < ld.snapGen:
 			ld.stale = append(ld.stale, s.path)
 		case h.gen > ld.snapGen+1:
 			return nil, corrupt(s.path, 12, "journal generation %d is ahead of snapshot %s generation %d", h.gen, p.snap, ld.snapGen)
 		default:
-			chain = append(chain, candidate{s.path, s.f, h.gen, size})
+			chain = append(chain, candidate{*s, h.gen})
 		}
 	}
 	slices.SortFunc(chain, func(a, b candidate) int { return cmp.Compare(a.gen, b.gen) })
-	if len(chain) == 2 && chain[0].gen == chain[1].gen {
+	switch {
+	case len(chain) == 2 && chain[0].gen == chain[1].gen:
 		return nil, corrupt(chain[1].path, 12, "journal generation %d duplicates %s", chain[1].gen, chain[0].path)
-	}
-	if len(chain) > 0 && chain[0].gen != ld.snapGen {
-		return nil, corrupt(chain[0].path, 12, "journal generation %d continues generation %d, but no journal of generation %d exists", chain[0].gen, ld.snapGen, ld.snapGen)
+	case len(chain) == 2 && chain[0].path != p.journal:
+		return nil, corrupt(p.next, 12, "journal generation %d is older than %s generation %d", chain[0].gen, p.journal, chain[1].gen)
+	case len(chain) == 0:
+		return nil, corrupt(p.journal, 0, "the journal of generation %d is missing, but snapshot %s records %d durable bytes of it", ld.snapGen, p.snap, promise)
+	case chain[0].gen != ld.snapGen:
+		return nil, corrupt(p.journal, 0, "the journal of generation %d is missing (%s continues it with generation %d), but snapshot %s records %d durable bytes of it",
+			ld.snapGen, chain[0].path, chain[0].gen, p.snap, promise)
 	}
 	for i, c := range chain {
-		info, err := replayJournal(c.path, c.f, c.size, ld.state, i == len(chain)-1)
+		var pr promised
+		if i == 0 {
+			pr = promised{promise, p.snap}
+		}
+		info, err := replayJournal(c.path, c.f, c.size, c.gen, ld.state, pr)
 		if err != nil {
 			return nil, err
 		}
-		info.gen = c.gen
 		ld.chain = append(ld.chain, info)
+		if i == 0 && len(chain) == 2 && keepRotation {
+			ld.rotation = maps.Clone(ld.state)
+		}
+	}
+	last := ld.chain[len(ld.chain)-1]
+	if last.sealed {
+		return nil, corrupt(p.next, 0, "the journal of generation %d is missing, but %s was sealed to continue in it", last.gen+1, last.path)
+	}
+	if len(ld.chain) == 2 && ld.chain[1].records > 0 {
+		// The seal was durable before any record went to the next journal.
+		switch c := ld.chain[0]; {
+		case c.tear != "":
+			return nil, corrupt(c.path, c.end, "%s, but %s holds records written after this journal was complete", c.tear, ld.chain[1].path)
+		case !c.sealed:
+			return nil, corrupt(c.path, c.end, "the journal ends unsealed, but %s holds records that follow its seal: it was truncated", ld.chain[1].path)
+		}
 	}
 	return ld, nil
 }
 
-func readHeader(path string, f *os.File, kind byte) (fileHeader, int64, error) {
-	st, err := f.Stat()
-	if err != nil {
-		return fileHeader{}, 0, fmt.Errorf("stat %s: %w", path, err)
+// isFreshJournal reports whether s holds exactly the empty first journal
+// that creating a new state writes before its first snapshot.
+func isFreshJournal(s *sized) (bool, error) {
+	want := journalStart(1)
+	if s.size != int64(len(want)) {
+		return false, nil
 	}
-	b := make([]byte, headerSize)
-	n, err := f.ReadAt(b, 0)
-	if err != nil && !errors.Is(err, io.EOF) {
-		return fileHeader{}, 0, fmt.Errorf("read %s: %w", path, err)
+	b := make([]byte, len(want))
+	if _, err := s.f.ReadAt(b, 0); err != nil {
+		return false, fmt.Errorf("read %s: %w", s.path, err)
 	}
-	h, err := decodeHeader(path, b[:n], kind)
-	if err != nil {
-		return fileHeader{}, 0, err
-	}
-	return h, st.Size(), nil
+	return bytes.Equal(b, want), nil
 }
 
-// readSnapshot loads a snapshot into state. A snapshot is complete before
-// it is renamed into place, so every fault is corruption.
-func readSnapshot(path string, f *os.File, state map[string][]byte) (fileHeader, int64, error) {
-	h, size, err := readHeader(path, f, kindSnapshot)
-	if err != nil {
-		return fileHeader{}, 0, err
+func readHeader(path string, f io.ReaderAt, size int64, kind byte) (fileHeader, error) {
+	b := make([]byte, min(size, headerSize))
+	if _, err := f.ReadAt(b, 0); err != nil {
+		return fileHeader{}, fmt.Errorf("read %s: %w", path, err)
 	}
+	return decodeHeader(path, b, kind)
+}
+
+// readSnapshot loads a snapshot into state and returns its header, length
+// and the journal length it promises. A snapshot is complete before it is
+// renamed into place, so every fault is corruption.
+func readSnapshot(path string, f *os.File, state map[string][]byte) (fileHeader, int64, int64, error) {
+	size, err := statSize(path, f)
+	if err != nil {
+		return fileHeader{}, 0, 0, err
+	}
+	h, err := readHeader(path, f, size, kindSnapshot)
+	if err != nil {
+		return fileHeader{}, 0, 0, err
+	}
+	promise, err := readSnapshotFrames(path, f, size, h, state)
+	return h, size, promise, err
+}
+
+func readSnapshotFrames(path string, f io.ReaderAt, size int64, h fileHeader, state map[string][]byte) (int64, error) {
 	fr := newFrameReader(path, f, size)
 	var entries uint64
+	promise := int64(-1)
 	for {
+		at := fr.off
 		payload, fault, err := fr.next()
 		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
-			return fileHeader{}, 0, err
+			return 0, err
 		}
 		if fault != nil {
-			return fileHeader{}, 0, corrupt(path, fault.off, "%s", fault.reason)
+			return 0, corrupt(path, fault.off, "%s", fault.reason)
+		}
+		if promise < 0 {
+			if promise, err = parseMeta(payload); err != nil {
+				return 0, corrupt(path, at, "%v", err)
+			}
+			if least := int64(len(journalStart(h.gen))); promise < least {
+				return 0, corrupt(path, at, "records a journal of %d bytes, less than the %d of an empty one", promise, least)
+			}
+			continue
 		}
 		n, err := applySnapshotPayload(payload, state)
 		if err != nil {
-			return fileHeader{}, 0, corrupt(path, fr.off-int64(len(payload))-frameHeaderSize, "%v", err)
+			return 0, corrupt(path, at, "%v", err)
 		}
 		entries += uint64(n)
 	}
-	if entries != h.count {
-		return fileHeader{}, 0, corrupt(path, size, "snapshot holds %d entries, header says %d", entries, h.count)
+	if promise < 0 {
+		return 0, corrupt(path, headerSize, "the snapshot has no meta frame")
 	}
-	return h, size, nil
+	if entries != h.count {
+		return 0, corrupt(path, size, "snapshot holds %d entries, header says %d", entries, h.count)
+	}
+	return promise, nil
 }
 
-// replayJournal applies a journal's frames to state. With allowTorn, a
-// fault that an interrupted final write explains ends the replay instead
-// of failing it.
-func replayJournal(path string, f *os.File, size int64, state map[string][]byte, allowTorn bool) (journalInfo, error) {
-	info := journalInfo{path: path, size: size}
+// promised is what a snapshot says about its generation's journal: at
+// least min bytes of it were durable when the snapshot was installed.
+type promised struct {
+	min int64
+	by  string // the snapshot's path
+}
+
+// replayJournal applies a journal's frames to state. A fault that an
+// interrupted final write explains ends the replay (the caller decides
+// whether a torn tail is allowed there) unless it lies within the
+// promised length, which was durable.
+func replayJournal(path string, f io.ReaderAt, size int64, gen uint64, state map[string][]byte, pr promised) (journalInfo, error) {
+	info := journalInfo{path: path, gen: gen, size: size}
+	if size < pr.min {
+		return journalInfo{}, corrupt(path, size, "the journal ends at %d bytes, but snapshot %s records %d bytes of it as durable: it was truncated", size, pr.by, pr.min)
+	}
 	fr := newFrameReader(path, f, size)
+	first := true
+frames:
 	for {
+		at := fr.off
 		payload, fault, err := fr.next()
 		if errors.Is(err, io.EOF) {
+			if first {
+				return journalInfo{}, corrupt(path, at, "the journal has no start frame: it was truncated to its header")
+			}
 			break
 		}
 		if err != nil {
 			return journalInfo{}, err
 		}
 		if fault != nil {
-			if allowTorn && fault.mayBeTorn {
+			switch {
+			case first:
+				// The start frame was fsynced before the journal was renamed
+				// into place: it cannot be torn.
+				return journalInfo{}, corrupt(path, fault.off, "start frame: %s", fault.reason)
+			case fault.mayBeTorn && fault.off >= pr.min:
 				info.tear = fault.reason
-				break
+			case fault.mayBeTorn:
+				return journalInfo{}, corrupt(path, fault.off, "%s within the %d bytes snapshot %s records as durable", fault.reason, pr.min, pr.by)
+			default:
+				return journalInfo{}, corrupt(path, fault.off, "%s", fault.reason)
 			}
-			return journalInfo{}, corrupt(path, fault.off, "%s", fault.reason)
+			break frames
 		}
-		n, err := applyJournalPayload(payload, state)
-		if err != nil {
-			return journalInfo{}, corrupt(path, fr.off-int64(len(payload))-frameHeaderSize, "%v", err)
+		c, isControl, err := parseControl(payload)
+		switch {
+		case err != nil:
+			return journalInfo{}, corrupt(path, at, "%v", err)
+		case info.sealed:
+			return journalInfo{}, corrupt(path, at, "a frame follows the seal")
+		case first && (!isControl || c.tag != ctlStart || c.gen != gen):
+			return journalInfo{}, corrupt(path, at, "the first frame is not the start of generation %d", gen)
+		case first:
+		case isControl && c.tag == ctlSeal && c.gen == gen+1:
+			info.sealed = true
+		case isControl:
+			return journalInfo{}, corrupt(path, at, "unexpected control frame %q for generation %d in generation %d", c.tag, c.gen, gen)
+		default:
+			n, err := applyJournalPayload(payload, state)
+			if err != nil {
+				return journalInfo{}, corrupt(path, at, "%v", err)
+			}
+			info.records += n
 		}
-		info.records += n
+		first = false
 	}
 	info.end = fr.off
 	return info, nil
@@ -277,18 +426,21 @@ func replayJournal(path string, f *os.File, size int64, state map[string][]byte,
 // It may include records that are written but not yet acknowledged. When
 // no state exists the error matches fs.ErrNotExist.
 func ReadOnly(path string) (map[string][]byte, error) {
+	if err := checkPath(path); err != nil {
+		return nil, fmt.Errorf("read state %q: %w", path, err)
+	}
 	p := pathsFor(path)
 	const attempts = 50
 	var lastErr error
 	for attempt := range attempts {
 		if attempt > 0 {
-			time.Sleep(time.Duration(attempt) * time.Millisecond)
+			time.Sleep(time.Duration(attempt) * readOnlyBackoff)
 		}
 		o, err := openAll(p)
 		if err != nil {
 			return nil, fmt.Errorf("read state %s: %w", path, err)
 		}
-		ld, err := load(p, o)
+		ld, err := load(p, o, false)
 		same, serr := o.unchanged(p)
 		o.close()
 		switch {
@@ -312,6 +464,19 @@ func ReadOnly(path string) (map[string][]byte, error) {
 	return nil, fmt.Errorf("read state %s: gave up after %d attempts: %w", path, attempts, lastErr)
 }
 
+// readOnlyBackoff is the unit of ReadOnly's growing pause between reads.
+var readOnlyBackoff = time.Millisecond
+
+// fileErr reports err from op on the file at path. A journal keeps its
+// descriptor across renames, so the name it was opened under (which
+// *fs.PathError carries) may no longer be the file's: it is dropped.
+func fileErr(op, path string, err error) error {
+	if pe, ok := errors.AsType[*fs.PathError](err); ok {
+		err = pe.Err
+	}
+	return fmt.Errorf("%s %s: %w", op, path, err)
+}
+
 // syncDir makes renames and creations in dir durable.
 func syncDir(dir string, noSync bool) error {
 	if noSync {
@@ -323,24 +488,55 @@ func syncDir(dir string, noSync bool) error {
 	}
 	defer d.Close()
 	if err := d.Sync(); err != nil {
-		return fmt.Errorf("fsync directory %s: %w", dir, err)
+		return fileErr("fsync directory", dir, err)
 	}
 	return nil
 }
 
-func syncFile(f *os.File, noSync bool) error {
+// syncFile fsyncs f, which path names now.
+func syncFile(f *os.File, path string, noSync bool) error {
 	if noSync {
 		return nil
 	}
 	if err := f.Sync(); err != nil {
-		return fmt.Errorf("fsync %s: %w", f.Name(), err)
+		return fileErr("fsync", path, err)
 	}
 	return nil
 }
 
-// writeSnapshot durably replaces path with a snapshot of state at gen and
-// returns its size.
-func writeSnapshot(path string, gen uint64, state map[string][]byte, noSync bool) (size int64, err error) {
+// probeDir fails unless a file can be created, written, fsynced and
+// removed next to the state, so an unwritable directory stops Open rather
+// than the first compaction.
+func probeDir(p paths, noSync bool) error {
+	f, err := os.OpenFile(p.probe, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("state directory %s is not writable: %w", p.dir, err)
+	}
+	_, err = f.Write(make([]byte, headerSize))
+	if err != nil {
+		err = fileErr("write", p.probe, err)
+	} else {
+		err = syncFile(f, p.probe, noSync)
+	}
+	if cerr := f.Close(); err == nil && cerr != nil {
+		err = fileErr("close", p.probe, cerr)
+	}
+	if rerr := os.Remove(p.probe); err == nil && rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+		err = rerr
+	}
+	if err == nil {
+		err = syncDir(p.dir, noSync)
+	}
+	if err != nil {
+		return fmt.Errorf("state directory %s is not writable: %w", p.dir, err)
+	}
+	return nil
+}
+
+// writeSnapshot durably replaces path with a snapshot of state at gen
+// that promises journalMin durable bytes of gen's journal, and returns its
+// size.
+func writeSnapshot(path string, gen uint64, state map[string][]byte, journalMin int64, noSync bool) (size int64, err error) {
 	tmp := path + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
@@ -355,28 +551,29 @@ func writeSnapshot(path string, gen uint64, state map[string][]byte, noSync bool
 		}
 	}()
 	buf := fileHeader{kind: kindSnapshot, gen: gen, count: uint64(len(state))}.encode()
-	frame := make([]byte, frameHeaderSize, snapshotChunk+4096)
+	buf = append(buf, frame(metaPayload(journalMin))...)
+	chunk := make([]byte, frameHeaderSize, snapshotChunk+4096)
 	size = int64(len(buf))
 	flush := func() error {
-		if len(frame) == frameHeaderSize {
+		if len(chunk) == frameHeaderSize {
 			return nil
 		}
-		putFrameHeader(frame)
-		buf = append(buf, frame...)
-		size += int64(len(frame))
-		frame = frame[:frameHeaderSize]
+		putFrameHeader(chunk)
+		buf = append(buf, chunk...)
+		size += int64(len(chunk))
+		chunk = chunk[:frameHeaderSize]
 		if len(buf) >= 1<<20 {
 			if _, err := f.Write(buf); err != nil {
-				return fmt.Errorf("write %s: %w", tmp, err)
+				return fileErr("write", tmp, err)
 			}
 			buf = buf[:0]
 		}
 		return nil
 	}
 	for k, v := range state {
-		frame = appendBytes(frame, k)
-		frame = appendBytes(frame, v)
-		if len(frame) >= snapshotChunk {
+		chunk = appendBytes(chunk, k)
+		chunk = appendBytes(chunk, v)
+		if len(chunk) >= snapshotChunk {
 			if err := flush(); err != nil {
 				return 0, err
 			}
@@ -386,13 +583,13 @@ func writeSnapshot(path string, gen uint64, state map[string][]byte, noSync bool
 		return 0, err
 	}
 	if _, err := f.Write(buf); err != nil {
-		return 0, fmt.Errorf("write %s: %w", tmp, err)
+		return 0, fileErr("write", tmp, err)
 	}
-	if err := syncFile(f, noSync); err != nil {
+	if err := syncFile(f, tmp, noSync); err != nil {
 		return 0, err
 	}
 	if err := f.Close(); err != nil {
-		return 0, fmt.Errorf("close %s: %w", tmp, err)
+		return 0, fileErr("close", tmp, err)
 	}
 	f = nil
 	hook("snapshot-written")
@@ -403,7 +600,8 @@ func writeSnapshot(path string, gen uint64, state map[string][]byte, noSync bool
 }
 
 // createJournal durably replaces path with an empty journal of gen and
-// returns it open for appending.
+// returns it open for appending and locked, so that no second writer can
+// use it even if the lock file is removed.
 func createJournal(path string, gen uint64, noSync bool) (*os.File, error) {
 	tmp := path + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
@@ -411,10 +609,13 @@ func createJournal(path string, gen uint64, noSync bool) (*os.File, error) {
 		return nil, fmt.Errorf("create %s: %w", tmp, err)
 	}
 	err = func() error {
-		if _, err := f.Write(fileHeader{kind: kindJournal, gen: gen}.encode()); err != nil {
-			return fmt.Errorf("write %s: %w", tmp, err)
+		if err := lockFile(f); err != nil {
+			return fmt.Errorf("lock %s: %w", tmp, err)
 		}
-		if err := syncFile(f, noSync); err != nil {
+		if _, err := f.Write(journalStart(gen)); err != nil {
+			return fileErr("write", tmp, err)
+		}
+		if err := syncFile(f, tmp, noSync); err != nil {
 			return err
 		}
 		if err := os.Rename(tmp, path); err != nil {

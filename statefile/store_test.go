@@ -293,11 +293,11 @@ func TestCorruptionIsAnError(t *testing.T) {
 		{
 			name: "journal from a newer format version",
 			damage: func(t *testing.T, p paths, _ []int64) {
-				setHeader(t, p.journal, func(h []byte) { h[8] = 2 })
+				setHeader(t, p.journal, func(h []byte) { h[8] = formatVersion + 1 })
 			},
 			file:     func(p paths) string { return p.journal },
 			offset:   func([]int64) int64 { return 8 },
-			contains: "unsupported format version 2",
+			contains: fmt.Sprintf("unsupported format version %d", formatVersion+1),
 		},
 		{
 			name: "snapshot header checksum",
@@ -323,7 +323,7 @@ func TestCorruptionIsAnError(t *testing.T) {
 				editFile(t, p.snap, func(b []byte) []byte { return b[:len(b)-1] })
 			},
 			file:     func(p paths) string { return p.snap },
-			offset:   func([]int64) int64 { return headerSize },
+			offset:   func([]int64) int64 { return headerSize + metaFrameSize },
 			contains: "extends past the end of the file",
 		},
 		{
@@ -332,7 +332,7 @@ func TestCorruptionIsAnError(t *testing.T) {
 				editFile(t, p.snap, func(b []byte) []byte { b[len(b)-1] ^= 1; return b })
 			},
 			file:     func(p paths) string { return p.snap },
-			offset:   func([]int64) int64 { return headerSize },
+			offset:   func([]int64) int64 { return headerSize + metaFrameSize },
 			contains: "frame checksum mismatch",
 		},
 		{
