@@ -77,6 +77,53 @@ func BenchmarkApplyWait(b *testing.B) {
 	}
 }
 
+// BenchmarkCommit is BenchmarkApplyWait through Commit: 16 concurrent
+// clients, each committing one record and waiting for its callback, on a
+// real file with fsync. The state size must not change the result.
+func BenchmarkCommit(b *testing.B) {
+	for _, size := range []int{0, 100_000} {
+		b.Run(fmt.Sprintf("state=%d", size), func(b *testing.B) {
+			path := statePath(b)
+			if size > 0 {
+				fill(b, path, size, true)
+			}
+			var commits, records atomic.Int64
+			var fsyncNanos atomic.Int64
+			f := mustOpen(b, path, Options{OnCommit: func(r, _ int, d time.Duration) {
+				commits.Add(1)
+				records.Add(int64(r))
+				fsyncNanos.Add(int64(d))
+			}})
+			defer mustClose(b, f)
+			var id atomic.Int64
+			b.SetParallelism((16 + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				client := id.Add(1)
+				done := make(chan error, 1)
+				ack := func(err error) { done <- err }
+				ops := make([]Op, 1)
+				i := 0
+				for pb.Next() {
+					ops[0] = Op{Key: fmt.Sprintf("m/c%d-%d", client, i%1000), Value: benchValue}
+					f.Commit(ops, ack)
+					if err := <-done; err != nil {
+						b.Error(err)
+						return
+					}
+					i++
+				}
+			})
+			b.StopTimer()
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "mutations/s")
+			if c := commits.Load(); c > 0 {
+				b.ReportMetric(float64(records.Load())/float64(c), "records/fsync")
+				b.ReportMetric(float64(fsyncNanos.Load())/float64(c)/1e6, "ms/fsync")
+			}
+		})
+	}
+}
+
 // BenchmarkOpen measures recovery of 100,000 records of ~300 bytes, from
 // a snapshot and from a journal.
 func BenchmarkOpen(b *testing.B) {
