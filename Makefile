@@ -18,8 +18,9 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # The race detector needs cgo, i.e. a C compiler; with only Go installed
 # (go env CGO_ENABLED says 0) `make test` runs without it and says so.
 RACE := $(shell [ "$$($(GO) env CGO_ENABLED)" = 1 ] && command -v "$$($(GO) env CC | cut -d' ' -f1)" >/dev/null 2>&1 && echo -race)
+FUZZTIME ?= 30s
 
-.PHONY: help build run test bench golden proto lint check integration pve-sim clean
+.PHONY: help build run test bench fuzz golden proto lint check integration pve-sim clean
 
 help: ## List the targets.
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -41,6 +42,9 @@ test: ## Unit, golden and black-box tests (with -race when a C compiler is there
 
 bench: ## Benchmarks (fleet-size figures for the closing notes).
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./desired/ ./planner/ ./statefile/ ./service/ ./e2e/
+
+fuzz: ## Every Fuzz* target in the module, FUZZTIME each (default 30s).
+	FUZZTIME=$(FUZZTIME) GO=$(GO) bash scripts/fuzz.sh
 
 golden: ## Rewrite the golden plan files after an intended planner change.
 	$(GO) test ./golden/ -update
