@@ -92,7 +92,7 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Provider
 		if err != nil {
 			return nil, err
 		}
-		p.store = newFileStore(f)
+		p.store = fileStore{f}
 	} else {
 		p.store = memoryStore{desired.NewMemoryStore(nil)}
 	}

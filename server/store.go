@@ -27,58 +27,25 @@ func journalOps(key string, value []byte) []desired.Op {
 	return []desired.Op{{Key: key, Value: value, Delete: value == nil}}
 }
 
-// fileStore puts the local journal (statefile.File) behind the document's
-// store contract: Commit is an Apply, and one goroutine waits for each
-// record in order and reports it, so done runs in commit order and never
-// inside Commit. A File that failed stays failed, as the contract wants.
-type fileStore struct {
-	f     *statefile.File
-	queue chan pendingRecord
-	done  chan struct{}
-}
+// fileStore puts the local journal (statefile.File, whose Commit and Load
+// already keep the contract) behind the document's store interface; only
+// the op type differs.
+type fileStore struct{ f *statefile.File }
 
-type pendingRecord struct {
-	seq  uint64
-	done func(error)
-}
+func (s fileStore) Load(ctx context.Context) (map[string][]byte, error) { return s.f.Load(ctx) }
 
-func newFileStore(f *statefile.File) *fileStore {
-	s := &fileStore{f: f, queue: make(chan pendingRecord, 1<<16), done: make(chan struct{})}
-	go s.report()
-	return s
-}
-
-func (s *fileStore) report() {
-	defer close(s.done)
-	for r := range s.queue {
-		err := s.f.Wait(context.Background(), r.seq)
-		if r.done != nil {
-			r.done(err)
-		}
-	}
-}
-
-func (s *fileStore) Load(context.Context) (map[string][]byte, error) { return s.f.Snapshot(), nil }
-
-func (s *fileStore) Commit(ops []desired.Op, done func(error)) {
+func (s fileStore) Commit(ops []desired.Op, done func(error)) {
 	sops := make([]statefile.Op, len(ops))
 	for i, op := range ops {
 		sops[i] = statefile.Op{Key: op.Key, Value: op.Value, Delete: op.Delete}
 	}
-	s.queue <- pendingRecord{seq: s.f.Apply(sops...), done: done}
+	s.f.Commit(sops, done)
 }
 
-func (s *fileStore) Journal(key string, value []byte) { s.Commit(journalOps(key, value), nil) }
+func (s fileStore) Journal(key string, value []byte) { s.Commit(journalOps(key, value), nil) }
 
-func (s *fileStore) Healthy() error { return s.f.Healthy() }
+func (s fileStore) Healthy() error { return s.f.Healthy() }
 
-func (s *fileStore) Size() int64 { return s.f.Size() }
+func (s fileStore) Size() int64 { return s.f.Size() }
 
-// Close flushes the journal, reports every record still queued and
-// releases the file.
-func (s *fileStore) Close() error {
-	err := s.f.Close()
-	close(s.queue)
-	<-s.done
-	return err
-}
+func (s fileStore) Close() error { return s.f.Close() }
