@@ -3,6 +3,7 @@ module github.com/bigfleet-vm/provider
 go 1.26.0
 
 require (
+	github.com/cenkalti/backoff/v5 v5.0.3
 	github.com/digitalocean/go-libvirt v0.0.0-20261013170128-efbbdf578ac8
 	github.com/gofrs/flock v0.13.2
 	github.com/google/go-cmp v0.7.0

@@ -1,0 +1,20 @@
+// Package retry is the provider's one retry policy: how long to wait
+// between attempts (exponential, jittered, capped), which attempts are
+// made again (the caller's classifier says), and when to stop (the
+// context, or an attempt cap). The schedule is
+// github.com/cenkalti/backoff/v5's exponential backoff with a hard cap.
+//
+// Invariants:
+//   - No single wait exceeds Policy.Max, jitter included, and no wait
+//     outlives the context: a done context ends Do at once with an error
+//     that matches the context's error and names the last failure.
+//   - An error the classifier rejects is returned after exactly one
+//     attempt; a nil classifier retries nothing.
+//   - Do never retries on its own: the classifier decides, so one
+//     operation has one retry loop. Callers must not nest Do (an adapter
+//     call retried inside an executor retry multiplies attempts); polling
+//     a task or process to completion is not a retry and uses Poll or a
+//     Backoff.
+//   - A Backoff is a schedule for one loop (not safe for concurrent use);
+//     Reset starts it over, e.g. after a reconnect succeeded.
+package retry

@@ -1,0 +1,156 @@
+package retry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+)
+
+// Policy is a capped, jittered exponential schedule with an optional
+// attempt cap. The zero value of a field takes its default.
+type Policy struct {
+	// Initial is the first wait before jitter (default 100 ms).
+	Initial time.Duration
+	// Max caps every wait, jitter included (default 2 s).
+	Max time.Duration
+	// Multiplier grows the wait after each attempt (default 2).
+	Multiplier float64
+	// Jitter spreads each wait uniformly over ±Jitter of it (default 0.5;
+	// NoJitter turns it off).
+	Jitter float64
+	// NoJitter makes the waits deterministic (tests of the schedule).
+	NoJitter bool
+	// Attempts caps the number of attempts (0: until the context ends).
+	Attempts int
+}
+
+// The provider's policies. Step and Poll are bounded by the caller's
+// context (a transition deadline); Reconnect runs for as long as a
+// connection is wanted and is Reset when a dial succeeds.
+var (
+	// Step paces the executor's retries of a step that failed with a
+	// retryable error class.
+	Step = Policy{Initial: 100 * time.Millisecond, Max: 2 * time.Second}
+	// Poll paces polling a hypervisor task or a guest process until it
+	// ends (progress checks, not retries of a failed request).
+	Poll = Policy{Initial: 100 * time.Millisecond, Max: 2 * time.Second}
+	// Reconnect paces redialling a lost hypervisor connection: quick at
+	// first, never more than a few seconds apart, so a host that comes
+	// back is used again soon.
+	Reconnect = Policy{Initial: 200 * time.Millisecond, Max: 5 * time.Second}
+)
+
+func (p Policy) withDefaults() Policy {
+	if p.Initial <= 0 {
+		p.Initial = 100 * time.Millisecond
+	}
+	if p.Max <= 0 {
+		p.Max = 2 * time.Second
+	}
+	if p.Max < p.Initial {
+		p.Max = p.Initial
+	}
+	if p.Multiplier < 1 {
+		p.Multiplier = 2
+	}
+	if p.Jitter <= 0 || p.Jitter > 1 {
+		p.Jitter = 0.5
+	}
+	if p.NoJitter {
+		p.Jitter = 0
+	}
+	return p
+}
+
+// Backoff is the wait schedule of one loop.
+type Backoff struct {
+	max time.Duration
+	b   *backoff.ExponentialBackOff
+}
+
+// Backoff returns a fresh schedule following p.
+func (p Policy) Backoff() *Backoff {
+	p = p.withDefaults()
+	b := &backoff.ExponentialBackOff{
+		InitialInterval:     p.Initial,
+		RandomizationFactor: p.Jitter,
+		Multiplier:          p.Multiplier,
+		MaxInterval:         p.Max,
+	}
+	b.Reset()
+	return &Backoff{max: p.Max, b: b}
+}
+
+// Next returns the next wait (never more than Policy.Max).
+func (b *Backoff) Next() time.Duration { return min(b.b.NextBackOff(), b.max) }
+
+// Reset starts the schedule over at Policy.Initial.
+func (b *Backoff) Reset() { b.b.Reset() }
+
+// Sleep waits d or until ctx is done; it returns ctx's error in the
+// latter case.
+func Sleep(ctx context.Context, d time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Do calls op until it returns nil, returns an error retryable rejects,
+// the attempts are spent, or ctx is done. The error returned is op's last
+// error, or, when ctx ended first, one matching ctx.Err() that names op's
+// last error.
+func Do(ctx context.Context, p Policy, retryable func(error) bool, op func(context.Context) error) error {
+	_, err := Value(ctx, p, retryable, func(ctx context.Context) (struct{}, error) { return struct{}{}, op(ctx) })
+	return err
+}
+
+// Value is Do for an operation that returns a value: the value of the
+// successful attempt (or of the last one).
+func Value[T any](ctx context.Context, p Policy, retryable func(error) bool, op func(context.Context) (T, error)) (T, error) {
+	b := p.Backoff()
+	attempts := p.withDefaults().Attempts
+	for n := 1; ; n++ {
+		v, err := op(ctx)
+		if err == nil {
+			return v, nil
+		}
+		if retryable == nil || !retryable(err) || (attempts > 0 && n >= attempts) {
+			return v, err
+		}
+		if serr := Sleep(ctx, b.Next()); serr != nil {
+			return v, &interrupted{ctx: serr, last: err}
+		}
+	}
+}
+
+// interrupted is a retry loop ended by its context: it matches the
+// context's error and names the last failure (without wrapping it, so
+// the failure's class does not make the interruption look retryable).
+type interrupted struct {
+	ctx  error
+	last error
+}
+
+func (e *interrupted) Error() string { return fmt.Sprintf("%v (last error: %v)", e.ctx, e.last) }
+func (e *interrupted) Unwrap() error { return e.ctx }
+
+// Last returns the last attempt's error of a loop its context ended, or
+// nil.
+func Last(err error) error {
+	var i *interrupted
+	if errors.As(err, &i) {
+		return i.last
+	}
+	return nil
+}
