@@ -3,6 +3,7 @@ package hypervisors
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"time"
 
@@ -46,13 +47,47 @@ var (
 	ErrNotOwned = errors.New("not owned by this installation")
 	// ErrUnsupported: the hypervisor has no such operation (terminal).
 	ErrUnsupported = errors.New("unsupported by this hypervisor")
+	// ErrOutcomeUnknown: a guest command may have started, and whether or
+	// how it ended cannot be learned (the start request went unanswered,
+	// the deadline passed while it ran, or the agent forgot its pid).
+	// Terminal: sending it again could run it twice.
+	ErrOutcomeUnknown = errors.New("outcome unknown")
 )
 
-// Retryable reports whether an error is of a transient class.
+// Retryable reports whether an error is of a transient class. An
+// ErrOutcomeUnknown is never retryable, whatever else its chain holds.
 func Retryable(err error) bool {
+	if errors.Is(err, ErrOutcomeUnknown) {
+		return false
+	}
 	return errors.Is(err, ErrLocked) || errors.Is(err, ErrTransient) ||
 		errors.Is(err, ErrUnreachable) || errors.Is(err, ErrAgentNotReady)
 }
+
+// UnknownOutcomeError is an ErrOutcomeUnknown that says what is known:
+// the command, its pid if the agent reported one, and why the outcome
+// cannot be learned. It does not wrap the cause, so no retryable class
+// reaches errors.Is through it.
+type UnknownOutcomeError struct {
+	// Command names what ran (argv[0]; never arguments, which may be
+	// long).
+	Command string
+	// PID is the guest pid the agent reported (0: the start request went
+	// unanswered, so the command may or may not have started).
+	PID int
+	// Why is the cause, e.g. the deadline or the agent's answer.
+	Why string
+}
+
+func (e *UnknownOutcomeError) Error() string {
+	if e.PID > 0 {
+		return fmt.Sprintf("%s started as pid %d; its outcome is unknown because %s: %v", e.Command, e.PID, e.Why, ErrOutcomeUnknown)
+	}
+	return fmt.Sprintf("%s may have started; its outcome is unknown because %s: %v", e.Command, e.Why, ErrOutcomeUnknown)
+}
+
+// Unwrap makes errors.Is(err, ErrOutcomeUnknown) hold.
+func (e *UnknownOutcomeError) Unwrap() error { return ErrOutcomeUnknown }
 
 // Target names one VM: a libvirt domain by name, a Proxmox VM by VMID (and
 // name, for messages).
@@ -183,8 +218,19 @@ type Hypervisor interface {
 	SetMarker(ctx context.Context, t Target, m observed.Marker) error
 
 	// Guest agent. AgentPing returns ErrAgentNotReady while the agent is
-	// not connected. AgentExec runs argv to exit, polling with backoff until
-	// ctx is done.
+	// not connected. AgentWriteFile and AgentRemoveFile are idempotent
+	// (safe to repeat after any error).
+	//
+	// AgentExec runs argv at most once: it sends the start request once,
+	// then polls the pid (retrying failed polls) until the process exits
+	// or ctx is done. Its error says whether argv may have run:
+	//   - nil: it ran to exit (a non-zero exit is in the result);
+	//   - a Retryable class: it certainly did not start (e.g. the agent
+	//     was not connected), so it may be sent again;
+	//   - ErrOutcomeUnknown (an *UnknownOutcomeError): it may have
+	//     started, and its outcome cannot be learned; never send it again;
+	//   - any other class: it certainly did not start, and sending it
+	//     again cannot succeed.
 	AgentPing(ctx context.Context, t Target) error
 	AgentWriteFile(ctx context.Context, t Target, path string, data []byte, mode os.FileMode) error
 	AgentRemoveFile(ctx context.Context, t Target, path string) error

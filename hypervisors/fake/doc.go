@@ -23,6 +23,12 @@
 //     exit 1 "node not Ready";
 //   - anything else: exit 127 "command not found".
 //
+// AgentExec keeps the interface's at-most-once contract: an error from
+// the "AgentExec" hook means the command never started; ExecAnswerOp runs
+// after the command ran, and an error from it loses the answer
+// (ErrOutcomeUnknown, the effects stay); a blocking command ended by ctx
+// is ErrOutcomeUnknown. GuestState.Starts counts the commands started.
+//
 // With Options.Faults the marker's Cluster selects a conformance fault
 // (FaultError, FaultTimeout, FaultSlowOK, FaultDrainError,
 // FaultReadinessBlock), and CreateFaultLabel=error in DomainSpec.Labels or

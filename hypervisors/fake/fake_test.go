@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -172,6 +173,7 @@ func TestGuestAgent(t *testing.T) {
 				Modes:   map[string]os.FileMode{b.blobPath: 0o600},
 				Cluster: "c-1", Drains: 2, Cordoned: true,
 				Bootstraps: []Bootstrap{{Cluster: "c-1", Argv: b.bootstrap, Blob: blob, BlobSize: len(blob)}},
+				Starts:     Starts{Bootstrap: 2, Drain: 2, Ready: 2, Other: 1},
 			}
 			if d := cmp.Diff(want, g, cmpopts.IgnoreFields(Bootstrap{}, "BlobSHA256", "At")); d != "" {
 				t.Errorf("guest (-want +got)\n%s", d)
@@ -231,14 +233,14 @@ func TestConformanceFaults(t *testing.T) {
 		{
 			cluster:  FaultTimeout,
 			ctxLimit: 20 * time.Millisecond,
-			bootErr:  context.DeadlineExceeded,
+			bootErr:  hypervisors.ErrOutcomeUnknown,
 			drain:    execResult{0, "node drained\n", ""},
 			ready:    execResult{1, "", "node not Ready\n"},
 		},
 		{
 			cluster:  FaultSlowOK,
 			ctxLimit: slow / 3,
-			bootErr:  context.DeadlineExceeded,
+			bootErr:  hypervisors.ErrOutcomeUnknown,
 			drain:    execResult{0, "node drained\n", ""},
 			ready:    execResult{1, "", "node not Ready\n"},
 		},
@@ -384,5 +386,49 @@ func TestHooksAndReachability(t *testing.T) {
 	f.ResetCalls()
 	if len(f.Calls()) != 0 {
 		t.Errorf("calls after reset: %v", f.Calls())
+	}
+}
+
+// A guest command runs at most once per AgentExec, and the error says
+// whether it may have run: a failure before the start leaves the guest
+// untouched (the class is the hook's); a lost answer after the command
+// ran is ErrOutcomeUnknown with its pid, and the command's effects stay.
+func TestExecStartAndAnswerFaults(t *testing.T) {
+	lost := errors.New("connection reset")
+	tests := []struct {
+		name       string
+		hook       func() Hook
+		wantErr    error
+		wantStarts int
+		wantJoined bool
+	}{
+		{name: "clean", wantStarts: 1, wantJoined: true},
+		{name: "refused before start", hook: func() Hook { return FailN("AgentExec", 1, hypervisors.ErrAgentNotReady) }, wantErr: hypervisors.ErrAgentNotReady},
+		{name: "answer lost", hook: func() Hook { return FailN(ExecAnswerOp, 1, lost) }, wantErr: hypervisors.ErrOutcomeUnknown, wantStarts: 1, wantJoined: true},
+	}
+	for _, shape := range []hypervisors.Shape{hypervisors.ShapeLibvirt, hypervisors.ShapeProxmox} {
+		for _, tc := range tests {
+			t.Run(string(shape)+"/"+tc.name, func(t *testing.T) {
+				ctx := context.Background()
+				b := buildRunning(t, shape, Options{}, "c-1")
+				errIs(t, "write", b.h.AgentWriteFile(ctx, b.t, b.blobPath, []byte("join"), 0o600), nil)
+				if tc.hook != nil {
+					b.h.(interface{ SetHook(Hook) }).SetHook(tc.hook())
+				}
+				_, err := b.h.AgentExec(ctx, b.t, b.bootstrap)
+				errIs(t, "bootstrap", err, tc.wantErr)
+				if hypervisors.Retryable(err) == errors.Is(err, hypervisors.ErrOutcomeUnknown) && err != nil {
+					t.Errorf("Retryable(%v) = %v", err, hypervisors.Retryable(err))
+				}
+				var u *hypervisors.UnknownOutcomeError
+				if errors.As(err, &u) && (u.PID == 0 || !strings.Contains(err.Error(), "started as pid")) {
+					t.Errorf("unknown outcome without its pid: %v", err)
+				}
+				g, _ := b.guest()
+				if g.Starts.Bootstrap != tc.wantStarts || (g.Cluster == "c-1") != tc.wantJoined {
+					t.Errorf("guest after exec: %d starts, cluster %q; want %d starts, joined %v", g.Starts.Bootstrap, g.Cluster, tc.wantStarts, tc.wantJoined)
+				}
+			})
+		}
 	}
 }

@@ -45,6 +45,17 @@ type guest struct {
 	Cluster  string `json:"cluster,omitempty"`
 	Drains   int    `json:"drains,omitempty"`
 	Cordoned bool   `json:"cordoned,omitempty"`
+	// Starts counts the commands started in the guest by kind, whatever
+	// their outcome (memory only).
+	Starts Starts `json:"-"`
+}
+
+// Starts counts guest commands that started, by kind.
+type Starts struct {
+	Bootstrap int
+	Drain     int
+	Ready     int
+	Other     int
 }
 
 type guestFile struct {
@@ -73,6 +84,9 @@ type GuestState struct {
 	Cluster  string
 	Drains   int
 	Cordoned bool
+	// Starts counts the commands that started in the guest (whether they
+	// ended, failed or their answer was lost).
+	Starts Starts
 }
 
 func (m *machine) powerOn(now time.Time) {
@@ -100,6 +114,7 @@ func (g *guest) state() GuestState {
 		Cluster:  g.Cluster,
 		Drains:   g.Drains,
 		Cordoned: g.Cordoned,
+		Starts:   g.Starts,
 	}
 	for p, f := range g.Files {
 		st.Files[p] = bytes.Clone(f.Data)
@@ -235,9 +250,18 @@ func exited(code int, stdout, stderr string) hypervisors.ExecResult {
 	return hypervisors.ExecResult{ExitCode: code, Stdout: []byte(stdout), Stderr: []byte(stderr)}
 }
 
-// agentExec runs argv in the simulated guest. Commands that would block
+// ExecAnswerOp is the Hook operation that runs after a guest command
+// ran (or, for a command that blocks, started) and before its answer
+// reaches the caller: an error from it loses the answer, the way a
+// timed-out exec-status poll or a dropped connection does, and AgentExec
+// returns ErrOutcomeUnknown. An error from the "AgentExec" hook, which runs
+// before, means the command never started.
+const ExecAnswerOp = "AgentExec/answer"
+
+// agentExec runs argv in the simulated guest at most once, with the error
+// contract of hypervisors.Hypervisor.AgentExec. Commands that would block
 // (conformance faults) wait without holding the world lock and end with
-// ctx.
+// ctx, as an unknown outcome.
 func (s *sim) agentExec(ctx context.Context, r resolver, t hypervisors.Target, argv []string) (hypervisors.ExecResult, error) {
 	if err := s.enter(ctx, "AgentExec", t.Zone, t); err != nil {
 		return hypervisors.ExecResult{}, err
@@ -248,6 +272,22 @@ func (s *sim) agentExec(ctx context.Context, r resolver, t hypervisors.Target, a
 	if len(argv) == 0 {
 		return hypervisors.ExecResult{}, fmt.Errorf("agent exec on %s: empty argv: %w", targetName(t), hypervisors.ErrInvalid)
 	}
+	res, pid, err := s.runGuest(ctx, r, t, argv)
+	if err != nil || pid == 0 {
+		return res, err
+	}
+	if h := s.currentHook(); h != nil {
+		if herr := h(ctx, Call{Op: ExecAnswerOp, Zone: t.Zone, Target: t}); herr != nil {
+			return hypervisors.ExecResult{}, &hypervisors.UnknownOutcomeError{Command: argv[0], PID: pid,
+				Why: fmt.Sprintf("its answer was lost: %v", herr)}
+		}
+	}
+	return res, nil
+}
+
+// runGuest starts argv in the guest and waits for it. pid is 0 when the
+// command never started (the error says why).
+func (s *sim) runGuest(ctx context.Context, r resolver, t hypervisors.Target, argv []string) (res hypervisors.ExecResult, pid int, err error) {
 	s.mu.Lock()
 	m, marker, err := r.machineOf(t)
 	if err == nil {
@@ -255,8 +295,10 @@ func (s *sim) agentExec(ctx context.Context, r resolver, t hypervisors.Target, a
 	}
 	if err != nil {
 		s.mu.Unlock()
-		return hypervisors.ExecResult{}, fmt.Errorf("agent exec %s: %w", argv[0], err)
+		return hypervisors.ExecResult{}, 0, fmt.Errorf("agent exec %s: %w", argv[0], err)
 	}
+	s.pids++
+	pid = s.pids
 	fault := ""
 	if s.opts.Faults && marker != nil {
 		fault = marker.Cluster
@@ -265,25 +307,29 @@ func (s *sim) agentExec(ctx context.Context, r resolver, t hypervisors.Target, a
 	switch cmd {
 	case cmdReady:
 		defer s.mu.Unlock()
+		m.Guest.Starts.Ready++
 		if fault == FaultReadinessBlock || len(m.Guest.Bootstraps) == 0 {
-			return exited(1, "", "node not Ready\n"), nil
+			return exited(1, "", "node not Ready\n"), pid, nil
 		}
-		return exited(0, "Ready\n", ""), nil
+		return exited(0, "Ready\n", ""), pid, nil
 	case cmdDrain:
 		defer s.mu.Unlock()
+		m.Guest.Starts.Drain++
 		if fault == FaultDrainError {
-			return exited(1, "", "simulated drain failure (fault-drain-error)\n"), nil
+			return exited(1, "", "simulated drain failure (fault-drain-error)\n"), pid, nil
 		}
 		m.Guest.Drains++
 		m.Guest.Cordoned = true
 		r.saveMachine(t)
-		return exited(0, "node drained\n", ""), nil
+		return exited(0, "node drained\n", ""), pid, nil
 	case cmdUnknown:
+		m.Guest.Starts.Other++
 		s.mu.Unlock()
-		return exited(127, "", argv[0]+": command not found\n"), nil
+		return exited(127, "", argv[0]+": command not found\n"), pid, nil
 	}
 
 	// Bootstrap.
+	m.Guest.Starts.Bootstrap++
 	cluster := ""
 	if marker != nil {
 		cluster = marker.Cluster
@@ -291,7 +337,7 @@ func (s *sim) agentExec(ctx context.Context, r resolver, t hypervisors.Target, a
 	if clusterArg {
 		if len(argv) < 2 {
 			s.mu.Unlock()
-			return exited(2, "", "usage: "+argv[0]+" <cluster-id>\n"), nil
+			return exited(2, "", "usage: "+argv[0]+" <cluster-id>\n"), pid, nil
 		}
 		cluster = argv[1]
 	}
@@ -299,26 +345,30 @@ func (s *sim) agentExec(ctx context.Context, r resolver, t hypervisors.Target, a
 	blob := bytes.Clone(file.Data)
 	s.mu.Unlock()
 
+	unknown := func(err error) error {
+		return &hypervisors.UnknownOutcomeError{Command: argv[0], PID: pid,
+			Why: fmt.Sprintf("it had not exited when the wait ended (%v)", err)}
+	}
 	switch fault {
 	case FaultError:
-		return exited(1, "", "simulated bootstrap failure (fault-error)\n"), nil
+		return exited(1, "", "simulated bootstrap failure (fault-error)\n"), pid, nil
 	case FaultTimeout:
 		<-ctx.Done()
-		return hypervisors.ExecResult{}, fmt.Errorf("agent exec %s on %s: %w", argv[0], targetName(t), ctx.Err())
+		return hypervisors.ExecResult{}, pid, unknown(ctx.Err())
 	case FaultSlowOK:
 		if err := sleep(ctx, s.opts.SlowOK); err != nil {
-			return hypervisors.ExecResult{}, fmt.Errorf("agent exec %s on %s: %w", argv[0], targetName(t), err)
+			return hypervisors.ExecResult{}, pid, unknown(err)
 		}
 	}
 	if !haveBlob {
-		return exited(1, "", argv[0]+": "+blobPath+": No such file or directory\n"), nil
+		return exited(1, "", argv[0]+": "+blobPath+": No such file or directory\n"), pid, nil
 	}
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	m, _, err = r.machineOf(t)
 	if err != nil {
-		return hypervisors.ExecResult{}, fmt.Errorf("agent exec %s: %w", argv[0], err)
+		return hypervisors.ExecResult{}, pid, unknown(err)
 	}
 	sum := sha256.Sum256(blob)
 	m.Guest.Bootstraps = append(m.Guest.Bootstraps, Bootstrap{
@@ -332,7 +382,7 @@ func (s *sim) agentExec(ctx context.Context, r resolver, t hypervisors.Target, a
 	m.Guest.Cluster = cluster
 	m.Guest.Cordoned = false
 	r.saveMachine(t)
-	return exited(0, "joined cluster "+cluster+"\n", ""), nil
+	return exited(0, "joined cluster "+cluster+"\n", ""), pid, nil
 }
 
 // guestState returns a copy of a VM's guest, or false if it is unknown.

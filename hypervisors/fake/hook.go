@@ -9,8 +9,9 @@ import (
 
 // Call describes one hypervisor call as a Hook sees it. Op is the
 // interface method name ("DefineDomain", "CloneVM", "AgentExec",
-// "Observe", ...) or, for the completion of a Proxmox task, "task/" plus
-// the task type ("task/qmclone", "task/qmstart", ...).
+// "Observe", ...), ExecAnswerOp for the answer of a guest command that
+// ran, or, for the completion of a Proxmox task, "task/" plus the task
+// type ("task/qmclone", "task/qmstart", ...).
 type Call struct {
 	Op     string
 	Zone   string
