@@ -1,13 +1,29 @@
 // Package executor applies a machine's planned steps to a hypervisor:
-// in dependency order, with per-host concurrency bounds on the steps that
-// load a host, deadlines from the transition, retries with jittered
-// backoff for transient error classes and none for terminal ones.
+// in dependency order (Step.DependsOn), independent steps concurrently,
+// with per-zone concurrency bounds on the steps that load a host,
+// deadlines from the transition, and retries (retry.Step) by error class:
+// the retryable classes are retried until the deadline, terminal ones are
+// not. Adapters do not retry what the executor retries.
 //
 // Invariants:
 //   - Every step is an ensure; re-running a change after a crash converges.
+//   - A step starts only after every step it depends on succeeded; the
+//     first step that fails terminally cancels the others, and no step
+//     starts after it. A change whose dependencies name a missing step or
+//     form a cycle is rejected (ErrInvalid) before anything runs. A value
+//     a step learns (the VMID of a clone) reaches the steps that depend on
+//     it, directly or not.
+//   - At most once in the guest: a bootstrap hook or drain is sent to the
+//     guest once per Run, after Options.ExecStarting (if set) accepted it;
+//     it is sent again only after the adapter proved it never started
+//     (a retryable class). An unknown outcome (ErrOutcomeUnknown) fails
+//     the step. Writing and removing the blob are idempotent and retried.
+//     A readiness probe is re-run only after it ran to a non-zero exit or
+//     provably never started.
 //   - A destructive step re-reads the live VM immediately before acting and
 //     refuses unless it carries this installation's marker for the machine.
 //   - The bootstrap blob is read from memory at the moment it is written to
 //     the guest; it never reaches logs, errors or last_error (hook output is
-//     bounded and scrubbed of it), and the file is removed afterwards.
+//     bounded and scrubbed of it), and the file is removed afterwards, even
+//     when the hook failed or the deadline passed.
 package executor

@@ -6,17 +6,21 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/planner"
+	"github.com/bigfleet-vm/provider/retry"
 )
 
 // maxExcerpt bounds hook output copied into last_error.
 const maxExcerpt = 512
+
+// removeTimeout bounds removing the blob after the hook, which runs even
+// when the step's context is done.
+const removeTimeout = 30 * time.Second
 
 // Observer receives step outcomes (metrics); it may be nil.
 type Observer interface {
@@ -33,15 +37,27 @@ type Options struct {
 	PerZone  int
 	Logger   *slog.Logger
 	Observer Observer
-	// Backoff bounds retry sleeps (defaults 100ms .. 2s).
+	// MinBackoff and MaxBackoff are the first and the largest wait between
+	// attempts of a step (retry.Step: 100ms and 2s, jittered).
 	MinBackoff, MaxBackoff time.Duration
+	// ExecStarting, when set, is called once per Run of a bootstrap or
+	// drain step, right before its command is first sent to the guest. If
+	// it returns an error, nothing is sent and the step fails with that
+	// error. The caller records durably that the command may have started,
+	// so that a re-driven operation never sends it again (it fails instead,
+	// with a clear last_error). Within one Run the command is sent again
+	// only after the adapter proved it never started, without another
+	// call. Readiness probes, read-only checks the gate repeats by design,
+	// do not call it.
+	ExecStarting func(ctx context.Context, machineID, opID, stepID string) error
 }
 
 // Executor runs planned changes.
 type Executor struct {
-	o     Options
-	mu    sync.Mutex
-	zones map[string]chan struct{}
+	o      Options
+	policy retry.Policy
+	mu     sync.Mutex
+	zones  map[string]chan struct{}
 }
 
 // New returns an Executor.
@@ -49,16 +65,17 @@ func New(o Options) *Executor {
 	if o.PerZone <= 0 {
 		o.PerZone = 8
 	}
-	if o.MinBackoff <= 0 {
-		o.MinBackoff = 100 * time.Millisecond
+	policy := retry.Step
+	if o.MinBackoff > 0 {
+		policy.Initial = o.MinBackoff
 	}
-	if o.MaxBackoff <= 0 {
-		o.MaxBackoff = 2 * time.Second
+	if o.MaxBackoff > 0 {
+		policy.Max = o.MaxBackoff
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Executor{o: o, zones: map[string]chan struct{}{}}
+	return &Executor{o: o, policy: policy, zones: map[string]chan struct{}{}}
 }
 
 // Outcome is what a run learned.
@@ -76,35 +93,165 @@ type StepError struct {
 func (e *StepError) Error() string { return e.Step + ": " + e.Err.Error() }
 func (e *StepError) Unwrap() error { return e.Err }
 
-// Run applies the change's steps in order. opID names the transition whose
-// blob an exec-bootstrap step delivers. It stops at the first step that
-// fails terminally or when ctx is done.
+// stepDone is one finished step.
+type stepDone struct {
+	i    int
+	vmid int
+	err  error
+	took time.Duration
+}
+
+// Run applies the change's steps by their dependency graph: a step starts
+// once every step it depends on succeeded, so independent steps run
+// concurrently. opID names the transition whose blob an exec-bootstrap
+// step delivers. The first step that fails terminally (or ctx ending)
+// cancels the rest; its error is returned as a *StepError.
 func (e *Executor) Run(ctx context.Context, c planner.Change, opID string) (Outcome, error) {
 	var out Outcome
-	for i := range c.Steps {
+	g, err := newGraph(c.Steps)
+	if err != nil {
+		return out, fmt.Errorf("steps for %s: %w", c.Machine, err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	n := len(c.Steps)
+	pending := make([]int, n) // unfinished dependencies per step
+	vmids := make([]int, n)   // the VMID known after each step succeeded
+	done := make(chan stepDone)
+	running := 0
+	start := func(i int) {
 		s := c.Steps[i]
-		if s.Target.VMID == 0 && out.VMID != 0 {
-			s.Target.VMID = out.VMID
+		if s.Target.VMID == 0 {
+			s.Target.VMID = g.inherited(i, vmids)
 		}
-		start := time.Now()
-		vmid, err := e.runStep(ctx, c.Machine, opID, s)
+		running++
+		go func() {
+			t0 := time.Now()
+			vmid, err := e.runStep(ctx, c.Machine, opID, s)
+			done <- stepDone{i: i, vmid: vmid, err: err, took: time.Since(t0)}
+		}()
+	}
+	for i := range c.Steps {
+		pending[i] = len(g.deps[i])
+	}
+	for i := range c.Steps {
+		if pending[i] == 0 {
+			start(i)
+		}
+	}
+	var first error
+	for running > 0 {
+		d := <-done
+		running--
+		s := c.Steps[d.i]
 		outcome := "ok"
-		if err != nil {
+		if d.err != nil {
 			outcome = "error"
 		}
 		if e.o.Observer != nil {
-			e.o.Observer.StepDone(string(s.Action), outcome, time.Since(start))
+			e.o.Observer.StepDone(string(s.Action), outcome, d.took)
 		}
-		if err != nil {
-			e.o.Logger.Warn("step failed", "machine", c.Machine, "op", opID, "step", s.ID, "err", err)
-			return out, &StepError{Step: s.ID, Err: err}
+		if d.err != nil {
+			if first != nil {
+				e.o.Logger.Debug("step ended after another failed", "machine", c.Machine, "op", opID, "step", s.ID, "err", d.err)
+				continue
+			}
+			e.o.Logger.Warn("step failed", "machine", c.Machine, "op", opID, "step", s.ID, "err", d.err)
+			first = &StepError{Step: s.ID, Err: d.err}
+			cancel()
+			continue
 		}
 		e.o.Logger.Debug("step done", "machine", c.Machine, "op", opID, "step", s.ID, "reason", s.Reason)
-		if vmid != 0 {
-			out.VMID = vmid
+		vmids[d.i] = g.inherited(d.i, vmids)
+		if d.vmid != 0 {
+			vmids[d.i] = d.vmid
+			out.VMID = d.vmid
+		}
+		if first != nil {
+			continue
+		}
+		for _, j := range g.dependants[d.i] {
+			if pending[j]--; pending[j] == 0 {
+				start(j)
+			}
 		}
 	}
-	return out, nil
+	return out, first
+}
+
+// graph is a change's validated dependency graph, by step index.
+type graph struct {
+	deps       [][]int
+	dependants [][]int
+}
+
+// maxNamed bounds the step ids an invalid-graph error lists.
+const maxNamed = 5
+
+// newGraph indexes the steps' dependencies and rejects duplicate ids,
+// dependencies on steps outside the change, and cycles.
+func newGraph(steps []planner.Step) (*graph, error) {
+	index := make(map[string]int, len(steps))
+	for i, s := range steps {
+		if _, dup := index[s.ID]; dup {
+			return nil, fmt.Errorf("%w: two steps share the id %q", hypervisors.ErrInvalid, s.ID)
+		}
+		index[s.ID] = i
+	}
+	g := &graph{deps: make([][]int, len(steps)), dependants: make([][]int, len(steps))}
+	indegree := make([]int, len(steps))
+	for i, s := range steps {
+		seen := map[int]bool{}
+		for _, d := range s.DependsOn {
+			j, ok := index[d]
+			if !ok {
+				return nil, fmt.Errorf("%w: step %q depends on %q, which is not in the change", hypervisors.ErrInvalid, s.ID, d)
+			}
+			if seen[j] {
+				continue
+			}
+			seen[j] = true
+			g.deps[i] = append(g.deps[i], j)
+			g.dependants[j] = append(g.dependants[j], i)
+			indegree[i]++
+		}
+	}
+	// Kahn: whatever never becomes ready lies on or behind a cycle.
+	var ready []int
+	for i := range steps {
+		if indegree[i] == 0 {
+			ready = append(ready, i)
+		}
+	}
+	for k := 0; k < len(ready); k++ {
+		for _, j := range g.dependants[ready[k]] {
+			if indegree[j]--; indegree[j] == 0 {
+				ready = append(ready, j)
+			}
+		}
+	}
+	if len(ready) < len(steps) {
+		var stuck []string
+		for i := range steps {
+			if indegree[i] > 0 && len(stuck) < maxNamed {
+				stuck = append(stuck, steps[i].ID)
+			}
+		}
+		return nil, fmt.Errorf("%w: the dependencies of %d steps form a cycle (among %s)", hypervisors.ErrInvalid,
+			len(steps)-len(ready), strings.Join(stuck, ", "))
+	}
+	return g, nil
+}
+
+// inherited is the first VMID known after one of step i's dependencies.
+func (g *graph) inherited(i int, vmids []int) int {
+	for _, d := range g.deps[i] {
+		if vmids[d] != 0 {
+			return vmids[d]
+		}
+	}
+	return 0
 }
 
 func (e *Executor) zone(z string) chan struct{} {
@@ -138,47 +285,23 @@ func (e *Executor) runStep(ctx context.Context, machine, opID string, s planner.
 			return 0, ctx.Err()
 		}
 	}
-	var vmid int
-	err := e.retry(ctx, s.Action == planner.ActionExecReady, func() error {
-		var err error
-		vmid, err = e.apply(ctx, machine, opID, s)
-		return err
+	switch s.Action {
+	case planner.ActionExecBootstrap:
+		return 0, e.bootstrap(ctx, machine, opID, s)
+	case planner.ActionExecDrain:
+		return 0, e.drain(ctx, machine, opID, s)
+	case planner.ActionExecReady:
+		return 0, e.ready(ctx, s)
+	}
+	return retry.Value(ctx, e.policy, hypervisors.Retryable, func(ctx context.Context) (int, error) {
+		return e.apply(ctx, machine, s)
 	})
-	return vmid, err
 }
 
 // errNotReady marks a readiness probe that has not succeeded yet.
 var errNotReady = errors.New("node not ready yet")
 
-// retry calls f until it succeeds, fails terminally, or ctx is done. With
-// untilOK, any failure is retried (a readiness gate).
-func (e *Executor) retry(ctx context.Context, untilOK bool, f func() error) error {
-	backoff := e.o.MinBackoff
-	var last error
-	for {
-		err := f()
-		if err == nil {
-			return nil
-		}
-		if !untilOK && !hypervisors.Retryable(err) {
-			return err
-		}
-		last = err
-		jitter := time.Duration(rand.Int64N(int64(backoff)/2 + 1))
-		t := time.NewTimer(backoff/2 + jitter)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("%w (last error: %v)", ctx.Err(), last)
-		case <-t.C:
-		}
-		if backoff *= 2; backoff > e.o.MaxBackoff {
-			backoff = e.o.MaxBackoff
-		}
-	}
-}
-
-func (e *Executor) apply(ctx context.Context, machine, opID string, s planner.Step) (int, error) {
+func (e *Executor) apply(ctx context.Context, machine string, s planner.Step) (int, error) {
 	hv := e.o.Hypervisor
 	t := s.Target
 	p := s.Params
@@ -209,26 +332,6 @@ func (e *Executor) apply(ctx context.Context, machine, opID string, s planner.St
 		return 0, hv.AgentPing(ctx, t)
 	case planner.ActionBind, planner.ActionUnbind:
 		return 0, hv.SetMarker(ctx, t, *p.Marker)
-	case planner.ActionExecBootstrap:
-		return 0, e.bootstrap(ctx, machine, opID, s)
-	case planner.ActionExecReady:
-		res, err := hv.AgentExec(ctx, t, p.Exec)
-		if err != nil {
-			return 0, err
-		}
-		if res.ExitCode != 0 {
-			return 0, fmt.Errorf("%w: readiness check exited %d", errNotReady, res.ExitCode)
-		}
-		return 0, nil
-	case planner.ActionExecDrain:
-		res, err := hv.AgentExec(ctx, t, p.Exec)
-		if err != nil {
-			return 0, err
-		}
-		if res.ExitCode != 0 {
-			return 0, fmt.Errorf("drain exited %d: %s", res.ExitCode, excerpt(res, nil))
-		}
-		return 0, nil
 	case planner.ActionStop:
 		return 0, hv.Stop(ctx, t, time.Duration(p.Grace))
 	case planner.ActionUndefine:
@@ -257,32 +360,96 @@ func (e *Executor) checkOwned(ctx context.Context, machine string, t hypervisors
 	return false, nil
 }
 
-// bootstrap writes the blob, runs the hook to exit and removes the blob.
+// execOnce runs a step's command in the guest at most once: ExecStarting
+// first, then AgentExec, repeated only after an error of a retryable class,
+// which the adapter returns only when the command certainly did not start.
+func (e *Executor) execOnce(ctx context.Context, machine, opID string, s planner.Step) (hypervisors.ExecResult, error) {
+	if e.o.ExecStarting != nil {
+		if err := e.o.ExecStarting(ctx, machine, opID, s.ID); err != nil {
+			return hypervisors.ExecResult{}, fmt.Errorf("not started: %w", err)
+		}
+	}
+	return retry.Value(ctx, e.policy, hypervisors.Retryable, func(ctx context.Context) (hypervisors.ExecResult, error) {
+		return e.o.Hypervisor.AgentExec(ctx, s.Target, s.Params.Exec)
+	})
+}
+
+// bootstrap writes the blob (retried: rewriting is idempotent), runs the
+// hook at most once, and removes the blob.
 func (e *Executor) bootstrap(ctx context.Context, machine, opID string, s planner.Step) error {
 	hv := e.o.Hypervisor
 	blob, ok := e.o.Blob(machine, opID)
 	if !ok {
 		return fmt.Errorf("%w: the bootstrap blob of %s is no longer in memory (the provider restarted); Configure cannot be resumed", hypervisors.ErrInvalid, opID)
 	}
-	if err := hv.AgentWriteFile(ctx, s.Target, s.Params.BlobPath, blob, 0o600); err != nil {
-		return fmt.Errorf("write bootstrap blob: %w", err)
-	}
+	// Any write attempt may have left the blob, or part of it, behind.
 	defer func() {
-		// Remove the blob even when the hook failed or ctx expired.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), removeTimeout)
 		defer cancel()
-		if err := hv.AgentRemoveFile(rctx, s.Target, s.Params.BlobPath); err != nil && !errors.Is(err, hypervisors.ErrNotFound) {
-			e.o.Logger.Warn("could not remove bootstrap blob from guest", "machine", machine, "vm", s.Target.Name, "err", err)
+		err := retry.Do(rctx, e.policy, removable, func(ctx context.Context) error {
+			return hv.AgentRemoveFile(ctx, s.Target, s.Params.BlobPath)
+		})
+		if err != nil && !errors.Is(err, hypervisors.ErrNotFound) {
+			e.o.Logger.Warn("could not remove bootstrap blob from guest", "machine", machine, "op", opID, "vm", s.Target.Name, "err", err)
 		}
 	}()
-	res, err := hv.AgentExec(ctx, s.Target, s.Params.Exec)
+	err := retry.Do(ctx, e.policy, hypervisors.Retryable, func(ctx context.Context) error {
+		return hv.AgentWriteFile(ctx, s.Target, s.Params.BlobPath, blob, 0o600)
+	})
 	if err != nil {
-		return fmt.Errorf("run bootstrap hook: %w", err)
+		return fmt.Errorf("write bootstrap blob: %w", err)
+	}
+	res, err := e.execOnce(ctx, machine, opID, s)
+	if err != nil {
+		return fmt.Errorf("bootstrap hook: %w", err)
 	}
 	if res.ExitCode != 0 {
 		return fmt.Errorf("%w: bootstrap hook exited %d: %s", hypervisors.ErrInvalid, res.ExitCode, excerpt(res, blob))
 	}
 	return nil
+}
+
+// removable reports whether removing the blob is worth another attempt:
+// anything but a class that says it cannot succeed, since a blob left in
+// the guest is a secret left behind.
+func removable(err error) bool {
+	for _, class := range []error{hypervisors.ErrInvalid, hypervisors.ErrPermission, hypervisors.ErrNotFound,
+		hypervisors.ErrUnsupported, hypervisors.ErrNotOwned} {
+		if errors.Is(err, class) {
+			return false
+		}
+	}
+	return true
+}
+
+// drain runs the drain command at most once.
+func (e *Executor) drain(ctx context.Context, machine, opID string, s planner.Step) error {
+	res, err := e.execOnce(ctx, machine, opID, s)
+	if err != nil {
+		return fmt.Errorf("drain: %w", err)
+	}
+	if res.ExitCode != 0 {
+		return fmt.Errorf("drain exited %d: %s", res.ExitCode, excerpt(res, nil))
+	}
+	return nil
+}
+
+// ready repeats the readiness probe until it exits 0 or ctx ends. Each
+// probe is one AgentExec: a probe whose outcome is unknown ends the gate
+// (it may still be running), it is never re-sent blindly.
+func (e *Executor) ready(ctx context.Context, s planner.Step) error {
+	return retry.Do(ctx, e.policy, func(err error) bool {
+		return errors.Is(err, errNotReady) || hypervisors.Retryable(err)
+	}, func(ctx context.Context) error {
+		res, err := e.o.Hypervisor.AgentExec(ctx, s.Target, s.Params.Exec)
+		if err != nil {
+			return fmt.Errorf("readiness check: %w", err)
+		}
+		if res.ExitCode != 0 {
+			return fmt.Errorf("%w: readiness check exited %d", errNotReady, res.ExitCode)
+		}
+		return nil
+	})
 }
 
 // excerpt returns a bounded tail of the command's stderr (or stdout),

@@ -26,6 +26,14 @@ func step(a planner.Action, t hypervisors.Target, p planner.Params) planner.Step
 	return planner.Step{ID: t.Zone + "/" + t.Name + "/" + string(a), Action: a, Target: t, Params: p}
 }
 
+// chain makes each step depend on the one before it, as the planner does.
+func chain(steps ...planner.Step) []planner.Step {
+	for i := 1; i < len(steps); i++ {
+		steps[i].DependsOn = []string{steps[i-1].ID}
+	}
+	return steps
+}
+
 func TestScrub(t *testing.T) {
 	blob := []byte("line-one-secret\nshort\nline-three-secret")
 	tests := []struct{ in, want string }{
@@ -46,8 +54,8 @@ func TestDestructiveStepRefusesForeignVM(t *testing.T) {
 		t.Fatal(err)
 	}
 	tg := hypervisors.Target{Zone: "z", Name: "victim"}
-	_, err := newExec(hv, nil).Run(context.Background(), planner.Change{Machine: "m", Steps: []planner.Step{
-		step(planner.ActionStop, tg, planner.Params{}), step(planner.ActionUndefine, tg, planner.Params{})}}, "op-1")
+	_, err := newExec(hv, nil).Run(context.Background(), planner.Change{Machine: "m", Steps: chain(
+		step(planner.ActionStop, tg, planner.Params{}), step(planner.ActionUndefine, tg, planner.Params{}))}, "op-1")
 	if !errors.Is(err, hypervisors.ErrNotOwned) {
 		t.Fatalf("err = %v, want ErrNotOwned", err)
 	}
@@ -59,8 +67,8 @@ func TestDestructiveStepRefusesForeignVM(t *testing.T) {
 func TestDestructiveStepOnMissingVMSucceeds(t *testing.T) {
 	hv := fake.NewLibvirt(fake.Options{Zones: []string{"z"}})
 	tg := hypervisors.Target{Zone: "z", Name: "gone"}
-	if _, err := newExec(hv, nil).Run(context.Background(), planner.Change{Machine: "m", Steps: []planner.Step{
-		step(planner.ActionStop, tg, planner.Params{}), step(planner.ActionUndefine, tg, planner.Params{})}}, "op"); err != nil {
+	if _, err := newExec(hv, nil).Run(context.Background(), planner.Change{Machine: "m", Steps: chain(
+		step(planner.ActionStop, tg, planner.Params{}), step(planner.ActionUndefine, tg, planner.Params{}))}, "op"); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -145,12 +153,12 @@ func TestCloneVMIDFlowsToLaterSteps(t *testing.T) {
 	hv := fake.NewProxmox(fake.Options{Zones: []string{"z"}})
 	mk := observed.Marker{Installation: inst, MachineID: "m"}
 	tg := hypervisors.Target{Zone: "z", Name: "vm"}
-	out, err := newExec(hv, nil).Run(context.Background(), planner.Change{Machine: "m", Steps: []planner.Step{
+	out, err := newExec(hv, nil).Run(context.Background(), planner.Change{Machine: "m", Steps: chain(
 		step(planner.ActionClone, tg, planner.Params{Clone: &hypervisors.CloneSpec{Name: "vm", TemplateVMID: 9000, Marker: mk}}),
 		step(planner.ActionConfigureVM, tg, planner.Params{Size: &hypervisors.SizeSpec{VCPU: 4, MemoryMiB: 4096, OnBoot: true, Marker: mk}}),
 		step(planner.ActionStart, tg, planner.Params{}),
 		step(planner.ActionWaitAgent, tg, planner.Params{}),
-	}}, "op")
+	)}, "op")
 	if err != nil || out.VMID == 0 {
 		t.Fatalf("run: %v %+v", err, out)
 	}
