@@ -2,6 +2,7 @@ package pvesim
 
 import (
 	"fmt"
+	"net/http"
 	"strings"
 	"time"
 )
@@ -47,6 +48,7 @@ type faults struct {
 	tasks      []*taskFault
 	fixedNext  int
 	nextIDHits int
+	hook       RequestHook
 }
 
 func (f *faults) init() {}
@@ -140,6 +142,33 @@ func (s *Server) AgentDownFor(vmid int, d time.Duration) {
 	if v, ok := s.vms[vmid]; ok {
 		v.agentAt = time.Now().Add(d)
 	}
+}
+
+// RequestHook wraps the handling of every request: the per-request fault
+// seam for tests. serve handles the request as the simulated PVE does and
+// writes its answer to the writer given; the hook calls it at most once.
+// It may answer without serving (the request never reached PVE), serve to
+// a throw-away writer and then fail or drop the connection (PVE acted but
+// the answer was lost), or serve to w (the request goes through).
+type RequestHook func(w http.ResponseWriter, r *http.Request, serve func(http.ResponseWriter))
+
+// SetRequestHook installs h (nil removes it); ClearFaults removes it too.
+func (s *Server) SetRequestHook(h RequestHook) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.faults.hook = h
+}
+
+// serveHooked passes a request through the RequestHook, if any.
+func (s *Server) serveHooked(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	h := s.faults.hook
+	s.mu.Unlock()
+	if h == nil {
+		s.serve(w, r)
+		return
+	}
+	h(w, r, func(w http.ResponseWriter) { s.serve(w, r) })
 }
 
 // ClearFaults removes every injected fault.

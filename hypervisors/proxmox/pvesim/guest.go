@@ -76,6 +76,7 @@ type MemGuest struct {
 	procs    map[int]*memProc
 	nextPID  int
 	execs    [][]string
+	polls    int // "not exited" answers of every process started
 }
 
 type scripted struct {
@@ -100,6 +101,22 @@ func (g *MemGuest) SetCommand(prefix []string, res CommandResult) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.scripted = append([]scripted{{prefix: prefix, res: res}}, g.scripted...)
+}
+
+// SetPolls makes every process started from now on report "not exited"
+// to its first n exec-status calls (scripted commands add their own).
+func (g *MemGuest) SetPolls(n int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.polls = n
+}
+
+// RestartAgent restarts the guest agent: it forgets every process, as
+// qemu-ga does (files stay).
+func (g *MemGuest) RestartAgent() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.procs = map[int]*memProc{}
 }
 
 // File returns a written file.
@@ -259,7 +276,9 @@ func (g *MemGuest) Exec(_ context.Context, argv []string, _ []byte) (int, error)
 	defer g.mu.Unlock()
 	g.execs = append(g.execs, append([]string(nil), argv...))
 	g.nextPID++
-	g.procs[g.nextPID] = &memProc{res: g.run(argv)}
+	res := g.run(argv)
+	res.Polls += g.polls
+	g.procs[g.nextPID] = &memProc{res: res}
 	return g.nextPID, nil
 }
 

@@ -18,7 +18,7 @@ import (
 const apiPrefix = "/api2/json"
 
 // Handler returns the HTTP handler serving /api2/json.
-func (s *Server) Handler() http.Handler { return http.HandlerFunc(s.serve) }
+func (s *Server) Handler() http.Handler { return http.HandlerFunc(s.serveHooked) }
 
 // params holds request parameters from the query string and the body
 // (JSON as go-proxmox sends it, or form-encoded as curl/pvesh send it).
