@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"strings"
 
 	pxapi "github.com/luthermonson/go-proxmox"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/retry"
 )
 
 // ChunkSize is the largest raw chunk one PVE agent/file-write carries: PVE
@@ -47,7 +49,9 @@ func (a *Adapter) AgentPing(ctx context.Context, t hypervisors.Target) error {
 // chunk files "<path>.bigfleet-part-NNN" and joined in the guest by one
 // exec of a small /bin/sh script (which also applies mode); a small file
 // is written directly (QGA creates new files 0600) and chmod-ed when mode
-// is set. The data never appears in errors or logs.
+// is set. Every request is made once; the whole write is idempotent and
+// the caller repeats it on a retryable error. The data never appears in
+// errors or logs.
 func (a *Adapter) AgentWriteFile(ctx context.Context, t hypervisors.Target, path string, data []byte, mode os.FileMode) error {
 	if err := a.checkZone(t.Zone); err != nil {
 		return err
@@ -57,8 +61,7 @@ func (a *Adapter) AgentWriteFile(ctx context.Context, t hypervisors.Target, path
 	}
 	v := a.vmHandle(t.Zone, t.VMID)
 	write := func(p string, b []byte) error {
-		err := a.retry(ctx, func() error { return classify(v.AgentFileWrite(ctx, p, b)) })
-		if err != nil {
+		if err := classify(v.AgentFileWrite(ctx, p, b)); err != nil {
 			return fmt.Errorf("agent write %s (%d bytes) on vm %d: %w", p, len(b), t.VMID, err)
 		}
 		return nil
@@ -89,8 +92,9 @@ func (a *Adapter) AgentWriteFile(ctx context.Context, t hypervisors.Target, path
 	return a.mustExec(ctx, t, argv, "assemble "+path)
 }
 
+// mustExec runs one of the adapter's idempotent helper commands.
 func (a *Adapter) mustExec(ctx context.Context, t hypervisors.Target, argv []string, what string) error {
-	res, err := a.AgentExec(ctx, t, argv)
+	res, err := a.exec(ctx, t, argv, true)
 	if err != nil {
 		return err
 	}
@@ -105,17 +109,44 @@ func (a *Adapter) AgentRemoveFile(ctx context.Context, t hypervisors.Target, pat
 	return a.mustExec(ctx, t, []string{"rm", "-f", "--", path}, "remove "+path)
 }
 
-// AgentExec runs argv in the guest to exit, polling exec-status with
-// backoff (PollMin doubling to PollMax) bounded only by ctx. Stdout and
-// stderr keep their last OutputLimit bytes. A non-zero exit is reported in
-// the result, not as an error. The start request is never retried (it is
-// not idempotent).
+// AgentExec runs argv in the guest at most once, with the error contract
+// of hypervisors.Hypervisor.AgentExec: one exec request, then exec-status
+// polled (Config.PollMin..PollMax; failed polls are polled again) until
+// the process exits or ctx ends. Stdout and stderr keep their last
+// OutputLimit bytes. A non-zero exit is reported in the result, not as an
+// error.
 func (a *Adapter) AgentExec(ctx context.Context, t hypervisors.Target, argv []string) (hypervisors.ExecResult, error) {
+	return a.exec(ctx, t, argv, false)
+}
+
+// errRunning marks a status poll of a process that has not exited yet.
+var errRunning = errors.New("still running")
+
+// errPIDGone marks a pid the guest agent no longer knows: the guest or its
+// agent restarted, or the answer that reported its exit was lost (QGA
+// forgets a process once it reported it).
+var errPIDGone = errors.New("the guest agent no longer knows the pid")
+
+// exec is AgentExec. idempotent marks the adapter's own helper commands,
+// which are safe to run again: an unknown outcome is then ErrTransient, so
+// that the caller repeats the whole (idempotent) operation, instead of
+// ErrOutcomeUnknown.
+func (a *Adapter) exec(ctx context.Context, t hypervisors.Target, argv []string, idempotent bool) (hypervisors.ExecResult, error) {
 	if err := a.checkZone(t.Zone); err != nil {
 		return hypervisors.ExecResult{}, err
 	}
-	if len(argv) == 0 {
+	if len(argv) == 0 || argv[0] == "" {
 		return hypervisors.ExecResult{}, fmt.Errorf("agent exec on vm %d: empty command: %w", t.VMID, hypervisors.ErrInvalid)
+	}
+	unknown := func(pid int, why string) error {
+		if idempotent {
+			return fmt.Errorf("agent exec %s on vm %d (pid %d) may have run; its outcome is unknown because %s; it is safe to repeat: %w",
+				argv[0], t.VMID, pid, why, hypervisors.ErrTransient)
+		}
+		return fmt.Errorf("agent exec on vm %d: %w", t.VMID, &hypervisors.UnknownOutcomeError{Command: argv[0], PID: pid, Why: why})
+	}
+	if err := ctx.Err(); err != nil {
+		return hypervisors.ExecResult{}, fmt.Errorf("agent exec %s on vm %d (not started): %w", argv[0], t.VMID, ctxErr(ctx))
 	}
 	base := fmt.Sprintf("/nodes/%s/qemu/%d/agent", t.Zone, t.VMID)
 	var started struct {
@@ -124,35 +155,80 @@ func (a *Adapter) AgentExec(ctx context.Context, t hypervisors.Target, argv []st
 	// go-proxmox's AgentExec drops the server's error; call the endpoint
 	// through the same client directly to keep it.
 	if err := a.client.Post(ctx, base+"/exec", map[string]any{"command": argv}, &started); err != nil {
-		return hypervisors.ExecResult{}, fmt.Errorf("agent exec %s on vm %d: %w", argv[0], t.VMID, classify(err))
+		cerr := classify(err)
+		if execRefused(err, cerr) {
+			return hypervisors.ExecResult{}, fmt.Errorf("agent exec %s on vm %d (not started): %w", argv[0], t.VMID, cerr)
+		}
+		return hypervisors.ExecResult{}, unknown(0, fmt.Sprintf("its start request failed: %v", cerr))
 	}
 	if started.PID == nil {
-		return hypervisors.ExecResult{}, fmt.Errorf("agent exec %s on vm %d: no pid returned: %w", argv[0], t.VMID, hypervisors.ErrTransient)
+		return hypervisors.ExecResult{}, unknown(0, "the start reply carries no pid")
 	}
 	pid := *started.PID
-	d := a.cfg.PollMin
-	for {
-		var st execStatus
-		err := classify(a.client.Get(ctx, fmt.Sprintf("%s/exec-status?pid=%d", base, pid), &st))
-		switch {
-		case err == nil && bool(st.Exited):
-			res := hypervisors.ExecResult{
-				ExitCode: st.ExitCode,
-				Stdout:   hypervisors.Tail([]byte(st.OutData), a.cfg.OutputLimit),
-				Stderr:   hypervisors.Tail([]byte(st.ErrData), a.cfg.OutputLimit),
-			}
-			if st.Signal > 0 {
-				res.ExitCode = 128 + st.Signal // as a shell reports a killed child
-			}
-			return res, nil
-		case err != nil && !(errors.Is(err, hypervisors.ErrTransient) || errors.Is(err, hypervisors.ErrLocked)):
-			return hypervisors.ExecResult{}, fmt.Errorf("agent exec-status pid %d on vm %d: %w", pid, t.VMID, err)
+	var st execStatus
+	err := retry.Do(ctx, a.poll(), func(err error) bool {
+		return errors.Is(err, errRunning) || hypervisors.Retryable(err)
+	}, func(ctx context.Context) error {
+		st = execStatus{}
+		err := a.client.Get(ctx, fmt.Sprintf("%s/exec-status?pid=%d", base, pid), &st)
+		if err != nil && strings.Contains(err.Error(), "Invalid parameter 'pid'") {
+			return fmt.Errorf("%w: %w", errPIDGone, err)
 		}
-		if serr := sleep(ctx, d); serr != nil {
-			return hypervisors.ExecResult{}, fmt.Errorf("agent exec %s on vm %d: wait for pid %d: %w", argv[0], t.VMID, pid, serr)
+		if err := classify(err); err != nil {
+			return err
 		}
-		d = min(d*2, a.cfg.PollMax)
+		if !bool(st.Exited) {
+			return errRunning
+		}
+		return nil
+	})
+	switch {
+	case err == nil:
+	case errors.Is(err, errPIDGone):
+		return hypervisors.ExecResult{}, unknown(pid, "the guest agent no longer reports it (restarted guest or agent, or its exit report was lost)")
+	case ctx.Err() != nil:
+		why := "the deadline passed before it exited"
+		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			why = "the operation was cancelled before it exited"
+		}
+		if last := retry.Last(err); last != nil && !errors.Is(last, errRunning) {
+			why += fmt.Sprintf(" (last status poll: %v)", last)
+		}
+		return hypervisors.ExecResult{}, unknown(pid, why)
+	default:
+		return hypervisors.ExecResult{}, unknown(pid, fmt.Sprintf("its status cannot be read: %v", err))
 	}
+	res := hypervisors.ExecResult{
+		ExitCode: st.ExitCode,
+		Stdout:   hypervisors.Tail([]byte(st.OutData), a.cfg.OutputLimit),
+		Stderr:   hypervisors.Tail([]byte(st.ErrData), a.cfg.OutputLimit),
+	}
+	if st.Signal > 0 {
+		res.ExitCode = 128 + st.Signal // as a shell reports a killed child
+	}
+	return res, nil
+}
+
+// execRefused reports whether a failed exec request proves the command
+// never started: the request never left (the connection could not be
+// made), PVE refused it before asking the agent (permission, validation,
+// no such VM, VM or agent not running, no agent configured), or the agent
+// could not spawn it. A timeout, a dropped connection or another server
+// error is not proof: the agent may have received the command.
+func execRefused(raw, classified error) bool {
+	var op *net.OpError
+	if errors.As(raw, &op) && op.Op == "dial" {
+		return true
+	}
+	if strings.Contains(raw.Error(), "Failed to execute child process") { // QGA's spawn failure
+		return true
+	}
+	for _, class := range []error{hypervisors.ErrPermission, hypervisors.ErrInvalid, hypervisors.ErrNotFound, hypervisors.ErrAgentNotReady} {
+		if errors.Is(classified, class) {
+			return true
+		}
+	}
+	return false
 }
 
 // execStatus is PVE's exec-status answer: QGA's guest-exec-status with

@@ -55,14 +55,10 @@ type Config struct {
 	// ConfigTTL forces a config re-read of an unchanged owned VM after this
 	// age, to catch out-of-band description edits (default 10 min).
 	ConfigTTL time.Duration
-	// Retries is how many times the adapter itself retries a locked or
-	// transient call within ctx (default 3; the executor retries too).
-	Retries int
-	// RetryBase is the first retry backoff (default 250 ms, jittered,
-	// doubling).
-	RetryBase time.Duration
-	// PollMin and PollMax bound the task and exec-status poll backoff
-	// (defaults 100 ms doubling to 2 s).
+	// PollMin and PollMax bound the waits between polls of a task, a clone
+	// lock or a guest process (defaults 100 ms doubling to 2 s, jittered).
+	// The adapter retries no failed request: the executor retries steps by
+	// error class (package retry).
 	PollMin, PollMax time.Duration
 	// OutputLimit bounds the stdout/stderr tail kept from an exec (default
 	// 64 KiB each).
@@ -86,12 +82,6 @@ func (c *Config) defaults() {
 	}
 	if c.ConfigTTL == 0 {
 		c.ConfigTTL = 10 * time.Minute
-	}
-	if c.Retries == 0 {
-		c.Retries = 3
-	}
-	if c.RetryBase == 0 {
-		c.RetryBase = 250 * time.Millisecond
 	}
 	if c.PollMin == 0 {
 		c.PollMin = 100 * time.Millisecond

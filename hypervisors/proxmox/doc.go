@@ -22,6 +22,13 @@
 //     zones observed within ListingTTL) plus one config read per owned VM
 //     whose listing fingerprint changed, that this adapter changed, or
 //     whose cached config is older than ConfigTTL.
+//   - Every API request is made once: the executor retries steps by error
+//     class, so attempts never multiply. Only progress is polled (tasks, a
+//     clone's lock, a guest process) at Config.PollMin..PollMax.
+//   - AgentExec sends the exec request once and polls exec-status until
+//     exit or ctx; it returns a retryable class only when PVE refused the
+//     request before asking the agent (or it never left), and
+//     ErrOutcomeUnknown when the command may have run.
 //   - Errors are classified with the hypervisors error classes: lock
 //     errors → ErrLocked, 5xx/timeouts → ErrTransient, 401/403 →
 //     ErrPermission (never retried), "does not exist" → ErrNotFound,

@@ -58,7 +58,7 @@ func newEnv(t testing.TB, opts *pvesim.Options, mut func(*Config)) *env {
 	cfg := Config{
 		APIURL: srv.URL + "/api2/json", TokenID: testToken, TokenSecret: testSecret,
 		Fingerprint: hex.EncodeToString(sum[:]), Pool: "fleet", Nodes: []string{"pve1", "pve2", "pve3"},
-		Installation: testInst, RetryBase: 5 * time.Millisecond, PollMin: 5 * time.Millisecond, PollMax: 50 * time.Millisecond,
+		Installation: testInst, PollMin: 5 * time.Millisecond, PollMax: 50 * time.Millisecond,
 	}
 	if mut != nil {
 		mut(&cfg)

@@ -42,13 +42,8 @@ func (a *Adapter) list(ctx context.Context, fresh bool) ([]pxapi.ClusterResource
 	a.cacheMu.Unlock()
 	cl := &pxapi.Cluster{}
 	cl = cl.New(a.client)
-	var rs pxapi.ClusterResources
-	err := a.retry(ctx, func() error {
-		var err error
-		rs, err = cl.Resources(ctx, "vm")
-		return classify(err)
-	})
-	if err != nil {
+	rs, err := cl.Resources(ctx, "vm")
+	if err = classify(err); err != nil {
 		return nil, fmt.Errorf("list cluster vms: %w", err)
 	}
 	out := make([]pxapi.ClusterResource, 0, len(rs))
@@ -114,10 +109,7 @@ func (a *Adapter) ownedConfig(ctx context.Context, r *pxapi.ClusterResource, tag
 		return e, nil
 	}
 	var cfg pxapi.VirtualMachineConfig
-	err := a.retry(ctx, func() error {
-		return classify(a.client.Get(ctx, fmt.Sprintf("/nodes/%s/qemu/%d/config", r.Node, vmid), &cfg))
-	})
-	if err != nil {
+	if err := classify(a.client.Get(ctx, fmt.Sprintf("/nodes/%s/qemu/%d/config", r.Node, vmid), &cfg)); err != nil {
 		return nil, fmt.Errorf("read config of vm %d: %w", vmid, err)
 	}
 	e = &cfgEntry{fp: fp, at: now, marker: a.markerFor(tags, cfg.Description), onboot: bool(cfg.OnBoot)}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
@@ -19,6 +18,7 @@ import (
 	pxapi "github.com/luthermonson/go-proxmox"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/retry"
 )
 
 // Adapter drives one Proxmox VE cluster. It is safe for concurrent use.
@@ -37,6 +37,11 @@ type Adapter struct {
 	allocMu  sync.Mutex
 	inflight map[int]bool // VMIDs reserved by clones in progress here
 	nextHint int          // next VMID to try (0: ask /cluster/nextid)
+	// lost maps a machine to the VMID of its last clone request whose
+	// answer was lost: the next CloneVM for the machine asks for that VMID
+	// again, so a clone PVE made late is met ("already exists", then the
+	// marker check) instead of duplicated under a new VMID.
+	lost map[string]int
 
 	listMu   sync.Mutex // serialises listings so concurrent zones share one
 	cacheMu  sync.Mutex
@@ -70,6 +75,7 @@ func New(cfg Config, logger *slog.Logger) (*Adapter, error) {
 		nodes:    map[string]bool{},
 		cloneSem: map[string]chan struct{}{},
 		inflight: map[int]bool{},
+		lost:     map[string]int{},
 		configs:  map[int]*cfgEntry{},
 		dirty:    map[int]bool{},
 	}
@@ -174,44 +180,28 @@ func classify(err error) error {
 	return fmt.Errorf("%w: %w", class, err)
 }
 
-// retry runs f until it succeeds, fails with a non-retryable class, ctx
-// ends, or cfg.Retries retries were spent. Backoff is jittered and
-// doubling. ErrPermission is never retried.
-func (a *Adapter) retry(ctx context.Context, f func() error) error {
-	backoff := a.cfg.RetryBase
-	for attempt := 0; ; attempt++ {
-		err := f()
-		if err == nil || errors.Is(err, hypervisors.ErrPermission) ||
-			!(errors.Is(err, hypervisors.ErrLocked) || errors.Is(err, hypervisors.ErrTransient)) ||
-			attempt >= a.cfg.Retries || ctx.Err() != nil {
-			return err
-		}
-		d := backoff/2 + time.Duration(rand.Int64N(int64(backoff)))
-		if serr := sleep(ctx, d); serr != nil {
-			return fmt.Errorf("%w (last error: %v)", serr, err)
-		}
-		backoff *= 2
-	}
-}
-
+// sleep waits d or until ctx is done (then a transient error).
 func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
+	if err := retry.Sleep(ctx, d); err != nil {
 		return ctxErr(ctx)
 	}
+	return nil
 }
 
-// waitTask polls a task until it stops, with backoff bounded by ctx, and
-// fails unless the exit status is OK.
+// poll is the schedule of waiting for a task, a clone lock or a guest
+// process to end (progress checks, not retries).
+func (a *Adapter) poll() retry.Policy {
+	return retry.Policy{Initial: a.cfg.PollMin, Max: a.cfg.PollMax}
+}
+
+// waitTask polls a task until it stops (Config.PollMin..PollMax, bounded
+// by ctx; a transient poll failure is polled again) and fails unless the
+// exit status is OK.
 func (a *Adapter) waitTask(ctx context.Context, t *pxapi.Task, what string) error {
 	if t == nil {
 		return fmt.Errorf("%s: server returned no task id: %w", what, hypervisors.ErrTransient)
 	}
-	d := a.cfg.PollMin
+	b := a.poll().Backoff()
 	for {
 		if err := t.Ping(ctx); err != nil {
 			err = classify(err)
@@ -228,10 +218,9 @@ func (a *Adapter) waitTask(ctx context.Context, t *pxapi.Task, what string) erro
 			}
 			return nil
 		}
-		if err := sleep(ctx, d); err != nil {
+		if err := sleep(ctx, b.Next()); err != nil {
 			return fmt.Errorf("%s: wait for task %s: %w", what, t.UPID, err)
 		}
-		d = min(d*2, a.cfg.PollMax/2)
 	}
 }
 
@@ -252,8 +241,7 @@ func (a *Adapter) vmHandle(node string, vmid int) *pxapi.VirtualMachine {
 // readVM reads status/current and config (2 requests).
 func (a *Adapter) readVM(ctx context.Context, node string, vmid int) (*pxapi.VirtualMachine, error) {
 	v := a.vmHandle(node, vmid)
-	err := a.retry(ctx, func() error { return classify(v.Ping(ctx)) })
-	if err != nil {
+	if err := classify(v.Ping(ctx)); err != nil {
 		return nil, err
 	}
 	return v, nil

@@ -2,6 +2,7 @@ package proxmox
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"sort"
@@ -13,9 +14,11 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
+	"github.com/bigfleet-vm/provider/executor"
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvesim"
 	"github.com/bigfleet-vm/provider/observed"
+	"github.com/bigfleet-vm/provider/planner"
 )
 
 func TestTLSAndConfig(t *testing.T) {
@@ -269,21 +272,27 @@ func TestCloneFailures(t *testing.T) {
 	}
 }
 
-func TestConfigureRetries(t *testing.T) {
+// Retries happen in one place: the adapter makes one request per call and
+// classifies its failure; the executor retries the step by class. So a
+// lock error costs one PUT per executor attempt, never attempts times the
+// adapter's own retries.
+func TestConfigureRetriedByTheExecutorOnly(t *testing.T) {
 	tests := []struct {
 		name     string
 		inject   func(s *pvesim.Server)
+		deadline time.Duration
 		wantErr  error
-		wantPUTs int
+		wantPUTs int // -1: one per attempt, however many the deadline allowed
 	}{
 		{name: "lock errors twice then success", inject: func(s *pvesim.Server) { s.InjectLockErrors(pvesim.Match{Method: "PUT", Path: "/config"}, 2) }, wantPUTs: 3},
-		{name: "503 once then success", inject: func(s *pvesim.Server) {
+		{name: "500 once then success", inject: func(s *pvesim.Server) {
 			s.InjectStatus(pvesim.Match{Method: "PUT", Path: "/config"}, 1, 500, "got unexpected error")
 		}, wantPUTs: 2},
 		{name: "403 is not retried", inject: func(s *pvesim.Server) {
 			s.InjectForbidden(pvesim.Match{Method: "PUT", Path: "/config"}, -1, "/vms/100", "VM.Config.CPU")
 		}, wantErr: hypervisors.ErrPermission, wantPUTs: 1},
-		{name: "lock forever gives up as locked", inject: func(s *pvesim.Server) { s.InjectLockErrors(pvesim.Match{Method: "PUT", Path: "/config"}, -1) }, wantErr: hypervisors.ErrLocked, wantPUTs: 4},
+		{name: "lock until the deadline", inject: func(s *pvesim.Server) { s.InjectLockErrors(pvesim.Match{Method: "PUT", Path: "/config"}, -1) },
+			deadline: 300 * time.Millisecond, wantErr: context.DeadlineExceeded, wantPUTs: -1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -293,16 +302,44 @@ func TestConfigureRetries(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			tg := hypervisors.Target{Zone: "pve1", VMID: id}
+			size := hypervisors.SizeSpec{VCPU: 2, MemoryMiB: 2048, Marker: marker("m-1")}
+			put := fmt.Sprintf("PUT /nodes/pve1/qemu/%d/config", id)
+			read := fmt.Sprintf("GET /nodes/pve1/qemu/%d/status/current", id)
+
+			// The adapter alone: one request, a classified error.
 			tt.inject(e.sim)
-			err = e.a.ConfigureVM(ctx, hypervisors.Target{Zone: "pve1", VMID: id}, hypervisors.SizeSpec{VCPU: 2, MemoryMiB: 2048, Marker: marker("m-1")})
+			puts := e.sim.RequestCount(put)
+			err = e.a.ConfigureVM(ctx, tg, size)
+			if got := e.sim.RequestCount(put) - puts; got != 1 {
+				t.Errorf("one ConfigureVM made %d PUTs, want 1", got)
+			}
+			if err == nil || hypervisors.Retryable(err) == errors.Is(err, hypervisors.ErrPermission) {
+				t.Errorf("ConfigureVM = %v (retryable %v)", err, hypervisors.Retryable(err))
+			}
+
+			// Through the executor.
+			e.sim.ClearFaults()
+			tt.inject(e.sim)
+			puts, reads := e.sim.RequestCount(put), e.sim.RequestCount(read)
+			rctx := ctx
+			if tt.deadline > 0 {
+				rctx = ctxT(t, tt.deadline)
+			}
+			ex := executor.New(executor.Options{Hypervisor: e.a, Installation: testInst, MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
+			_, err = ex.Run(rctx, planner.Change{Machine: "m-1", Steps: []planner.Step{{ID: "pve1/vm/configure-vm", Action: planner.ActionConfigureVM,
+				Target: tg, Params: planner.Params{Size: &size}}}}, "op")
 			if !errors.Is(err, tt.wantErr) || (tt.wantErr == nil && err != nil) {
-				t.Fatalf("ConfigureVM error = %v, want %v", err, tt.wantErr)
+				t.Fatalf("Run = %v, want %v", err, tt.wantErr)
 			}
-			if got := e.sim.RequestCount(fmt.Sprintf("PUT /nodes/pve1/qemu/%d/config", id)); got != tt.wantPUTs {
-				t.Errorf("PUT config requests = %d, want %d", got, tt.wantPUTs)
+			gotPUTs, attempts := e.sim.RequestCount(put)-puts, e.sim.RequestCount(read)-reads
+			if tt.wantPUTs >= 0 && gotPUTs != tt.wantPUTs {
+				t.Errorf("PUT config requests = %d, want %d", gotPUTs, tt.wantPUTs)
 			}
-			if hypervisors.Retryable(err) == errors.Is(err, hypervisors.ErrPermission) && err != nil {
-				t.Errorf("Retryable(%v) = %v", err, hypervisors.Retryable(err))
+			// One PUT per attempt (the deadline may end the last one
+			// between its read and its PUT).
+			if gotPUTs > attempts || gotPUTs < attempts-1 {
+				t.Errorf("%d PUTs in %d attempts: retries are nested", gotPUTs, attempts)
 			}
 		})
 	}

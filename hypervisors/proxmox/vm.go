@@ -85,7 +85,7 @@ func (a *Adapter) CloneVM(ctx context.Context, zone string, spec hypervisors.Clo
 		Description: hypervisors.Description(spec.Marker),
 	}
 	for attempt := 0; attempt < maxCloneAttempts; attempt++ {
-		id, err := a.reserve(ctx, used)
+		id, err := a.reserve(ctx, used, mid)
 		if err != nil {
 			return 0, fmt.Errorf("clone %s on %s: allocate vmid: %w", spec.Name, zone, err)
 		}
@@ -97,6 +97,11 @@ func (a *Adapter) CloneVM(ctx context.Context, zone string, spec hypervisors.Clo
 			return id, nil
 		}
 		if !errors.Is(err, hypervisors.ErrExists) {
+			if hypervisors.Retryable(err) {
+				// PVE may still make this clone: the retry asks for the
+				// same VMID.
+				a.rememberLost(mid, id)
+			}
 			return 0, fmt.Errorf("clone %s on %s as %d: %w", spec.Name, zone, id, err)
 		}
 		used[id] = true
@@ -116,35 +121,32 @@ func (a *Adapter) CloneVM(ctx context.Context, zone string, spec hypervisors.Clo
 func (a *Adapter) cloneOnce(ctx context.Context, tnode string, tvmid, newid int, opts pxapi.VirtualMachineCloneOptions) error {
 	opts.NewID = newid
 	tmpl := a.vmHandle(tnode, tvmid)
-	var task *pxapi.Task
-	err := a.retry(ctx, func() error {
-		o := opts
-		_, t, err := tmpl.Clone(ctx, &o)
-		task = t
-		// A retried request that had been applied answers "already
-		// exists"; CloneVM resolves that with the adoption check.
-		return classify(err)
-	})
-	if err != nil {
+	// One request: a lost answer is transient, and the executor's next
+	// CloneVM finds the clone by its marker and adopts it.
+	_, task, err := tmpl.Clone(ctx, &opts)
+	if err = classify(err); err != nil {
 		return err
 	}
 	return a.waitTask(ctx, task, fmt.Sprintf("clone %d to %d", tvmid, newid))
 }
 
-// reserve hands out the next VMID not used in the listing nor reserved by
-// a clone in progress here, seeded once from /cluster/nextid.
-func (a *Adapter) reserve(ctx context.Context, used map[int]bool) (int, error) {
+// reserve hands out the VMID of the machine's last clone request whose
+// answer was lost, if any, else the next VMID not used in the listing nor
+// reserved by a clone in progress here, seeded once from /cluster/nextid.
+func (a *Adapter) reserve(ctx context.Context, used map[int]bool, machineID string) (int, error) {
 	a.allocMu.Lock()
 	defer a.allocMu.Unlock()
+	if id, ok := a.lost[machineID]; ok {
+		delete(a.lost, machineID)
+		if !a.inflight[id] {
+			a.inflight[id] = true
+			return id, nil
+		}
+	}
 	if a.nextHint == 0 {
 		cl := (&pxapi.Cluster{}).New(a.client)
-		var n int
-		err := a.retry(ctx, func() error {
-			var err error
-			n, err = cl.NextID(ctx)
-			return classify(err)
-		})
-		if err != nil {
+		n, err := cl.NextID(ctx)
+		if err = classify(err); err != nil {
 			return 0, fmt.Errorf("nextid: %w", err)
 		}
 		a.nextHint = max(n, a.cfg.VMIDMin)
@@ -160,6 +162,12 @@ func (a *Adapter) reserve(ctx context.Context, used map[int]bool) (int, error) {
 	a.inflight[id] = true
 	a.nextHint = id + 1
 	return id, nil
+}
+
+func (a *Adapter) rememberLost(machineID string, id int) {
+	a.allocMu.Lock()
+	a.lost[machineID] = id
+	a.allocMu.Unlock()
 }
 
 func (a *Adapter) unreserve(id int) {
@@ -212,12 +220,10 @@ func (a *Adapter) isOurClone(ctx context.Context, vmid int, machineID string) (b
 // marker for machineID; a clone still in progress is waited for (bounded
 // by ctx), and one that vanished (failed clone) is not ours.
 func (a *Adapter) isOurCloneOn(ctx context.Context, node string, vmid int, machineID string) (bool, error) {
-	d := a.cfg.PollMin
+	b := a.poll().Backoff()
 	for {
 		var cfg pxapi.VirtualMachineConfig
-		err := a.retry(ctx, func() error {
-			return classify(a.client.Get(ctx, fmt.Sprintf("/nodes/%s/qemu/%d/config", node, vmid), &cfg))
-		})
+		err := classify(a.client.Get(ctx, fmt.Sprintf("/nodes/%s/qemu/%d/config", node, vmid), &cfg))
 		if errors.Is(err, hypervisors.ErrNotFound) {
 			return false, nil
 		}
@@ -230,10 +236,9 @@ func (a *Adapter) isOurCloneOn(ctx context.Context, node string, vmid int, machi
 		if cfg.Lock != "clone" {
 			return true, nil
 		}
-		if err := sleep(ctx, d); err != nil {
+		if err := sleep(ctx, b.Next()); err != nil {
 			return false, fmt.Errorf("wait for clone %d to finish: %w", vmid, err)
 		}
-		d = min(d*2, a.cfg.PollMax)
 	}
 }
 
@@ -274,15 +279,13 @@ func (a *Adapter) ConfigureVM(ctx context.Context, t hypervisors.Target, spec hy
 	if spec.OnBoot {
 		onboot = 1
 	}
-	err = a.retry(ctx, func() error {
-		return classify(v.ConfigSync(ctx,
-			pxapi.VirtualMachineOption{Name: "cores", Value: spec.VCPU},
-			pxapi.VirtualMachineOption{Name: "memory", Value: spec.MemoryMiB},
-			pxapi.VirtualMachineOption{Name: "tags", Value: strings.Join(hypervisors.Tags(spec.Marker), ";")},
-			pxapi.VirtualMachineOption{Name: "description", Value: hypervisors.Description(spec.Marker)},
-			pxapi.VirtualMachineOption{Name: "onboot", Value: onboot},
-		))
-	})
+	err = classify(v.ConfigSync(ctx,
+		pxapi.VirtualMachineOption{Name: "cores", Value: spec.VCPU},
+		pxapi.VirtualMachineOption{Name: "memory", Value: spec.MemoryMiB},
+		pxapi.VirtualMachineOption{Name: "tags", Value: strings.Join(hypervisors.Tags(spec.Marker), ";")},
+		pxapi.VirtualMachineOption{Name: "description", Value: hypervisors.Description(spec.Marker)},
+		pxapi.VirtualMachineOption{Name: "onboot", Value: onboot},
+	))
 	a.invalidate(t.VMID)
 	if err != nil {
 		return fmt.Errorf("configure vm %d on %s: %w", t.VMID, t.Zone, err)
@@ -299,12 +302,10 @@ func (a *Adapter) SetMarker(ctx context.Context, t hypervisors.Target, m observe
 	if err != nil {
 		return fmt.Errorf("set marker on vm %d: %w", t.VMID, err)
 	}
-	err = a.retry(ctx, func() error {
-		return classify(v.ConfigSync(ctx,
-			pxapi.VirtualMachineOption{Name: "tags", Value: strings.Join(hypervisors.Tags(m), ";")},
-			pxapi.VirtualMachineOption{Name: "description", Value: hypervisors.Description(m)},
-		))
-	})
+	err = classify(v.ConfigSync(ctx,
+		pxapi.VirtualMachineOption{Name: "tags", Value: strings.Join(hypervisors.Tags(m), ";")},
+		pxapi.VirtualMachineOption{Name: "description", Value: hypervisors.Description(m)},
+	))
 	a.invalidate(t.VMID)
 	if err != nil {
 		return fmt.Errorf("set marker on vm %d: %w", t.VMID, err)
@@ -322,9 +323,7 @@ func (a *Adapter) SetAutostart(ctx context.Context, t hypervisors.Target, on boo
 	if on {
 		val = 1
 	}
-	err = a.retry(ctx, func() error {
-		return classify(v.ConfigSync(ctx, pxapi.VirtualMachineOption{Name: "onboot", Value: val}))
-	})
+	err = classify(v.ConfigSync(ctx, pxapi.VirtualMachineOption{Name: "onboot", Value: val}))
 	a.invalidate(t.VMID)
 	if err != nil {
 		return fmt.Errorf("set onboot on vm %d: %w", t.VMID, err)
@@ -362,14 +361,14 @@ func (a *Adapter) ensureRunning(ctx context.Context, t hypervisors.Target) error
 	var task *pxapi.Task
 	switch {
 	case v.IsPaused():
-		err = a.retry(ctx, func() error { var e error; task, e = v.Resume(ctx); return classify(e) })
+		task, err = v.Resume(ctx)
 	case v.Status == pxapi.StatusVirtualMachineRunning:
 		return nil
 	default:
-		err = a.retry(ctx, func() error { var e error; task, e = v.Start(ctx); return classify(e) })
+		task, err = v.Start(ctx)
 	}
 	a.invalidate(0)
-	if err != nil {
+	if err = classify(err); err != nil {
 		return err
 	}
 	return a.waitTask(ctx, task, "power on")
@@ -400,9 +399,7 @@ func (a *Adapter) stop(ctx context.Context, v *pxapi.VirtualMachine, grace time.
 	if grace > 0 && !v.IsPaused() {
 		secs := int(math.Ceil(grace.Seconds()))
 		var upid pxapi.UPID
-		err := a.retry(ctx, func() error {
-			return classify(a.client.Post(ctx, path+"/shutdown", map[string]any{"timeout": secs}, &upid))
-		})
+		err := classify(a.client.Post(ctx, path+"/shutdown", map[string]any{"timeout": secs}, &upid))
 		if err == nil {
 			gctx, cancel := context.WithTimeout(ctx, grace+5*time.Second)
 			err = a.waitTask(gctx, pxapi.NewTask(upid, a.client), "shutdown")
@@ -416,9 +413,8 @@ func (a *Adapter) stop(ctx context.Context, v *pxapi.VirtualMachine, grace time.
 		}
 		a.log.Info("graceful shutdown failed, powering off", "vm", int(v.VMID), "err", err)
 	}
-	var task *pxapi.Task
-	err := a.retry(ctx, func() error { var e error; task, e = v.Stop(ctx); return classify(e) })
-	if err != nil {
+	task, err := v.Stop(ctx)
+	if err = classify(err); err != nil {
 		return err
 	}
 	return a.waitTask(ctx, task, "power off")
@@ -438,12 +434,8 @@ func (a *Adapter) DeleteVM(ctx context.Context, t hypervisors.Target) error {
 	if err := a.stop(ctx, v, 0); err != nil {
 		return fmt.Errorf("delete vm %d on %s: %w", t.VMID, t.Zone, err)
 	}
-	var task *pxapi.Task
-	err = a.retry(ctx, func() error {
-		var e error
-		task, e = v.Delete(ctx, &pxapi.VirtualMachineDeleteOptions{Purge: true, DestroyUnreferencedDisks: true})
-		return classify(e)
-	})
+	task, err := v.Delete(ctx, &pxapi.VirtualMachineDeleteOptions{Purge: true, DestroyUnreferencedDisks: true})
+	err = classify(err)
 	if errors.Is(err, hypervisors.ErrNotFound) {
 		return nil
 	}
