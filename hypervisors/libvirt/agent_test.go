@@ -68,9 +68,10 @@ type simQGA struct {
 	polls      int // "running" answers each process gives first
 	hookPolls  int // the same for the bootstrap hook
 
-	calls      []string // execute (guest-exec: execute + " " + path)
-	hookStarts int
-	joined     []string
+	calls       []string // execute (guest-exec: execute + " " + path)
+	hookStarts  int
+	drainStarts int
+	joined      []string
 
 	faultAt func(n int, call string) fault
 	hang    chan struct{}
@@ -152,7 +153,7 @@ func (s *simQGA) apply(execute string, raw json.RawMessage) (golibvirt.OptString
 		}
 		s.nextPID++
 		polls := s.polls
-		if a.Path == planner.LibvirtHook {
+		if a.Path == planner.LibvirtHook || len(a.Arg) == 2 && strings.Contains(a.Arg[1], "kubectl drain") {
 			polls = s.hookPolls
 		}
 		s.procs[s.nextPID] = &simProc{status: s.run(append([]string{a.Path}, a.Arg...)), polls: polls}
@@ -227,6 +228,8 @@ func (s *simQGA) run(argv []string) execStatus {
 				delete(s.files, p)
 			}
 		}
+	case len(argv) == 3 && argv[0] == "/bin/sh" && argv[1] == "-c" && strings.Contains(argv[2], "kubectl drain"):
+		s.drainStarts++
 	case argv[0] == planner.LibvirtHook:
 		s.hookStarts++
 		if _, ok := s.files[planner.LibvirtBlobPath]; !ok {
@@ -237,6 +240,16 @@ func (s *simQGA) run(argv []string) execStatus {
 		return exitWith(127, argv[0]+": command not found\n")
 	}
 	return exitWith(0, "")
+}
+
+// starts counts the starts of a guest step's command.
+func (s *simQGA) starts(a planner.Action) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if a == planner.ActionExecDrain {
+		return s.drainStarts
+	}
+	return s.hookStarts
 }
 
 func (s *simQGA) state() (calls []string, hookStarts int, joined []string, files map[string]simFile) {
@@ -289,12 +302,20 @@ func (a agentOnly) AgentRemoveFile(ctx context.Context, _ hypervisors.Target, p 
 	return a.ga.removeFile(ctx, p)
 }
 
+var drainStep = planner.Step{ID: "z/vm/exec-drain", Action: planner.ActionExecDrain, Target: hypervisors.Target{Zone: "z", Name: "vm"},
+	Params: planner.Params{Exec: planner.DrainArgv(30)}}
+
 var bootstrapStep = planner.Step{ID: "z/vm/exec-bootstrap", Action: planner.ActionExecBootstrap, Target: hypervisors.Target{Zone: "z", Name: "vm"},
 	Params: planner.Params{Exec: []string{planner.LibvirtHook, "c-1"}, BlobPath: planner.LibvirtBlobPath}}
 
 const testBlob = "kubeadm join 10.0.0.1:6443 --token abcdef.0123456789abcdef"
 
 func runBootstrap(t *testing.T, sim *simQGA, deadline time.Duration) (starting int, err error) {
+	t.Helper()
+	return runGuestStep(t, sim, bootstrapStep, deadline)
+}
+
+func runGuestStep(t *testing.T, sim *simQGA, step planner.Step, deadline time.Duration) (starting int, err error) {
 	t.Helper()
 	var calls atomic.Int32
 	ex := executor.New(executor.Options{Hypervisor: agentOnly{ga: testAgent(t, sim)}, Installation: "inst",
@@ -303,94 +324,101 @@ func runBootstrap(t *testing.T, sim *simQGA, deadline time.Duration) (starting i
 		ExecStarting: func(context.Context, string, string, string) error { calls.Add(1); return nil }})
 	ctx, cancel := context.WithTimeout(context.Background(), deadline)
 	defer cancel()
-	_, err = ex.Run(ctx, planner.Change{Machine: "m", Steps: []planner.Step{bootstrapStep}}, "op")
+	_, err = ex.Run(ctx, planner.Change{Machine: "m", Steps: []planner.Step{step}}, "op")
 	return int(calls.Load()), err
 }
 
-// A fault at every QGA call of a bootstrap (the write's helper execs and
-// their polls, file open/write/close, the hook's exec and each of its
-// polls, the removal): the hook starts at most once; only faults that
-// make its start or end unknowable fail the step, with ErrOutcomeUnknown;
-// the blob never stays.
-func TestBootstrapAtMostOnceAtEveryCall(t *testing.T) {
-	clean := newSimQGA()
-	if _, err := runBootstrap(t, clean, 10*time.Second); err != nil {
-		t.Fatalf("clean run: %v", err)
-	}
-	sequence, starts, joined, _ := clean.state()
-	if starts != 1 || len(joined) != 1 {
-		t.Fatalf("clean run: %d hook starts, joined %v", starts, joined)
-	}
-	hookExec := slices.Index(sequence, "guest-exec "+planner.LibvirtHook)
-	var hookPolls []int
-	for i := hookExec + 1; i < len(sequence) && sequence[i] == "guest-exec-status"; i++ {
-		hookPolls = append(hookPolls, i)
-	}
-	if hookExec < 0 || len(hookPolls) < 2 {
-		t.Fatalf("want the hook run and polled at least twice, sequence %v", sequence)
-	}
-	final := hookPolls[len(hookPolls)-1]
-	// unknown says which faults make the hook's outcome unknowable: its
-	// start request unanswered (it may or may not run), the answer that
-	// reported its exit lost (qemu-ga forgets a pid once it reported it),
-	// or the agent restarted while it ran.
-	unknown := func(n int, k fault) bool {
-		switch {
-		case n == hookExec:
-			return k == faultLostBefore || k == faultLostAfter || k == faultHangAfter
-		case n == final && (k == faultLostAfter || k == faultHangAfter):
-			return true
+// A fault at every QGA call of a guest step (for the bootstrap: the
+// write's helper execs and their polls, file open/write/close, the hook's
+// exec and each of its polls, the removal; for the drain: its exec and
+// polls): the command starts at most once; only faults that make its
+// start or end unknowable fail the step, with ErrOutcomeUnknown; the blob
+// never stays.
+func TestGuestStepAtMostOnceAtEveryCall(t *testing.T) {
+	for _, step := range []planner.Step{bootstrapStep, drainStep} {
+		clean := newSimQGA()
+		if _, err := runGuestStep(t, clean, step, 10*time.Second); err != nil {
+			t.Fatalf("%s: clean run: %v", step.Action, err)
 		}
-		return k == faultReboot && slices.Contains(hookPolls, n)
-	}
-	for n, call := range sequence {
-		kinds := []fault{faultNotConnected, faultLostBefore, faultLostAfter, faultReboot}
-		if n == hookExec || n == hookPolls[0] || n == final || n == 0 {
-			kinds = append(kinds, faultHangAfter) // each costs a libvirt call timeout (1 s+)
+		sequence, _, _, _ := clean.state()
+		if n := clean.starts(step.Action); n != 1 {
+			t.Fatalf("%s: clean run: %d starts", step.Action, n)
 		}
-		for _, k := range kinds {
-			t.Run(fmt.Sprintf("%02d-%s/%s", n, call, k), func(t *testing.T) {
-				t.Parallel()
-				sim := newSimQGA()
-				sim.faultAt = func(i int, _ string) fault {
-					if i == n {
-						return k
+		cmdExec := slices.Index(sequence, "guest-exec "+step.Params.Exec[0])
+		if step.Action == planner.ActionExecBootstrap {
+			cmdExec = slices.Index(sequence, "guest-exec "+planner.LibvirtHook)
+		}
+		var polls []int
+		for i := cmdExec + 1; cmdExec >= 0 && i < len(sequence) && sequence[i] == "guest-exec-status"; i++ {
+			polls = append(polls, i)
+		}
+		if cmdExec < 0 || len(polls) < 2 {
+			t.Fatalf("%s: want the command run and polled at least twice, sequence %v", step.Action, sequence)
+		}
+		final := polls[len(polls)-1]
+		// unknown says which faults make the command's outcome unknowable:
+		// its start request unanswered (it may or may not run), the answer
+		// that reported its exit lost (qemu-ga forgets a pid once it
+		// reported it), or the agent restarted while it ran.
+		unknown := func(n int, k fault) bool {
+			switch {
+			case n == cmdExec:
+				return k == faultLostBefore || k == faultLostAfter || k == faultHangAfter
+			case n == final && (k == faultLostAfter || k == faultHangAfter):
+				return true
+			}
+			return k == faultReboot && slices.Contains(polls, n)
+		}
+		for n, call := range sequence {
+			kinds := []fault{faultNotConnected, faultLostBefore, faultLostAfter, faultReboot}
+			if n == cmdExec || n == polls[0] || n == final || n == 0 {
+				kinds = append(kinds, faultHangAfter) // each costs a libvirt call timeout (1 s+)
+			}
+			for _, k := range kinds {
+				t.Run(fmt.Sprintf("%s/%02d-%s/%s", step.Action, n, call, k), func(t *testing.T) {
+					t.Parallel()
+					sim := newSimQGA()
+					sim.faultAt = func(i int, _ string) fault {
+						if i == n {
+							return k
+						}
+						return faultNone
 					}
-					return faultNone
-				}
-				starting, err := runBootstrap(t, sim, 20*time.Second)
-				_, starts, joined, files := sim.state()
-				if starts > 1 {
-					t.Fatalf("the hook started %d times", starts)
-				}
-				for p := range files {
-					if strings.HasPrefix(p, planner.LibvirtBlobPath) {
-						t.Errorf("%s stayed in the guest", p)
+					starting, err := runGuestStep(t, sim, step, 20*time.Second)
+					_, _, joined, files := sim.state()
+					started := sim.starts(step.Action)
+					if started > 1 {
+						t.Fatalf("the command started %d times", started)
 					}
-				}
-				if starting != 1 {
-					t.Errorf("ExecStarting called %d times, want 1", starting)
-				}
-				if !unknown(n, k) {
-					if err != nil {
-						t.Fatalf("err = %v, want success (the fault is retried)", err)
+					for p := range files {
+						if strings.HasPrefix(p, planner.LibvirtBlobPath) {
+							t.Errorf("%s stayed in the guest", p)
+						}
 					}
-					if starts != 1 || len(joined) != 1 {
-						t.Errorf("%d hook starts, joined %v; want 1 and one join", starts, joined)
+					if starting != 1 {
+						t.Errorf("ExecStarting called %d times, want 1", starting)
 					}
-					return
-				}
-				var u *hypervisors.UnknownOutcomeError
-				if !errors.As(err, &u) || hypervisors.Retryable(err) {
-					t.Fatalf("err = %v, want ErrOutcomeUnknown", err)
-				}
-				if n != hookExec && (u.PID == 0 || !strings.Contains(err.Error(), "started as pid")) {
-					t.Errorf("err %q does not name the pid", err)
-				}
-				if strings.Contains(err.Error(), testBlob) {
-					t.Error("the error holds the blob")
-				}
-			})
+					if !unknown(n, k) {
+						if err != nil {
+							t.Fatalf("err = %v, want success (the fault is retried)", err)
+						}
+						if started != 1 || step.Action == planner.ActionExecBootstrap && len(joined) != 1 {
+							t.Errorf("%d starts, joined %v; want 1 start (and one join)", started, joined)
+						}
+						return
+					}
+					var u *hypervisors.UnknownOutcomeError
+					if !errors.As(err, &u) || hypervisors.Retryable(err) {
+						t.Fatalf("err = %v, want ErrOutcomeUnknown", err)
+					}
+					if n != cmdExec && (u.PID == 0 || !strings.Contains(err.Error(), "started as pid")) {
+						t.Errorf("err %q does not name the pid", err)
+					}
+					if strings.Contains(err.Error(), testBlob) {
+						t.Error("the error holds the blob")
+					}
+				})
+			}
 		}
 	}
 }

@@ -146,99 +146,122 @@ func runningVM(t *testing.T, e *env) (hypervisors.Target, *pvesim.MemGuest) {
 	return tg, g
 }
 
-func bootstrapOn(t *testing.T, e *env, tg hypervisors.Target, deadline time.Duration) (starting int, err error) {
+func bootstrapStep(tg hypervisors.Target) planner.Step {
+	return planner.Step{ID: "pve1/vm/exec-bootstrap", Action: planner.ActionExecBootstrap, Target: tg,
+		Params: planner.Params{Exec: []string{"/bin/sh", hookPath}, BlobPath: hookPath}}
+}
+
+func drainStep(tg hypervisors.Target) planner.Step {
+	return planner.Step{ID: "pve1/vm/exec-drain", Action: planner.ActionExecDrain, Target: tg,
+		Params: planner.Params{Exec: planner.DrainArgv(30)}}
+}
+
+// runStep runs one step through the executor against the adapter.
+func runStep(t *testing.T, e *env, s planner.Step, deadline time.Duration) (starting int, err error) {
 	t.Helper()
 	var calls atomic.Int32
 	ex := executor.New(executor.Options{Hypervisor: e.a, Installation: testInst, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond,
 		Blob:         func(string, string) ([]byte, bool) { return []byte(pveBlob), true },
 		ExecStarting: func(context.Context, string, string, string) error { calls.Add(1); return nil }})
-	step := planner.Step{ID: "pve1/vm/exec-bootstrap", Action: planner.ActionExecBootstrap, Target: tg,
-		Params: planner.Params{Exec: []string{"/bin/sh", hookPath}, BlobPath: hookPath}}
-	_, err = ex.Run(ctxT(t, deadline), planner.Change{Machine: "m-1", Steps: []planner.Step{step}}, "op")
+	_, err = ex.Run(ctxT(t, deadline), planner.Change{Machine: "m-1", Steps: []planner.Step{s}}, "op")
 	return int(calls.Load()), err
 }
 
-func hookStarts(g *pvesim.MemGuest) int {
+func bootstrapOn(t *testing.T, e *env, tg hypervisors.Target, deadline time.Duration) (int, error) {
+	return runStep(t, e, bootstrapStep(tg), deadline)
+}
+
+// starts counts the execs of argv in the guest.
+func starts(g *pvesim.MemGuest, argv []string) int {
 	n := 0
-	for _, argv := range g.Execs() {
-		if slices.Equal(argv, []string{"/bin/sh", hookPath}) {
+	for _, a := range g.Execs() {
+		if slices.Equal(a, argv) {
 			n++
 		}
 	}
 	return n
 }
 
-// A fault at every request of a bootstrap over the real go-proxmox client
-// (file-write, the chmod exec and its polls, the hook's exec and each of
-// its polls, the rm exec and its polls): the hook starts at most once;
-// only faults that make its start or its end unknowable fail the step,
-// with ErrOutcomeUnknown; the blob never stays.
-func TestBootstrapAtMostOnceAtEveryRequest(t *testing.T) {
-	e := newEnv(t, nil, nil)
-	tg, g := runningVM(t, e)
-	hook, seen := faultAt(-1, reqNone, g)
-	e.sim.SetRequestHook(hook)
-	if _, err := bootstrapOn(t, e, tg, 10*time.Second); err != nil {
-		t.Fatalf("clean run: %v", err)
-	}
-	sequence := seen()
-	hookExec := slices.IndexFunc(sequence, func(k string) bool { return strings.HasSuffix(k, "/agent/exec /bin/sh "+hookPath) })
-	var hookPolls []int
-	for i := hookExec + 1; i < len(sequence) && strings.Contains(sequence[i], "/agent/exec-status"); i++ {
-		hookPolls = append(hookPolls, i)
-	}
-	if hookExec < 0 || len(hookPolls) < 2 || hookStarts(g) != 1 {
-		t.Fatalf("clean run: sequence %v, %d hook starts", sequence, hookStarts(g))
-	}
-	final := hookPolls[len(hookPolls)-1]
-	unknown := func(n int, f reqFault) bool {
-		switch {
-		case n == hookExec:
-			return f == req500 || f == reqDropBefore || f == reqLostAfter
-		case n == final && f == reqLostAfter:
-			return true // QGA forgets a pid once it reported its exit
+func hookStarts(g *pvesim.MemGuest) int { return starts(g, []string{"/bin/sh", hookPath}) }
+
+// A fault at every request of a guest step over the real go-proxmox
+// client (for the bootstrap: file-write, the chmod exec and its polls, the
+// hook's exec and each of its polls, the rm exec and its polls; for the
+// drain: its exec and polls): the command starts at most once; only faults
+// that make its start or its end unknowable fail the step, with
+// ErrOutcomeUnknown; the blob never stays.
+func TestGuestStepAtMostOnceAtEveryRequest(t *testing.T) {
+	for _, kind := range []struct {
+		name string
+		step func(hypervisors.Target) planner.Step
+	}{{"bootstrap", bootstrapStep}, {"drain", drainStep}} {
+		e := newEnv(t, nil, nil)
+		tg, g := runningVM(t, e)
+		argv := kind.step(tg).Params.Exec
+		hook, seen := faultAt(-1, reqNone, g)
+		e.sim.SetRequestHook(hook)
+		if _, err := runStep(t, e, kind.step(tg), 10*time.Second); err != nil {
+			t.Fatalf("%s: clean run: %v", kind.name, err)
 		}
-		return f == reqRestartAgent && slices.Contains(hookPolls, n)
-	}
-	for n, req := range sequence {
-		for _, f := range []reqFault{req500, reqAgentDown, reqDropBefore, reqLostAfter, reqRestartAgent} {
-			t.Run(fmt.Sprintf("%02d-%s/%s", n, req, f), func(t *testing.T) {
-				t.Parallel()
-				e := newEnv(t, nil, nil)
-				tg, g := runningVM(t, e)
-				hook, _ := faultAt(n, f, g)
-				e.sim.SetRequestHook(hook)
-				starting, err := bootstrapOn(t, e, tg, 20*time.Second)
-				starts := hookStarts(g)
-				if starts > 1 {
-					t.Fatalf("the hook started %d times", starts)
-				}
-				if _, ok := g.File(hookPath); ok {
-					t.Error("the blob stayed in the guest")
-				}
-				if starting != 1 {
-					t.Errorf("ExecStarting called %d times, want 1", starting)
-				}
-				if !unknown(n, f) {
-					if err != nil {
-						t.Fatalf("err = %v, want success (the fault is retried)", err)
+		sequence := seen()
+		cmdExec := slices.IndexFunc(sequence, func(k string) bool { return strings.HasSuffix(k, "/agent/exec "+argv[0]+" "+argv[1]) })
+		var polls []int
+		for i := cmdExec + 1; i >= 1 && i < len(sequence) && strings.Contains(sequence[i], "/agent/exec-status"); i++ {
+			polls = append(polls, i)
+		}
+		if cmdExec < 0 || len(polls) < 2 || starts(g, argv) != 1 {
+			t.Fatalf("%s: clean run: sequence %v, %d starts", kind.name, sequence, starts(g, argv))
+		}
+		final := polls[len(polls)-1]
+		unknown := func(n int, f reqFault) bool {
+			switch {
+			case n == cmdExec:
+				return f == req500 || f == reqDropBefore || f == reqLostAfter
+			case n == final && f == reqLostAfter:
+				return true // QGA forgets a pid once it reported its exit
+			}
+			return f == reqRestartAgent && slices.Contains(polls, n)
+		}
+		for n, req := range sequence {
+			for _, f := range []reqFault{req500, reqAgentDown, reqDropBefore, reqLostAfter, reqRestartAgent} {
+				t.Run(fmt.Sprintf("%s/%02d-%s/%s", kind.name, n, req, f), func(t *testing.T) {
+					t.Parallel()
+					e := newEnv(t, nil, nil)
+					tg, g := runningVM(t, e)
+					hook, _ := faultAt(n, f, g)
+					e.sim.SetRequestHook(hook)
+					starting, err := runStep(t, e, kind.step(tg), 20*time.Second)
+					started := starts(g, argv)
+					if started > 1 {
+						t.Fatalf("the command started %d times", started)
 					}
-					if starts != 1 {
-						t.Errorf("hook starts = %d, want 1", starts)
+					if _, ok := g.File(hookPath); ok {
+						t.Error("the blob stayed in the guest")
 					}
-					return
-				}
-				var u *hypervisors.UnknownOutcomeError
-				if !errors.As(err, &u) || hypervisors.Retryable(err) {
-					t.Fatalf("err = %v, want ErrOutcomeUnknown", err)
-				}
-				if n != hookExec && (u.PID == 0 || !strings.Contains(err.Error(), "started as pid")) {
-					t.Errorf("err %q does not name the pid", err)
-				}
-				if strings.Contains(err.Error(), strings.TrimSpace(pveBlob)) {
-					t.Error("the error holds the blob")
-				}
-			})
+					if starting != 1 {
+						t.Errorf("ExecStarting called %d times, want 1", starting)
+					}
+					if !unknown(n, f) {
+						if err != nil {
+							t.Fatalf("err = %v, want success (the fault is retried)", err)
+						}
+						if started != 1 {
+							t.Errorf("command starts = %d, want 1", started)
+						}
+						return
+					}
+					var u *hypervisors.UnknownOutcomeError
+					if !errors.As(err, &u) || hypervisors.Retryable(err) {
+						t.Fatalf("err = %v, want ErrOutcomeUnknown", err)
+					}
+					if n != cmdExec && (u.PID == 0 || !strings.Contains(err.Error(), "started as pid")) {
+						t.Errorf("err %q does not name the pid", err)
+					}
+					if strings.Contains(err.Error(), strings.TrimSpace(pveBlob)) {
+						t.Error("the error holds the blob")
+					}
+				})
+			}
 		}
 	}
 }
