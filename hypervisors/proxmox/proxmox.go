@@ -47,7 +47,6 @@ type Adapter struct {
 	cacheMu  sync.Mutex
 	listing  []pxapi.ClusterResource
 	listAt   time.Time
-	listErr  error
 	configs  map[int]*cfgEntry
 	dirty    map[int]bool // VMIDs this adapter changed since their last read
 	observed atomic.Int64 // Observe calls
@@ -247,10 +246,8 @@ func (a *Adapter) readVM(ctx context.Context, node string, vmid int) (*pxapi.Vir
 	return v, nil
 }
 
+// tagList splits a PVE tag string (nil when there is none).
 func tagList(s string) []string {
 	var out []string
-	for _, t := range strings.FieldsFunc(s, func(r rune) bool { return r == ';' || r == ',' || r == ' ' }) {
-		out = append(out, t)
-	}
-	return out
+	return append(out, strings.FieldsFunc(s, func(r rune) bool { return r == ';' || r == ',' || r == ' ' })...)
 }
