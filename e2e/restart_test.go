@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -105,8 +106,12 @@ func TestRestartKill9(t *testing.T) {
 		// Interrupted transitions end stable: re-driven, or FAILED for
 		// Configure (the blob is never on disk).
 		waitState(t, s.c, inCreate, stIdle)
-		waitState(t, s.c, inDrain, stIdle)
 		waitState(t, s.c, inDelete, stSpec)
+		// A drain whose command had already started in the guest is never
+		// run again: it ends FAILED (its outcome is unknown) instead.
+		if dm := waitSettled(t, s.c, inDrain); dm.State != stIdle && !(dm.State == stFailed && strings.Contains(dm.LastError, "never run twice")) {
+			t.Errorf("interrupted Drain ended %v last_error %q", dm.State, dm.LastError)
+		}
 		cm := waitSettled(t, s.c, inConfigure)
 		switch {
 		case cm.State == stFailed && cm.LastError != "":
@@ -210,6 +215,34 @@ func TestKill9RightAfterSettle(t *testing.T) {
 			if m.State != stIdle || protoDiff(host, m.Host) != "" {
 				t.Fatalf("IDLE machine after kill -9: %v host %v last_error %q, want IDLE on %v", m.State, m.Host, m.LastError, host)
 			}
+		}
+	})
+}
+
+// A guest command runs at most once per operation, also across kill -9:
+// a Drain killed after its command started in the guest is not re-run by
+// the restarted provider; the machine goes FAILED with a clear reason.
+func TestGuestCommandNeverRunsTwiceAcrossKill9(t *testing.T) {
+	eachShape(t, func(t *testing.T, sh shape) {
+		state := filepath.Join(t.TempDir(), "state")
+		s := start(t, append(sh.args, "--seed-count", "4", "--state", state, "--fake-latency", "1s", "--log-level", "info")...)
+		id := speculative(t, s.c, 1)[0]
+		toConfigured(t, s.c, id, "c1", nil)
+		must(t, "drain")(drain(s.c, t, id, tok{}))
+		started := false
+		for end := time.Now().Add(pollDeadline); time.Now().Before(end) && !started; time.Sleep(5 * time.Millisecond) {
+			started = strings.Contains(s.stderr.String(), "guest command starting") && strings.Contains(s.stderr.String(), "exec-drain")
+		}
+		if !started {
+			t.Fatal("the drain command never started")
+		}
+		s.restart()
+		m := waitSettled(t, s.c, id)
+		if m.State != stFailed || !strings.Contains(m.LastError, "never run twice") {
+			t.Errorf("drain interrupted after its command started ended %v %q, want FAILED and not run again", m.State, m.LastError)
+		}
+		if n := strings.Count(s.stderr.String(), "guest command starting"); n != 0 {
+			t.Errorf("the restarted provider started %d guest commands", n)
 		}
 	})
 }

@@ -369,6 +369,7 @@ func (e *Executor) execOnce(ctx context.Context, machine, opID string, s planner
 			return hypervisors.ExecResult{}, fmt.Errorf("not started: %w", err)
 		}
 	}
+	e.o.Logger.Info("guest command starting", "machine", machine, "op", opID, "step", s.ID)
 	return retry.Value(ctx, e.policy, hypervisors.Retryable, func(ctx context.Context) (hypervisors.ExecResult, error) {
 		return e.o.Hypervisor.AgentExec(ctx, s.Target, s.Params.Exec)
 	})
@@ -404,10 +405,18 @@ func (e *Executor) bootstrap(ctx context.Context, machine, opID string, s planne
 		return fmt.Errorf("bootstrap hook: %w", err)
 	}
 	if res.ExitCode != 0 {
-		return fmt.Errorf("%w: bootstrap hook exited %d: %s", hypervisors.ErrInvalid, res.ExitCode, excerpt(res, blob))
+		return &failed{fmt.Sprintf("bootstrap hook exited %d: %s", res.ExitCode, excerpt(res, blob))}
 	}
 	return nil
 }
+
+// failed is a guest command that ran and failed: terminal (it unwraps to
+// hypervisors.ErrInvalid, so it is never retried), and reported as what
+// happened rather than as an invalid request.
+type failed struct{ msg string }
+
+func (e *failed) Error() string { return e.msg }
+func (e *failed) Unwrap() error { return hypervisors.ErrInvalid }
 
 // removable reports whether removing the blob is worth another attempt:
 // anything but a class that says it cannot succeed, since a blob left in

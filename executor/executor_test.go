@@ -129,6 +129,11 @@ func TestBootstrapDeliversBlobAndRemovesIt(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "bootstrap hook exited") || strings.Contains(err.Error(), string(blob)) {
 		t.Fatalf("failing hook: %v", err)
 	}
+	// A hook that ran and failed is reported as that, not as an invalid
+	// request (issue 12), and it is terminal.
+	if strings.Contains(err.Error(), "invalid request") || hypervisors.Retryable(err) {
+		t.Errorf("failing hook reported as %q (retryable %v)", err, hypervisors.Retryable(err))
+	}
 	if _, ok := hv.GuestFile(tg, planner.LibvirtBlobPath); ok {
 		t.Error("blob left in the guest after a failing hook")
 	}

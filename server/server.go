@@ -136,7 +136,11 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Provider
 	p.HV = metrics.Instrument(p.raw, p.Metrics)
 	p.Planner = plannerConfig(cfg, doc.Installation())
 	exec := executor.New(executor.Options{Hypervisor: p.HV, Installation: doc.Installation(), Blob: doc.Blob,
-		PerZone: cfg.MaxConcurrentPerZone, Logger: log, Observer: p.Metrics})
+		PerZone: cfg.MaxConcurrentPerZone, Logger: log, Observer: p.Metrics,
+		// A guest command's start is committed before it is sent, so a
+		// transition re-driven after a restart or fail-over never sends it
+		// again (the planner fails it instead).
+		ExecStarting: doc.ExecStarting})
 	capacity := desired.OnDemand
 	if cfg.BareMetal {
 		capacity = desired.BareMetal
