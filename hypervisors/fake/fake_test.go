@@ -432,3 +432,34 @@ func TestExecStartAndAnswerFaults(t *testing.T) {
 		}
 	}
 }
+
+// fault-slow-ok keeps running in the guest after the caller gave up, and
+// finishes late (issue 8 item 13): the late success exists, so a test of
+// "a late success is discarded" has something to discard.
+func TestSlowOKFinishesAfterTheCallerGaveUp(t *testing.T) {
+	for _, shape := range []hypervisors.Shape{hypervisors.ShapeLibvirt, hypervisors.ShapeProxmox} {
+		t.Run(string(shape), func(t *testing.T) {
+			b := buildRunning(t, shape, Options{Faults: true, SlowOK: 50 * time.Millisecond}, FaultSlowOK)
+			ctx := context.Background()
+			errIs(t, "write", b.h.AgentWriteFile(ctx, b.t, b.blobPath, []byte("join"), 0o600), nil)
+			short, cancel := context.WithTimeout(ctx, 5*time.Millisecond)
+			defer cancel()
+			argv := append([]string(nil), b.bootstrap...)
+			if shape == hypervisors.ShapeLibvirt {
+				argv[1] = FaultSlowOK
+			}
+			if _, err := exec(short, b.h, b.t, argv...); !errors.Is(err, hypervisors.ErrOutcomeUnknown) {
+				t.Fatalf("bootstrap past its deadline: %v", err)
+			}
+			guest := b.h.(interface {
+				Guest(hypervisors.Target) (GuestState, bool)
+			})
+			for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+				if g, _ := guest.Guest(b.t); len(g.Bootstraps) == 1 {
+					return
+				}
+			}
+			t.Fatal("the slow hook never finished in the guest after the caller gave up")
+		})
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -356,19 +357,51 @@ func (s *sim) runGuest(ctx context.Context, r resolver, t hypervisors.Target, ar
 		<-ctx.Done()
 		return hypervisors.ExecResult{}, pid, unknown(ctx.Err())
 	case FaultSlowOK:
-		if err := sleep(ctx, s.opts.SlowOK); err != nil {
-			return hypervisors.ExecResult{}, pid, unknown(err)
+		// The hook runs on in the guest after the provider gives up, as a
+		// real one would, and succeeds late: the late success must never
+		// turn a FAILED machine CONFIGURED.
+		type outcome struct {
+			res hypervisors.ExecResult
+			err error
+		}
+		late := make(chan outcome, 1)
+		s.tasks.Add(1)
+		go func() {
+			defer s.tasks.Done()
+			timer := time.NewTimer(s.opts.SlowOK)
+			defer timer.Stop()
+			select {
+			case <-timer.C:
+			case <-s.stop:
+				late <- outcome{err: unknown(errors.New("the simulator closed"))}
+				return
+			}
+			res, err := s.finishBootstrap(r, t, argv, cluster, blobPath, blob, haveBlob, unknown)
+			late <- outcome{res, err}
+		}()
+		select {
+		case o := <-late:
+			return o.res, pid, o.err
+		case <-ctx.Done():
+			return hypervisors.ExecResult{}, pid, unknown(ctx.Err())
 		}
 	}
-	if !haveBlob {
-		return exited(1, "", argv[0]+": "+blobPath+": No such file or directory\n"), pid, nil
-	}
+	res, err = s.finishBootstrap(r, t, argv, cluster, blobPath, blob, haveBlob, unknown)
+	return res, pid, err
+}
 
+// finishBootstrap is the end of a bootstrap hook: it joins the cluster if
+// the blob was there.
+func (s *sim) finishBootstrap(r resolver, t hypervisors.Target, argv []string, cluster, blobPath string, blob []byte, haveBlob bool,
+	unknown func(error) error) (hypervisors.ExecResult, error) {
+	if !haveBlob {
+		return exited(1, "", argv[0]+": "+blobPath+": No such file or directory\n"), nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	m, _, err = r.machineOf(t)
+	m, _, err := r.machineOf(t)
 	if err != nil {
-		return hypervisors.ExecResult{}, pid, unknown(err)
+		return hypervisors.ExecResult{}, unknown(err)
 	}
 	sum := sha256.Sum256(blob)
 	m.Guest.Bootstraps = append(m.Guest.Bootstraps, Bootstrap{
@@ -382,7 +415,7 @@ func (s *sim) runGuest(ctx context.Context, r resolver, t hypervisors.Target, ar
 	m.Guest.Cluster = cluster
 	m.Guest.Cordoned = false
 	r.saveMachine(t)
-	return exited(0, "joined cluster "+cluster+"\n", ""), pid, nil
+	return exited(0, "joined cluster "+cluster+"\n", ""), nil
 }
 
 // guestState returns a copy of a VM's guest, or false if it is unknown.

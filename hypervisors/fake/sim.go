@@ -28,9 +28,11 @@ type sim struct {
 	hookMu sync.RWMutex
 	hook   Hook
 
-	// tasks tracks Proxmox tasks, which outlive the call that started
-	// them; Close waits for them.
+	// tasks tracks Proxmox tasks and guest commands that outlive the call
+	// that started them; Close waits for them.
 	tasks sync.WaitGroup
+	// stop is closed by Close to end guest commands still running.
+	stop chan struct{}
 }
 
 func (s *sim) init(opts Options) {
@@ -38,6 +40,7 @@ func (s *sim) init(opts Options) {
 	s.counts = map[string]int{}
 	s.unreachable = map[string]bool{}
 	s.hook = opts.Hook
+	s.stop = make(chan struct{})
 }
 
 func (s *sim) now() time.Time { return s.opts.Clock() }
@@ -188,6 +191,7 @@ func (s *sim) close() error {
 		return nil
 	}
 	s.closed = true
+	close(s.stop)
 	s.mu.Unlock()
 	s.tasks.Wait()
 	return nil
