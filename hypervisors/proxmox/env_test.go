@@ -1,14 +1,17 @@
 package proxmox
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/pem"
 	"errors"
+	"log/slog"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -108,3 +111,21 @@ func waitAgent(ctx context.Context, a *Adapter, tg hypervisors.Target) (notReady
 }
 
 func osWriteFile(p string, b []byte) error { return os.WriteFile(p, b, 0o600) }
+
+// The adapter logs with the logger it is given and adds no keys of its
+// own: the server already names the hypervisor, and "hypervisor=proxmox"
+// appeared twice per JSON line (duplicate keys, issue 9).
+func TestAdapterAddsNoLogKeys(t *testing.T) {
+	e := newEnv(t, nil, func(c *Config) { c.APIURL = "" })
+	var buf bytes.Buffer
+	a, err := New(func() Config { c := e.cfg; c.APIURL = e.srv.URL + "/api2/json"; return c }(),
+		slog.New(slog.NewJSONHandler(&buf, nil)).With("hypervisor", "proxmox"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	a.log.Info("probe")
+	if n := strings.Count(buf.String(), `"hypervisor"`); n != 1 {
+		t.Errorf("a log line carries the hypervisor key %d times: %s", n, buf.String())
+	}
+}

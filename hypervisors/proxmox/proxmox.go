@@ -70,7 +70,7 @@ func New(cfg Config, logger *slog.Logger) (*Adapter, error) {
 	}
 	a := &Adapter{
 		cfg:      cfg,
-		log:      logger.With("hypervisor", "proxmox"),
+		log:      logger,
 		nodes:    map[string]bool{},
 		cloneSem: map[string]chan struct{}{},
 		inflight: map[int]bool{},
