@@ -16,26 +16,25 @@ const ns = "bigfleet_provider"
 type Metrics struct {
 	Registry *prometheus.Registry
 
-	drift          *prometheus.GaugeVec
-	pending        *prometheus.GaugeVec
-	reconciles     *prometheus.CounterVec
-	reconcileDur   *prometheus.HistogramVec
-	lastObserved   *prometheus.GaugeVec
-	zoneUp         *prometheus.GaugeVec
-	steps          *prometheus.CounterVec
-	stepDur        *prometheus.HistogramVec
-	hvCalls        *prometheus.CounterVec
-	hvDur          *prometheus.HistogramVec
-	grpcReqs       *prometheus.CounterVec
-	grpcDur        *prometheus.HistogramVec
-	commits        prometheus.Counter
-	commitRecords  prometheus.Counter
-	fsyncDur       prometheus.Histogram
-	stateSize      prometheus.GaugeFunc
-	planSteps      prometheus.Gauge
-	lastPlanUnix   prometheus.Gauge
-	lastPlanDurSec prometheus.Gauge
-	queue          *queueMetrics
+	drift         *prometheus.GaugeVec
+	pending       *prometheus.GaugeVec
+	reconciles    *prometheus.CounterVec
+	reconcileDur  *prometheus.HistogramVec
+	lastObserved  *prometheus.GaugeVec
+	zoneUp        *prometheus.GaugeVec
+	steps         *prometheus.CounterVec
+	stepDur       *prometheus.HistogramVec
+	hvCalls       *prometheus.CounterVec
+	hvDur         *prometheus.HistogramVec
+	grpcReqs      *prometheus.CounterVec
+	grpcDur       *prometheus.HistogramVec
+	commits       prometheus.Counter
+	commitRecords prometheus.Counter
+	fsyncDur      prometheus.Histogram
+	stateSize     prometheus.GaugeFunc
+	planSteps     prometheus.Gauge
+	lastPlanUnix  prometheus.Gauge
+	queue         *queueMetrics
 }
 
 // Counts reports machines by (state, zone, instance type).

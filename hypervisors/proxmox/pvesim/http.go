@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -1109,7 +1110,7 @@ func (s *Server) agent(q *request, id int, g Guest, cmd string) (any, *apiError)
 		if !q.p.boolean("encode", true) { // encode=0: content is already base64 and goes to QGA as is
 			b, err := base64.StdEncoding.DecodeString(content)
 			if err != nil {
-				return nil, agentErr(fmt.Errorf("Invalid parameter type for 'buf-b64', expected: base64"))
+				return nil, agentErr(errors.New("Invalid parameter type for 'buf-b64', expected: base64")) //lint:ignore ST1005 QGA's own wording
 			}
 			data = b
 		}

@@ -157,8 +157,7 @@ type task struct {
 	done     bool
 	exit     string
 	log      []string
-	apply    func(s *Server) string // runs under s.mu when the task ends; returns the exit status
-	lockedID int                    // VMID whose config lock the task holds (0: none)
+	lockedID int // VMID whose config lock the task holds (0: none)
 }
 
 // Server is one simulated cluster. It is safe for concurrent use.
