@@ -14,8 +14,8 @@
 //	*.tmp           files being written; never read, removed by Open
 //
 // Every file starts with a 32-byte header carrying a magic string, the
-// format version (2), the file kind and a generation number, protected by a
-// CRC32C. After the header come frames: a little-endian payload length, the
+// format version (2; see "Format versions" below), the file kind and a
+// generation number, protected by a CRC32C. After the header come frames: a little-endian payload length, the
 // CRC32C of the payload and a CRC32C of those eight bytes, then the payload.
 // A snapshot's first frame is its meta frame, recording how many bytes of
 // its generation's journal were durable when it was installed; its other
@@ -64,6 +64,9 @@
 //     while its predecessor is unsealed or torn. A journal cut exactly at a
 //     frame boundary past the length the snapshot records cannot be told
 //     from a crash before those frames and is not detected.
+//   - A state the previous release wrote (format 1) loses nothing: ReadOnly
+//     reads it as that release recovered it, and Open upgrades it to format
+//     2 before accepting writes (see below).
 //   - After a write or fsync fails, or a Commit exceeds the 256 MiB record
 //     limit, the File stops: Healthy, every Wait and every later callback
 //     return that error, because after a failed fsync nothing about the page
@@ -94,6 +97,41 @@
 // acknowledged record. Open then finishes an interrupted compaction before
 // accepting writes: with two journals it installs the snapshot of step 2
 // from the state at the end of the first, then renames as in step 3.
+//
+// Format versions. Version 1, written by the previous release, has the
+// same header and frame encoding but no start, seal or meta frames: a
+// snapshot holds only entry frames and promises nothing about its journal,
+// a journal holds only record frames, and a compaction leaves no seal. It
+// is read by that release's rules: journals older than the snapshot are
+// stale, the others are of its generation and at most the next, only the
+// last journal replayed may end in a torn frame (dropped), a snapshot
+// without a journal is the whole state, and everything else is a
+// *CorruptError. No code writes version 1; any other version is refused.
+//
+// Upgrade. Open on a version-1 state recovers it, then installs it as a
+// new generation N, one above every generation on disk, before accepting
+// writes:
+//
+//  1. P.journal.next is replaced by an empty journal of N (written as in
+//     compaction step 1, without a seal), unless P.journal.next is part of
+//     the version-1 state (a compaction that release left unfinished); then
+//     this step follows step 2;
+//  2. the recovered state is written as snapshot N, recording the empty
+//     journal's length, and renamed over P.snap;
+//  3. P.journal.next is renamed over P.journal; every version-1 file is
+//     then gone. Open logs "state upgraded" at Info once.
+//
+// Each step renames a complete, fsynced file over one that the state no
+// longer needs, so a crash leaves one of these, each read whole (and finished by the next Open):
+// the version-1 state, possibly with an empty version-2 P.journal.next of
+// a generation above all of its own, which is ignored; snapshot N with only
+// version-1 journals, P.journal.next among them, which is the whole state;
+// snapshot N, a version-1 P.journal and the empty journal N at
+// P.journal.next; or, when no version-1 journal existed, snapshot N and its
+// empty journal at P.journal.next, which is a compaction before step 3 (and
+// finishing it logs no upgrade). Any other mix of versions, or a version-2
+// snapshot beside version-1 journals that records a non-empty journal or is
+// not newer than them, is a *CorruptError.
 //
 // ReadOnly reads the same files without the lock while a writer runs. It
 // opens all of them, replays, and then checks that every path still names

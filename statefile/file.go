@@ -227,6 +227,9 @@ func (f *File) restore(journal, next *os.File) error {
 	f.state = ld.state
 	f.snapGen = ld.snapGen
 	f.snapBytes.Store(ld.snapSize)
+	if ld.version == legacyVersion || ld.upgrading {
+		return f.upgrade(ld, start)
+	}
 
 	j := ld.chain[len(ld.chain)-1]
 	fd := journal
@@ -269,13 +272,86 @@ func (f *File) restore(journal, next *os.File) error {
 	f.journalPath = f.p.journal
 	f.gen = j.gen
 	f.journalBytes.Store(j.end)
-	records := 0
-	for _, c := range ld.chain {
-		records += c.records
-	}
-	f.log.Info("state opened", "keys", len(f.state), "records_replayed", records,
+	f.log.Info("state opened", "keys", len(f.state), "records_replayed", ld.records(),
 		"generation", j.gen, "bytes", f.Size(), "duration", time.Since(start))
 	return nil
+}
+
+// upgrade turns a format-1 state into a format-2 generation before any
+// write, or finishes an upgrade a crash interrupted after its snapshot
+// (ld.upgrading: the journal is created, again if it exists, and renamed;
+// see doc.go). Every step replaces one file by rename, and each state in
+// between is one that load reads whole: the format-1 files stay the state
+// until the format-2 snapshot replaces them, and that snapshot is written
+// from the recovered state and promises an empty journal, which exists
+// before any record is accepted.
+func (f *File) upgrade(ld *loaded, start time.Time) error {
+	gen := ld.snapGen
+	legacy := ld.version == legacyVersion
+	if legacy {
+		gen = ld.maxGen + 1
+		for _, j := range ld.chain {
+			if j.tear != "" {
+				f.log.Warn("dropping torn journal tail", "file", j.path, "offset", j.end, "bytes", j.size-j.end, "reason", j.tear)
+			}
+		}
+	} else {
+		f.log.Warn("finishing an interrupted upgrade from format 1", "generation", gen)
+	}
+	hook("upgrade-started")
+	empty := int64(len(journalStart(gen)))
+	install := func() error {
+		size, err := writeSnapshot(f.p.snap, gen, ld.state, empty, f.opts.NoSync)
+		if err != nil {
+			return fmt.Errorf("upgrade from format %d: %w", legacyVersion, err)
+		}
+		f.snapGen = gen
+		f.snapBytes.Store(size)
+		hook("upgrade-snapshot-installed")
+		return nil
+	}
+	// P.journal.next is the one name the new journal can take without
+	// destroying data, unless a format-1 compaction left records there:
+	// then the snapshot, which holds them, goes first.
+	if legacy && ld.liveNext {
+		if err := install(); err != nil {
+			return err
+		}
+	}
+	jf, err := createJournal(f.p.next, gen, f.opts.NoSync)
+	if err != nil {
+		return fmt.Errorf("upgrade from format %d: %w", legacyVersion, err)
+	}
+	hook("upgrade-journal-created")
+	err = func() error {
+		if legacy && !ld.liveNext {
+			if err := install(); err != nil {
+				return err
+			}
+		}
+		if err := os.Rename(f.p.next, f.p.journal); err != nil {
+			return fmt.Errorf("upgrade from format %d: rename %s: %w", legacyVersion, f.p.next, err)
+		}
+		return syncDir(f.p.dir, f.opts.NoSync)
+	}()
+	if err != nil {
+		jf.Close()
+		return err
+	}
+	hook("upgraded")
+	f.journal = jf
+	f.journalPath = f.p.journal
+	f.gen = gen
+	f.journalBytes.Store(empty)
+	f.logUpgraded(ld, start)
+	return nil
+}
+
+// logUpgraded reports, once per upgrade, the Open that completed it.
+func (f *File) logUpgraded(ld *loaded, start time.Time) {
+	f.log.Info("state upgraded", "from_format", legacyVersion, "to_format", formatVersion,
+		"keys", len(f.state), "records_replayed", ld.records(), "generation", f.gen,
+		"bytes", f.Size(), "duration", time.Since(start))
 }
 
 // create starts a new state: the journal first, so that a crash before

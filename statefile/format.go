@@ -12,7 +12,12 @@ import (
 
 // On-disk format, version 2. See doc.go for the layout.
 const (
-	formatVersion   = 2
+	formatVersion = 2
+	// legacyVersion is the format the previous release wrote: the same
+	// header and frame encoding, without start, seal or meta frames. It is
+	// read, and Open upgrades it; nothing writes it.
+	legacyVersion = 1
+
 	headerSize      = 32
 	frameHeaderSize = 12
 
@@ -71,9 +76,10 @@ func corrupt(path string, off int64, format string, args ...any) *CorruptError {
 
 // fileHeader is the first headerSize bytes of every file.
 type fileHeader struct {
-	kind  byte
-	gen   uint64
-	count uint64 // snapshot: number of entries; journal: 0
+	version uint16 // decoded only: encode always writes formatVersion
+	kind    byte
+	gen     uint64
+	count   uint64 // snapshot: number of entries; journal: 0
 }
 
 func (h fileHeader) encode() []byte {
@@ -97,10 +103,11 @@ func decodeHeader(path string, b []byte, want byte) (fileHeader, error) {
 	if got := binary.LittleEndian.Uint32(b[28:]); got != crc32.Checksum(b[:28], castagnoli) {
 		return fileHeader{}, corrupt(path, 28, "header checksum mismatch")
 	}
-	if v := binary.LittleEndian.Uint16(b[8:]); v != formatVersion {
-		return fileHeader{}, corrupt(path, 8, "unsupported format version %d (this build reads version %d)", v, formatVersion)
+	v := binary.LittleEndian.Uint16(b[8:])
+	if v != formatVersion && v != legacyVersion {
+		return fileHeader{}, corrupt(path, 8, "unsupported format version %d (this build reads versions %d and %d)", v, legacyVersion, formatVersion)
 	}
-	h := fileHeader{kind: b[10], gen: binary.LittleEndian.Uint64(b[12:]), count: binary.LittleEndian.Uint64(b[20:])}
+	h := fileHeader{version: v, kind: b[10], gen: binary.LittleEndian.Uint64(b[12:]), count: binary.LittleEndian.Uint64(b[20:])}
 	if h.kind != want {
 		return fileHeader{}, corrupt(path, 10, "file kind %q, want %q", h.kind, want)
 	}

@@ -139,6 +139,7 @@ type journalInfo struct {
 // loaded is what the files of a state say.
 type loaded struct {
 	state    map[string][]byte
+	version  uint16 // the snapshot's format; legacyVersion means Open must upgrade
 	snapGen  uint64
 	snapSize int64
 	chain    []journalInfo // replayed, oldest first
@@ -147,6 +148,23 @@ type loaded struct {
 	// journals and load was asked to keep it: the content of the snapshot
 	// that an interrupted compaction did not install.
 	rotation map[string][]byte
+	// Format 1 only: the highest generation of any file present, and
+	// whether the chain replays a journal at P.journal.next.
+	maxGen   uint64
+	liveNext bool
+	// upgrading is set for a format-2 snapshot that an interrupted upgrade
+	// left beside format-1 journals; chain is then empty or holds only the
+	// upgrade's empty journal.
+	upgrading bool
+}
+
+// records is how many records the chain replayed.
+func (ld *loaded) records() int {
+	n := 0
+	for _, c := range ld.chain {
+		n += c.records
+	}
+	return n
 }
 
 // sized is an open file and its length, taken once.
@@ -154,6 +172,12 @@ type sized struct {
 	path string
 	f    *os.File
 	size int64
+}
+
+// journalFile is a journal that exists, and its header.
+type journalFile struct {
+	sized
+	h fileHeader
 }
 
 func statSize(path string, f *os.File) (int64, error) {
@@ -168,7 +192,8 @@ func statSize(path string, f *os.File) (int64, error) {
 // every promise one file makes about another (see doc.go): the snapshot
 // promises its generation's journal and a durable length of it, a sealed
 // journal promises the next generation's, and records in the next
-// generation's journal promise a seal before them.
+// generation's journal promise a seal before them. A format-1 snapshot is
+// read by loadLegacy.
 func load(p paths, o openFiles, keepRotation bool) (*loaded, error) {
 	// Lengths are taken next before journal: a record reaches the next
 	// journal only after the old one's seal is durable, so a reader that
@@ -193,7 +218,7 @@ func load(p paths, o openFiles, keepRotation bool) (*loaded, error) {
 			return nil, corrupt(p.snap, 0, "the snapshot is missing, but journal %s exists", p.next)
 		}
 		if journal != nil {
-			if fresh, err := isFreshJournal(journal); err != nil || !fresh {
+			if fresh, err := isJournalStart(journal, 1); err != nil || !fresh {
 				return nil, errors.Join(err, corrupt(p.snap, 0, "the snapshot is missing, but journal %s exists", p.journal))
 			}
 		}
@@ -204,13 +229,8 @@ func load(p paths, o openFiles, keepRotation bool) (*loaded, error) {
 	if err != nil {
 		return nil, err
 	}
-	ld.snapGen, ld.snapSize = h.gen, size
-
-	type candidate struct {
-		sized
-		gen uint64
-	}
-	var chain []candidate
+	ld.version, ld.snapGen, ld.snapSize = h.version, h.gen, size
+	var journals []journalFile // P.journal first
 	for _, s := range []*sized{journal, next} {
 		if s == nil {
 			continue
@@ -219,13 +239,57 @@ func load(p paths, o openFiles, keepRotation bool) (*loaded, error) {
 		if err != nil {
 			return nil, err
 		}
+		journals = append(journals, journalFile{*s, h})
+	}
+	if ld.version == legacyVersion {
+		return loadLegacy(p, ld, journals)
+	}
+
+	type candidate struct {
+		sized
+		gen uint64
+	}
+	var chain []candidate
+	var legacy []journalFile
+	for _, j := range journals {
 		switch {
-		case h.gen < ld.snapGen:
-			ld.stale = append(ld.stale, s.path)
-		case h.gen > ld.snapGen+1:
-			return nil, corrupt(s.path, 12, "journal generation %d is ahead of snapshot %s generation %d", h.gen, p.snap, ld.snapGen)
+		case j.h.version == legacyVersion && j.h.gen >= ld.snapGen:
+			return nil, corrupt(j.path, 12, "format %d journal of generation %d beside format %d snapshot %s of generation %d: not a state an upgrade leaves",
+				legacyVersion, j.h.gen, formatVersion, p.snap, ld.snapGen)
+		case j.h.version == legacyVersion:
+			legacy = append(legacy, j)
+		case j.h.gen < ld.snapGen:
+			ld.stale = append(ld.stale, j.path)
+		case j.h.gen > ld.snapGen+1:
+			return nil, corrupt(j.path, 12, "journal generation %d is ahead of snapshot %s generation %d", j.h.gen, p.snap, ld.snapGen)
 		default:
-			chain = append(chain, candidate{*s, h.gen})
+			chain = append(chain, candidate{j.sized, j.h.gen})
+		}
+	}
+	if len(legacy) > 0 {
+		// Only an upgrade interrupted after its snapshot leaves format-1
+		// journals beside a format-2 snapshot, and in one of two shapes
+		// (see doc.go). Its snapshot holds the whole state.
+		empty := int64(len(journalStart(ld.snapGen)))
+		jv, nv := journalVersions(p, journals)
+		switch {
+		case promise != empty:
+			return nil, corrupt(p.snap, headerSize, "the snapshot records %d bytes of its journal beside format %d journal %s, but an upgrade's snapshot records an empty journal (%d bytes)",
+				promise, legacyVersion, legacy[0].path, empty)
+		case nv == legacyVersion && jv != formatVersion:
+			// The upgrade's snapshot is installed; its journal is not.
+		case jv == legacyVersion && nv == formatVersion && len(chain) == 1 && chain[0].path == p.next && chain[0].size == empty:
+			// The upgrade's journal waits to be renamed over the format-1 one.
+		default:
+			return nil, corrupt(legacy[0].path, 8, "format %d journal beside format %d snapshot %s and journals %s: not a state an upgrade leaves",
+				legacyVersion, formatVersion, p.snap, describeVersions(jv, nv))
+		}
+		ld.upgrading = true
+		for _, j := range legacy {
+			ld.stale = append(ld.stale, j.path)
+		}
+		if len(chain) == 0 {
+			return ld, nil
 		}
 	}
 	slices.SortFunc(chain, func(a, b candidate) int { return cmp.Compare(a.gen, b.gen) })
@@ -270,10 +334,109 @@ func load(p paths, o openFiles, keepRotation bool) (*loaded, error) {
 	return ld, nil
 }
 
-// isFreshJournal reports whether s holds exactly the empty first journal
-// that creating a new state writes before its first snapshot.
-func isFreshJournal(s *sized) (bool, error) {
-	want := journalStart(1)
+// journalVersions returns the format versions of P.journal and
+// P.journal.next, 0 for absent.
+func journalVersions(p paths, journals []journalFile) (journal, next uint16) {
+	for _, j := range journals {
+		if j.path == p.journal {
+			journal = j.h.version
+		} else {
+			next = j.h.version
+		}
+	}
+	return journal, next
+}
+
+func describeVersions(journal, next uint16) string {
+	name := func(v uint16) string {
+		if v == 0 {
+			return "absent"
+		}
+		return fmt.Sprintf("format %d", v)
+	}
+	return fmt.Sprintf("(journal %s, next %s)", name(journal), name(next))
+}
+
+// maxLegacyGeneration bounds the generations of a format-1 state, so that
+// the upgrade's generation and every later one fit. Format 1 added one
+// per compaction; anything near the bound is damage.
+const maxLegacyGeneration = 1 << 62
+
+// loadLegacy continues load for a format-1 snapshot (ld holds it): it
+// replays the format-1 journals exactly as the previous release did, and
+// accepts the one format-2 file an upgrade writes before its snapshot.
+//
+// Format 1 rules: journals older than the snapshot are stale; the others
+// must be of its generation and, at most one, the next; only the last
+// journal replayed may end in a torn frame; a snapshot without journals
+// is the whole state.
+func loadLegacy(p paths, ld *loaded, journals []journalFile) (*loaded, error) {
+	ld.maxGen = ld.snapGen
+	var chain []journalFile
+	var upgrade *journalFile
+	for _, j := range journals {
+		if j.h.gen >= maxLegacyGeneration {
+			return nil, corrupt(j.path, 12, "generation %d is implausible", j.h.gen)
+		}
+		if j.h.version == formatVersion {
+			if j.path != p.next {
+				return nil, corrupt(j.path, 8, "format %d journal beside format %d snapshot %s: not a state an upgrade leaves", formatVersion, legacyVersion, p.snap)
+			}
+			upgrade = &j
+			continue
+		}
+		ld.maxGen = max(ld.maxGen, j.h.gen)
+		switch {
+		case j.h.gen < ld.snapGen:
+			ld.stale = append(ld.stale, j.path)
+		case j.h.gen > ld.snapGen+1:
+			return nil, corrupt(j.path, 12, "journal generation %d is ahead of snapshot %s generation %d", j.h.gen, p.snap, ld.snapGen)
+		default:
+			chain = append(chain, j)
+		}
+	}
+	if ld.snapGen >= maxLegacyGeneration {
+		return nil, corrupt(p.snap, 12, "generation %d is implausible", ld.snapGen)
+	}
+	if upgrade != nil {
+		// The upgrade creates its journal, generation above every format-1
+		// file, before it replaces anything.
+		fresh, err := isJournalStart(&upgrade.sized, upgrade.h.gen)
+		switch {
+		case err != nil:
+			return nil, err
+		case upgrade.h.gen <= ld.maxGen:
+			return nil, corrupt(upgrade.path, 12, "format %d journal of generation %d beside format %d files of generation %d: not a state an upgrade leaves",
+				formatVersion, upgrade.h.gen, legacyVersion, ld.maxGen)
+		case !fresh:
+			return nil, corrupt(upgrade.path, headerSize, "format %d journal beside format %d snapshot %s holds more than its start frame: not a state an upgrade leaves",
+				formatVersion, legacyVersion, p.snap)
+		}
+		ld.maxGen = upgrade.h.gen
+		ld.stale = append(ld.stale, upgrade.path)
+	}
+	slices.SortFunc(chain, func(a, b journalFile) int { return cmp.Compare(a.h.gen, b.h.gen) })
+	switch {
+	case len(chain) == 2 && chain[0].h.gen == chain[1].h.gen:
+		return nil, corrupt(chain[1].path, 12, "journal generation %d duplicates %s", chain[1].h.gen, chain[0].path)
+	case len(chain) > 0 && chain[0].h.gen != ld.snapGen:
+		return nil, corrupt(chain[0].path, 12, "journal generation %d continues generation %d, but no journal of generation %d exists", chain[0].h.gen, ld.snapGen, ld.snapGen)
+	}
+	for i, c := range chain {
+		info, err := replayLegacyJournal(c.path, c.f, c.size, c.h.gen, ld.state, i == len(chain)-1)
+		if err != nil {
+			return nil, err
+		}
+		ld.chain = append(ld.chain, info)
+		ld.liveNext = ld.liveNext || c.path == p.next
+	}
+	return ld, nil
+}
+
+// isJournalStart reports whether s holds exactly an empty journal of gen:
+// its header and start frame.
+func isJournalStart(s *sized, gen uint64) (bool, error) {
+	want := journalStart(gen)
 	if s.size != int64(len(want)) {
 		return false, nil
 	}
@@ -293,8 +456,9 @@ func readHeader(path string, f io.ReaderAt, size int64, kind byte) (fileHeader, 
 }
 
 // readSnapshot loads a snapshot into state and returns its header, length
-// and the journal length it promises. A snapshot is complete before it is
-// renamed into place, so every fault is corruption.
+// and the journal length it promises (-1 for format 1, which promises
+// none). A snapshot is complete before it is renamed into place, so every
+// fault is corruption.
 func readSnapshot(path string, f *os.File, state map[string][]byte) (fileHeader, int64, int64, error) {
 	size, err := statSize(path, f)
 	if err != nil {
@@ -324,7 +488,7 @@ func readSnapshotFrames(path string, f io.ReaderAt, size int64, h fileHeader, st
 		if fault != nil {
 			return 0, corrupt(path, fault.off, "%s", fault.reason)
 		}
-		if promise < 0 {
+		if promise < 0 && h.version == formatVersion {
 			if promise, err = parseMeta(payload); err != nil {
 				return 0, corrupt(path, at, "%v", err)
 			}
@@ -339,7 +503,7 @@ func readSnapshotFrames(path string, f io.ReaderAt, size int64, h fileHeader, st
 		}
 		entries += uint64(n)
 	}
-	if promise < 0 {
+	if promise < 0 && h.version == formatVersion {
 		return 0, corrupt(path, headerSize, "the snapshot has no meta frame")
 	}
 	if entries != h.count {
@@ -415,6 +579,43 @@ frames:
 			info.records += n
 		}
 		first = false
+	}
+	info.end = fr.off
+	return info, nil
+}
+
+// replayLegacyJournal applies a format-1 journal's frames to state as the
+// previous release did: every frame holds records, and with allowTorn a
+// fault that an interrupted final write explains ends the replay instead
+// of failing it.
+func replayLegacyJournal(path string, f io.ReaderAt, size int64, gen uint64, state map[string][]byte, allowTorn bool) (journalInfo, error) {
+	info := journalInfo{path: path, gen: gen, size: size}
+	fr := newFrameReader(path, f, size)
+	for {
+		at := fr.off
+		payload, fault, err := fr.next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return journalInfo{}, err
+		}
+		if fault != nil {
+			if allowTorn && fault.mayBeTorn {
+				info.tear = fault.reason
+				break
+			}
+			return journalInfo{}, corrupt(path, fault.off, "%s", fault.reason)
+		}
+		if len(payload) == 0 {
+			// Format 1 never wrote an empty frame, and read one as no records.
+			continue
+		}
+		n, err := applyJournalPayload(payload, state)
+		if err != nil {
+			return journalInfo{}, corrupt(path, at, "%v", err)
+		}
+		info.records += n
 	}
 	info.end = fr.off
 	return info, nil
