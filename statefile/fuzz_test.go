@@ -88,6 +88,7 @@ func FuzzFrames(f *testing.F) {
 	f.Add([]byte{})
 	f.Add(controlFrame(ctlStart, 1))
 	f.Add(append(controlFrame(ctlStart, 1), controlFrame(ctlSeal, 2)...))
+	f.Add(v1Journal2[headerSize:])
 	f.Fuzz(func(t *testing.T, body []byte) {
 		if len(body) > 1<<16 {
 			return
@@ -121,6 +122,31 @@ func FuzzFrames(f *testing.F) {
 			applySnapshotPayload(payload, map[string][]byte{})
 			parseControl(payload)
 			parseMeta(payload)
+		}
+
+		// A format-1 journal replays under the same contract, with no
+		// control frames.
+		legacy := map[string][]byte{}
+		if info, err := replayLegacyJournal(path, bytes.NewReader(file), size, 1, legacy, true); err != nil {
+			var ce *CorruptError
+			if !errors.As(err, &ce) || ce.Path != path || ce.Offset < 0 || ce.Offset > size {
+				t.Fatalf("format-1 replay error %v is not a *CorruptError within the file", err)
+			}
+		} else {
+			if info.end < headerSize || info.end > size || (info.end < size) != (info.tear != "") {
+				t.Fatalf("format-1 replay ended at %d of %d with tear %q", info.end, size, info.tear)
+			}
+			again := map[string][]byte{}
+			cut, err := replayLegacyJournal(path, bytes.NewReader(file[:info.end]), info.end, 1, again, false)
+			if err != nil {
+				t.Fatalf("format-1 replay of the file cut at its end %d: %v", info.end, err)
+			}
+			if cut.tear != "" || cut.records != info.records {
+				t.Fatalf("format-1 cut replay %+v differs from %+v", cut, info)
+			}
+			if diff := cmp.Diff(legacy, again, asStrings); diff != "" {
+				t.Fatalf("format-1 cut replay state (-first +cut):\n%s", diff)
+			}
 		}
 
 		state := map[string][]byte{}
@@ -164,6 +190,18 @@ func FuzzRecover(f *testing.F) {
 		f.Add(snap, journal, next, byte(3))
 	}
 	f.Add([]byte{}, journalStart(1), []byte{}, byte(2))
+	// Format-1 states (see upgrade_test.go), one with a torn tail, and the
+	// half-done upgrades of the one mid-compaction.
+	for _, s := range v1Golden {
+		f.Add(s.snap, s.journal, s.next, byte(7))
+		f.Add(s.snap, s.journal, s.next, byte(3))
+	}
+	f.Add(v1Snap2, v1Journal2[:len(v1Journal2)-4], []byte{}, byte(3))
+	f.Add(v1Snapshot(5, "m/a", "1"), []byte{}, []byte{}, byte(1))
+	f.Add(v1Snap2, v1Journal2, v2Journal(3), byte(7))
+	snap4 := v2Snapshot(4, emptyJournal(4), "m/b", "22", "m/e", "", "m/f", `{"n":6}`)
+	f.Add(snap4, v1Journal2, v1Next3, byte(7))
+	f.Add(snap4, v1Journal2, v2Journal(4), byte(7))
 	old := readOnlyBackoff
 	readOnlyBackoff = 0
 	f.Cleanup(func() { readOnlyBackoff = old })
