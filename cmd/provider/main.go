@@ -12,10 +12,8 @@ import (
 
 	"github.com/bigfleet-vm/provider/config"
 	"github.com/bigfleet-vm/provider/server"
+	"github.com/bigfleet-vm/provider/version"
 )
-
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -46,7 +44,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "pve-sim":
 		return pveSim(ctx, args, stdout, stderr)
 	case "version":
-		fmt.Fprintln(stdout, "provider", version)
+		fmt.Fprintln(stdout, "provider", version.String(), version.Go())
 		return 0
 	case "help":
 		if len(args) > 0 && args[0] != "help" && known(args[0]) && args[0] != "version" {
