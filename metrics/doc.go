@@ -1,8 +1,12 @@
 // Package metrics defines the provider's Prometheus metrics under one
 // prefix, bigfleet_provider_, with low-cardinality labels only (zone,
-// instance type, state, action, kind, method, code; never a machine id).
+// instance type, state, action, kind, op, outcome; never a machine id),
+// plus the standard gRPC server metrics of go-grpc-middleware
+// (grpc_server_handled_total, grpc_server_handling_seconds, ...) that
+// every gRPC dashboard understands.
 //
 // Invariants: every method is safe on a nil *Metrics (metrics disabled),
-// and machine gauges are computed at scrape time from the desired document,
-// so they can never drift from what Get/List report.
+// and machine gauges and state-store health are computed at scrape time
+// from the desired document, so they can never drift from what Get/List
+// and /readyz report.
 package metrics

@@ -1,13 +1,15 @@
 package metrics
 
 import (
-	"strings"
+	"sync/atomic"
 	"time"
 
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/bigfleet-vm/provider/planner"
+	"github.com/bigfleet-vm/provider/version"
 )
 
 const ns = "bigfleet_provider"
@@ -26,8 +28,7 @@ type Metrics struct {
 	stepDur       *prometheus.HistogramVec
 	hvCalls       *prometheus.CounterVec
 	hvDur         *prometheus.HistogramVec
-	grpcReqs      *prometheus.CounterVec
-	grpcDur       *prometheus.HistogramVec
+	grpc          *grpcprom.ServerMetrics
 	commits       prometheus.Counter
 	commitRecords prometheus.Counter
 	fsyncDur      prometheus.Histogram
@@ -35,6 +36,10 @@ type Metrics struct {
 	planSteps     prometheus.Gauge
 	lastPlanUnix  prometheus.Gauge
 	queue         *queueMetrics
+	interval      prometheus.Gauge
+	// health reports the state store's health for the state_healthy
+	// gauge; nil until StateHealth is called (reported healthy).
+	health atomic.Pointer[func() error]
 }
 
 // Counts reports machines by (state, zone, instance type).
@@ -71,10 +76,25 @@ func New(counts Counts, stateSize func() float64) *Metrics {
 		Help: "Hypervisor calls by operation and outcome."}, []string{"op", "outcome"})
 	m.hvDur = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "hypervisor_call_duration_seconds",
 		Help: "Hypervisor call latency by operation.", Buckets: lat}, []string{"op"})
-	m.grpcReqs = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "grpc_requests_total",
-		Help: "gRPC requests by method and code."}, []string{"method", "code"})
-	m.grpcDur = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "grpc_request_duration_seconds",
-		Help: "gRPC request latency by method.", Buckets: lat}, []string{"method"})
+	// The standard gRPC server metrics, unprefixed so that stock gRPC
+	// dashboards and alerts work: grpc_server_started_total,
+	// grpc_server_handled_total{grpc_type,grpc_service,grpc_method,grpc_code},
+	// grpc_server_msg_{received,sent}_total and grpc_server_handling_seconds.
+	m.grpc = grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
+		grpcprom.WithHistogramBuckets([]float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10})))
+	m.interval = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "reconcile_interval_seconds",
+		Help: "The configured background reconcile interval (--reconcile-interval); 0 when background reconcile is off."})
+	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "build_info",
+		Help:        "Always 1; the labels say which build is running.",
+		ConstLabels: prometheus.Labels{"version": version.String(), "goversion": version.Go()}})
+	buildInfo.Set(1)
+	stateHealthy := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "state_healthy",
+		Help: "1 while the state store can commit (what /readyz checks), else 0."}, func() float64 {
+		if f := m.health.Load(); f != nil && (*f)() != nil {
+			return 0
+		}
+		return 1
+	})
 	m.commits = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "state_commits_total",
 		Help: "Group commits (fsyncs) of the state store."})
 	m.commitRecords = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "state_records_total",
@@ -91,8 +111,8 @@ func New(counts Counts, stateSize func() float64) *Metrics {
 	m.stateSize = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "state_size_bytes",
 		Help: "Bytes the state store occupies on disk."}, stateSize)
 	for _, c := range []prometheus.Collector{m.drift, m.pending, m.reconciles, m.reconcileDur, m.lastObserved, m.zoneUp,
-		m.steps, m.stepDur, m.hvCalls, m.hvDur, m.grpcReqs, m.grpcDur, m.commits, m.commitRecords, m.fsyncDur,
-		m.stateSize, m.planSteps, m.lastPlanUnix} {
+		m.steps, m.stepDur, m.hvCalls, m.hvDur, m.grpc, m.commits, m.commitRecords, m.fsyncDur,
+		m.stateSize, m.planSteps, m.lastPlanUnix, m.interval, buildInfo, stateHealthy} {
 		f(c)
 	}
 	return m
@@ -182,14 +202,23 @@ func (m *Metrics) HypervisorCall(op string, err error, d time.Duration) {
 	m.hvDur.WithLabelValues(op).Observe(d.Seconds())
 }
 
-// GRPC counts a unary RPC.
-func (m *Metrics) GRPC(fullMethod, code string, d time.Duration) {
+// StateHealth makes the state_healthy gauge report health (nil error:
+// healthy), evaluated at scrape time.
+func (m *Metrics) StateHealth(health func() error) {
+	if m == nil || health == nil {
+		return
+	}
+	m.health.Store(&health)
+}
+
+// ReconcileInterval publishes the configured background reconcile
+// interval, so alerts can say "no observation for 3 intervals" without
+// knowing the flag.
+func (m *Metrics) ReconcileInterval(d time.Duration) {
 	if m == nil {
 		return
 	}
-	method := fullMethod[strings.LastIndexByte(fullMethod, '/')+1:]
-	m.grpcReqs.WithLabelValues(method, code).Inc()
-	m.grpcDur.WithLabelValues(method).Observe(d.Seconds())
+	m.interval.Set(d.Seconds())
 }
 
 // Commit records one group commit of the state store.

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -272,8 +273,17 @@ func TestDriftMetrics(t *testing.T) {
 	h.metricAtLeast("bigfleet_provider_machines", map[string]string{"state": "SPECULATIVE"}, 1)
 	h.metricAtLeast("bigfleet_provider_hypervisor_calls_total", map[string]string{"op": "define_domain", "outcome": "ok"}, 2)
 	h.metricAtLeast("bigfleet_provider_hypervisor_calls_total", map[string]string{"op": "observe", "outcome": "error"}, 1)
-	h.metricAtLeast("bigfleet_provider_grpc_requests_total", map[string]string{"method": "Create", "code": "OK"}, 3)
-	h.metricAtLeast("bigfleet_provider_grpc_requests_total", map[string]string{"method": "Get", "code": "OK"}, 1)
+	rpc := func(method, code string) map[string]string {
+		return map[string]string{"grpc_type": "unary", "grpc_service": "bigfleet.v1alpha1.CapacityProvider", "grpc_method": method, "grpc_code": code}
+	}
+	h.metricAtLeast("grpc_server_handled_total", rpc("Create", "OK"), 3)
+	h.metricAtLeast("grpc_server_handled_total", rpc("Get", "OK"), 1)
+	h.metricAtLeast("grpc_server_started_total", map[string]string{"grpc_method": "Create"}, 3)
+	// Every method is initialised at zero before its first call.
+	h.metricEquals("grpc_server_handled_total", rpc("Configure", "Unavailable"), 0)
+	h.metricEquals("bigfleet_provider_state_healthy", nil, 1)
+	h.metricEquals("bigfleet_provider_reconcile_interval_seconds", nil, 0)
+	h.metricEquals("bigfleet_provider_build_info", map[string]string{"goversion": runtime.Version()}, 1)
 	h.metricAtLeast("bigfleet_provider_executor_steps_total", map[string]string{"action": "define", "outcome": "ok"}, 2)
 	h.metricAtLeast("bigfleet_provider_executor_steps_total", map[string]string{"action": "start"}, 3)
 	h.metricAtLeast("bigfleet_provider_state_commits_total", nil, 1)

@@ -83,6 +83,13 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Provider
 		}
 		return p.Doc.Counts()
 	}, func() float64 { return float64(p.store.Size()) })
+	p.Metrics.ReconcileInterval(cfg.ReconcileInterval)
+	p.Metrics.StateHealth(func() error {
+		if p.Doc == nil {
+			return nil
+		}
+		return p.Doc.Healthy()
+	})
 
 	var rec *reconciler.Reconciler
 	opts := docOptions(cfg, p.store)
@@ -196,10 +203,10 @@ func (p *Provider) Serve(ctx context.Context) error {
 	gopts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(maxRecvBytes),
 		grpc.ForceServerCodecV2(svc.Codec()),
-		grpc.ChainUnaryInterceptor(p.unaryInterceptor),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: 15 * time.Minute, Time: 2 * time.Hour, Timeout: 20 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 30 * time.Second, PermitWithoutStream: true}),
 	}
+	gopts = append(gopts, p.interceptors()...)
 	security := "insecure"
 	if cfg.TLS.Enabled() {
 		tc, err := serverTLS(cfg.TLS)
@@ -219,6 +226,7 @@ func (p *Provider) Serve(ctx context.Context) error {
 	if cfg.Reflection {
 		reflection.Register(gs)
 	}
+	p.Metrics.InitializeGRPC(gs)
 	lis, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("listen on --addr %s: %w", cfg.Addr, err)
@@ -282,6 +290,19 @@ func (p *Provider) Serve(ctx context.Context) error {
 	return serveErr
 }
 
+// interceptors are the gRPC server's interceptor chains. The metrics
+// interceptors sit outside the logging and recovery one, so a recovered
+// panic is counted under the code it was turned into.
+func (p *Provider) interceptors() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(p.Metrics.UnaryServerInterceptor(), p.unaryInterceptor),
+		grpc.ChainStreamInterceptor(p.Metrics.StreamServerInterceptor()),
+	}
+}
+
+// unaryInterceptor logs every RPC (debug when OK, warn otherwise) and turns
+// a handler panic into codes.Internal, so one bad request never takes the
+// process down. Counting and timing is the metrics interceptor's job.
 func (p *Provider) unaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
 	start := time.Now()
 	defer func() {
@@ -290,7 +311,6 @@ func (p *Provider) unaryInterceptor(ctx context.Context, req any, info *grpc.Una
 			err = status.Errorf(13, "internal error")
 		}
 		code := status.Code(err)
-		p.Metrics.GRPC(info.FullMethod, code.String(), time.Since(start))
 		level := slog.LevelDebug
 		if code != 0 {
 			level = slog.LevelWarn
