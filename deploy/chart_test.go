@@ -375,6 +375,11 @@ func checkSecureDefaults(t *testing.T, r *rendered, m materialised, cfg *config.
 	case sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault:
 		t.Error("container seccomp profile is not RuntimeDefault")
 	}
+	for _, v := range spec.Volumes {
+		if v.Secret != nil && (v.Secret.DefaultMode == nil || *v.Secret.DefaultMode&0o007 != 0) {
+			t.Errorf("Secret volume %s is readable by others (defaultMode %v)", v.Name, v.Secret.DefaultMode)
+		}
+	}
 	for _, sa := range r.accounts {
 		if sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken {
 			t.Errorf("ServiceAccount %s mounts its token", sa.Name)

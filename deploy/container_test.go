@@ -308,6 +308,11 @@ func TestContainerRun(t *testing.T) {
 		}
 	}
 
+	// The chart's NOTES: plan through exec of the provider itself.
+	if out, err := podman(t, "exec", c.name, "/provider", "plan", "--server", "http://127.0.0.1:9090"); err != nil || !strings.Contains(out, "Plan for libvirt installation ct") {
+		t.Errorf("exec /provider plan --server: %v\n%s", err, out)
+	}
+
 	// kill -9, start again on the same volume.
 	mustPodman(t, "kill", "--signal", "KILL", c.name)
 	mustPodman(t, "wait", c.name)
