@@ -52,7 +52,7 @@ func gatherExported(t *testing.T) exported {
 	grpcAddr, metricsAddr := free(), free()
 	cfg, err := config.Parse([]string{"--use-fake-backend", "--installation-id", "obs", "--seed-count", "4",
 		"--state", filepath.Join(t.TempDir(), "state"), "--addr", grpcAddr, "--metrics-addr", metricsAddr,
-		"--reconcile-interval", "1h", "--shutdown-grace", "2s"}, io.Discard)
+		"--reconcile-interval", "1h", "--shutdown-grace", "2s", "--fake-admin"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
