@@ -77,6 +77,11 @@ type Volume struct {
 	Format string `json:"format,omitempty" yaml:"format,omitempty"`
 	// BackingFormat is the declared format of the backing store, if any.
 	BackingFormat string `json:"backing_format,omitempty" yaml:"backing_format,omitempty"`
+	// Identity is the content identity a seed volume carries
+	// (hypervisors.SeedIdentity of what it was built from), read from the
+	// volume itself; empty when it carries none, e.g. a volume created
+	// but never (or only partly) uploaded. Empty for other volumes.
+	Identity string `json:"identity,omitempty" yaml:"identity,omitempty"`
 }
 
 // Status says whether a zone could be read.

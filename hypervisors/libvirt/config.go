@@ -38,8 +38,15 @@ type Config struct {
 	CallTimeout time.Duration
 	// DialTimeout bounds one connection attempt (default 15s).
 	DialTimeout time.Duration
-	// MinBackoff and MaxBackoff bound reconnect backoff (200ms, 30s).
+	// MinBackoff and MaxBackoff bound the jittered reconnect backoff
+	// after failed dials (200ms, 3s); a dropped connection is redialled
+	// at once and the backoff resets after every successful dial.
 	MinBackoff, MaxBackoff time.Duration
+	// ProbeEvery is how often an idle or busy connection is probed with a
+	// cheap call (default 1s). A probe unanswered for ProbeTimeout (2s)
+	// reports the zone down; one unanswered for DeadAfter (15s) drops the
+	// connection and redials.
+	ProbeEvery, ProbeTimeout, DeadAfter time.Duration
 	// PingTimeout bounds one guest-ping (default 5s).
 	PingTimeout time.Duration
 	// RefreshEvery re-reads a cached domain definition at least this often
@@ -60,7 +67,16 @@ func (c *Config) defaults() {
 		c.MinBackoff = 200 * time.Millisecond
 	}
 	if c.MaxBackoff <= 0 {
-		c.MaxBackoff = 30 * time.Second
+		c.MaxBackoff = 3 * time.Second
+	}
+	if c.ProbeEvery <= 0 {
+		c.ProbeEvery = time.Second
+	}
+	if c.ProbeTimeout <= 0 {
+		c.ProbeTimeout = 2 * time.Second
+	}
+	if c.DeadAfter <= c.ProbeTimeout {
+		c.DeadAfter = max(15*time.Second, 2*c.ProbeTimeout)
 	}
 	if c.PingTimeout <= 0 {
 		c.PingTimeout = 5 * time.Second

@@ -10,70 +10,106 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	golibvirt "github.com/digitalocean/go-libvirt"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
 )
 
-// errNotConnected is returned for calls on a zone whose connection is down.
-var errNotConnected = errors.New("not connected")
-
 // zoneConn owns the connection to one zone. The background loop (run)
 // is the only code that dials or replaces lv; calls read it under mu.
+//
+// Its status is always one of: connecting (no dial has finished yet), up
+// (connected and answering), or down (with the reason and since when).
+// "Up" is withdrawn as soon as the socket closes, and also while the
+// periodic probe has gone unanswered for longer than ProbeTimeout; a
+// connection whose probe stays unanswered for DeadAfter is dropped and
+// redialled.
 type zoneConn struct {
 	zone   string
 	uri    *url.URL
 	cfg    *Config
 	log    *slog.Logger
 	calls  *atomic.Int64
+	probes *atomic.Int64
 	dialFn func(u *url.URL) (*golibvirt.Libvirt, error)
+	// events receives zone-up/zone-down and domain lifecycle events; nil
+	// disables them.
+	events *hypervisors.EventQueue
+	// owner maps a domain name to the machine id the adapter knows owns it.
+	owner func(name string) string
 
-	mu      sync.Mutex
-	lv      *golibvirt.Libvirt
-	lastErr error
-	gen     uint64        // bumped on every new connection
-	broken  chan struct{} // closed to ask run to drop the connection
-	ready   chan struct{} // closed when the first dial attempt has finished
-	once    sync.Once
+	mu        sync.Mutex
+	lv        *golibvirt.Libvirt
+	lastErr   error         // why the zone is not up (nil when up)
+	downSince time.Time     // when it stopped being up
+	stalled   time.Time     // non-zero: the current probe has been pending since
+	gen       uint64        // bumped on every new connection
+	broken    chan struct{} // closed to ask run to drop the connection
+	ready     chan struct{} // closed when the first dial attempt has finished
+	once      sync.Once
 }
 
-func newZoneConn(zone string, u *url.URL, cfg *Config, log *slog.Logger, calls *atomic.Int64) *zoneConn {
+func newZoneConn(zone string, u *url.URL, cfg *Config, log *slog.Logger, calls, probes *atomic.Int64) *zoneConn {
 	return &zoneConn{
-		zone: zone, uri: u, cfg: cfg, log: log, calls: calls,
+		zone: zone, uri: u, cfg: cfg, log: log, calls: calls, probes: probes,
 		dialFn:  golibvirt.ConnectToURI,
-		lastErr: fmt.Errorf("zone %s: %w: not dialled yet", zone, hypervisors.ErrUnreachable),
+		lastErr: errors.New("connecting: first dial in progress"),
 		broken:  make(chan struct{}),
 		ready:   make(chan struct{}),
+		owner:   func(string) string { return "" },
+	}
+}
+
+// newBackoff is the reconnect policy: jittered exponential from
+// MinBackoff, capped at MaxBackoff, reset after every successful dial.
+func newBackoff(cfg *Config) *backoff.ExponentialBackOff {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval = cfg.MinBackoff
+	b.MaxInterval = cfg.MaxBackoff
+	b.Multiplier = 2
+	b.RandomizationFactor = 0.5
+	b.Reset()
+	return b
+}
+
+func (z *zoneConn) emit(ev hypervisors.Event) {
+	if z.events != nil {
+		ev.Zone = z.zone
+		z.events.Push(ev)
 	}
 }
 
 // run keeps the zone connected until ctx ends, redialling with backoff.
 func (z *zoneConn) run(ctx context.Context) {
-	backoff := z.cfg.MinBackoff
+	bo := newBackoff(z.cfg)
 	for {
 		lv, err := z.dial(ctx)
 		z.once.Do(func() { close(z.ready) })
 		if err != nil {
-			z.mu.Lock()
-			z.lastErr = fmt.Errorf("zone %s: %w: %w", z.zone, hypervisors.ErrUnreachable, err)
-			z.mu.Unlock()
-			z.log.Warn("libvirt dial failed", "zone", z.zone, "err", err, "retry_in", backoff)
+			z.setDown(err, false)
+			wait := bo.NextBackOff()
+			z.log.Warn("libvirt dial failed", "zone", z.zone, "err", err, "retry_in", wait)
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(backoff):
+			case <-time.After(wait):
 			}
-			backoff = min(backoff*2, z.cfg.MaxBackoff)
 			continue
 		}
-		backoff = z.cfg.MinBackoff
+		bo.Reset()
+		connCtx, cancel := context.WithCancel(ctx)
 		z.mu.Lock()
-		z.lv, z.lastErr = lv, nil
+		z.lv, z.lastErr, z.stalled = lv, nil, time.Time{}
 		z.gen++
+		gen := z.gen
 		broken := make(chan struct{})
 		z.broken = broken
 		z.mu.Unlock()
 		z.log.Info("libvirt connected", "zone", z.zone)
+		z.subscribe(connCtx, lv)
+		go z.probe(connCtx, lv, gen)
+		z.emit(hypervisors.Event{Kind: hypervisors.EventZoneUp})
 
 		var why error
 		select {
@@ -82,12 +118,10 @@ func (z *zoneConn) run(ctx context.Context) {
 		case <-lv.Disconnected():
 			why = errors.New("connection lost")
 		case <-broken:
-			why = errors.New("a call timed out")
+			why = errors.New("no answer within the deadline")
 		}
-		z.mu.Lock()
-		z.lv = nil
-		z.lastErr = fmt.Errorf("zone %s: %w: %w", z.zone, hypervisors.ErrUnreachable, why)
-		z.mu.Unlock()
+		cancel()
+		z.setDown(why, true)
 		// Disconnect sends a close RPC first, which can hang on a wedged
 		// daemon: never wait for it here.
 		go func() { _ = lv.Disconnect() }()
@@ -95,7 +129,118 @@ func (z *zoneConn) run(ctx context.Context) {
 			return
 		}
 		z.log.Warn("libvirt connection dropped", "zone", z.zone, "err", why)
+		z.emit(hypervisors.Event{Kind: hypervisors.EventZoneDown, Detail: why.Error()})
+		// A dropped connection is redialled at once; only failed dials
+		// back off.
 	}
+}
+
+// setDown records why the zone is not up. dropped says a live connection
+// just went away (the down time starts now); a failed dial keeps the
+// earlier down time.
+func (z *zoneConn) setDown(why error, dropped bool) {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	z.lv = nil
+	if dropped || z.downSince.IsZero() {
+		z.downSince = time.Now()
+	}
+	z.lastErr = fmt.Errorf("down since %s: %w", z.downSince.UTC().Format(time.RFC3339), why)
+}
+
+// probe asks the daemon for its version every ProbeEvery. A probe pending
+// longer than ProbeTimeout makes the zone report down (without dropping
+// work in flight); one pending for DeadAfter drops the connection.
+func (z *zoneConn) probe(ctx context.Context, lv *golibvirt.Libvirt, gen uint64) {
+	t := time.NewTicker(z.cfg.ProbeEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		z.probes.Add(1)
+		done := make(chan error, 1)
+		go func() { _, err := lv.ConnectGetLibVersion(); done <- err }()
+		start := time.Now()
+		select {
+		case <-done:
+			continue
+		case <-ctx.Done():
+			return
+		case <-time.After(z.cfg.ProbeTimeout):
+		}
+		z.mu.Lock()
+		if z.gen == gen {
+			z.stalled = start
+		}
+		z.mu.Unlock()
+		z.log.Warn("libvirt daemon not answering", "zone", z.zone, "waited", z.cfg.ProbeTimeout)
+		z.emit(hypervisors.Event{Kind: hypervisors.EventZoneDown, Detail: "not answering"})
+		select {
+		case <-done:
+			z.mu.Lock()
+			if z.gen == gen {
+				z.stalled = time.Time{}
+			}
+			z.mu.Unlock()
+			z.log.Info("libvirt daemon answering again", "zone", z.zone, "after", time.Since(start).Round(time.Millisecond))
+			z.emit(hypervisors.Event{Kind: hypervisors.EventZoneUp})
+		case <-ctx.Done():
+			return
+		case <-time.After(z.cfg.DeadAfter - z.cfg.ProbeTimeout):
+			z.markBroken(gen)
+			return
+		}
+	}
+}
+
+// subscribe forwards the connection's domain lifecycle events until ctx
+// ends. A failed subscription is logged: the periodic pass still sees
+// every change, only later.
+func (z *zoneConn) subscribe(ctx context.Context, lv *golibvirt.Libvirt) {
+	if z.events == nil {
+		return
+	}
+	z.calls.Add(1)
+	ch, err := lv.LifecycleEvents(ctx)
+	if err != nil {
+		z.log.Warn("libvirt lifecycle events unavailable; drift is seen at the periodic pass", "zone", z.zone, "err", err)
+		return
+	}
+	go func() {
+		for ev := range ch {
+			name := ev.Dom.Name
+			z.emit(hypervisors.Event{Kind: hypervisors.EventVM, VM: name, MachineID: z.owner(name),
+				Detail: lifecycleWord(golibvirt.DomainEventType(ev.Event))})
+		}
+	}()
+}
+
+// lifecycleWord names a lifecycle event type.
+func lifecycleWord(t golibvirt.DomainEventType) string {
+	switch t {
+	case golibvirt.DomainEventDefined:
+		return "defined"
+	case golibvirt.DomainEventUndefined:
+		return "undefined"
+	case golibvirt.DomainEventStarted:
+		return "started"
+	case golibvirt.DomainEventSuspended:
+		return "suspended"
+	case golibvirt.DomainEventResumed:
+		return "resumed"
+	case golibvirt.DomainEventStopped:
+		return "stopped"
+	case golibvirt.DomainEventShutdown:
+		return "shutdown"
+	case golibvirt.DomainEventPmsuspended:
+		return "pmsuspended"
+	case golibvirt.DomainEventCrashed:
+		return "crashed"
+	}
+	return "changed"
 }
 
 // dial connects once, bounded by DialTimeout. A connection that completes
@@ -114,7 +259,10 @@ func (z *zoneConn) dial(ctx context.Context) (*golibvirt.Libvirt, error) {
 	defer t.Stop()
 	select {
 	case r := <-ch:
-		return r.lv, r.err
+		if r.err != nil {
+			return nil, dialError(z.uri, r.err)
+		}
+		return r.lv, nil
 	case <-t.C:
 	case <-ctx.Done():
 	}
@@ -126,23 +274,27 @@ func (z *zoneConn) dial(ctx context.Context) (*golibvirt.Libvirt, error) {
 	return nil, fmt.Errorf("dial %s: timed out after %s", redactURI(z.uri.String()), z.cfg.DialTimeout)
 }
 
-// health is nil when connected, else why not.
+// health is nil when up, else why not (wrapping ErrUnreachable). It never
+// names the zone: callers that show it do.
 func (z *zoneConn) health() error {
 	z.mu.Lock()
 	defer z.mu.Unlock()
 	if z.lv != nil {
-		return nil
+		if z.stalled.IsZero() {
+			return nil
+		}
+		return fmt.Errorf("%w: daemon not answering for %s", hypervisors.ErrUnreachable, time.Since(z.stalled).Round(100*time.Millisecond))
 	}
-	return z.lastErr
+	return fmt.Errorf("%w: %w", hypervisors.ErrUnreachable, z.lastErr)
 }
 
 // current returns the live client and its generation, or an error wrapping
-// ErrUnreachable.
+// ErrUnreachable that names the zone.
 func (z *zoneConn) current() (*golibvirt.Libvirt, uint64, error) {
 	z.mu.Lock()
 	defer z.mu.Unlock()
 	if z.lv == nil {
-		return nil, 0, z.lastErr
+		return nil, 0, fmt.Errorf("zone %s: %w: %w", z.zone, hypervisors.ErrUnreachable, z.lastErr)
 	}
 	return z.lv, z.gen, nil
 }

@@ -1,6 +1,7 @@
 package libvirt
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -28,7 +29,15 @@ type Hypervisor struct {
 	zones  map[string]*zoneConn
 	caches map[string]*zoneCache
 	calls  atomic.Int64
+	probes atomic.Int64
 	now    func() time.Time
+	events *hypervisors.EventQueue
+
+	// owners maps "zone\x00domain name" to the machine id the adapter
+	// last saw in its marker or defined it for, so lifecycle events name
+	// their machine even after the domain is gone.
+	ownersMu sync.Mutex
+	owners   map[string]string
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -37,6 +46,8 @@ type Hypervisor struct {
 var (
 	_ hypervisors.Hypervisor     = (*Hypervisor)(nil)
 	_ hypervisors.HealthReporter = (*Hypervisor)(nil)
+	_ hypervisors.EventSource    = (*Hypervisor)(nil)
+	_ hypervisors.VolumeReader   = (*Hypervisor)(nil)
 )
 
 // New validates cfg and returns at once; each zone dials in the background
@@ -53,10 +64,14 @@ func New(cfg Config, logger *slog.Logger) (*Hypervisor, error) {
 	h := &Hypervisor{
 		cfg: cfg, log: logger, cancel: cancel, now: time.Now,
 		zones: map[string]*zoneConn{}, caches: map[string]*zoneCache{},
+		events: hypervisors.NewEventQueue(), owners: map[string]string{},
 	}
 	for _, z := range cfg.Zones {
 		u, _ := ParseURI(z.URI) // validated above
-		zc := newZoneConn(z.Zone, u, &h.cfg, logger, &h.calls)
+		zc := newZoneConn(z.Zone, u, &h.cfg, logger, &h.calls, &h.probes)
+		zc.events = h.events
+		zone := z.Zone
+		zc.owner = func(name string) string { return h.owner(zone, name) }
 		h.zones[z.Zone] = zc
 		h.caches[z.Zone] = newZoneCache()
 		h.order = append(h.order, z.Zone)
@@ -73,8 +88,33 @@ func (h *Hypervisor) Shape() hypervisors.Shape { return hypervisors.ShapeLibvirt
 // Zones implements hypervisors.Hypervisor.
 func (h *Hypervisor) Zones() []string { return append([]string(nil), h.order...) }
 
-// Calls returns how many libvirt calls the adapter has made so far.
+// Calls returns how many libvirt calls the adapter has made so far
+// (connection probes not included; see Probes).
 func (h *Hypervisor) Calls() int64 { return h.calls.Load() }
+
+// Probes returns how many liveness probes the adapter has sent.
+func (h *Hypervisor) Probes() int64 { return h.probes.Load() }
+
+// Events implements hypervisors.EventSource: zone up/down and every
+// domain lifecycle event of every connected zone, coalesced per domain.
+func (h *Hypervisor) Events() <-chan hypervisors.Event { return h.events.C() }
+
+// setOwner records that a domain belongs to a machine (id "" forgets it).
+func (h *Hypervisor) setOwner(zone, name, id string) {
+	h.ownersMu.Lock()
+	defer h.ownersMu.Unlock()
+	if id == "" {
+		delete(h.owners, zone+"\x00"+name)
+		return
+	}
+	h.owners[zone+"\x00"+name] = id
+}
+
+func (h *Hypervisor) owner(zone, name string) string {
+	h.ownersMu.Lock()
+	defer h.ownersMu.Unlock()
+	return h.owners[zone+"\x00"+name]
+}
 
 // ZoneHealth implements hypervisors.HealthReporter.
 func (h *Hypervisor) ZoneHealth() map[string]error {
@@ -99,10 +139,12 @@ func (h *Hypervisor) WaitConnected(ctx context.Context) error {
 	return nil
 }
 
-// Close stops the reconnect loops and drops every connection.
+// Close stops the reconnect loops, drops every connection and closes
+// the event channel.
 func (h *Hypervisor) Close() error {
 	h.cancel()
 	h.wg.Wait()
+	h.events.Close()
 	return nil
 }
 
@@ -317,9 +359,10 @@ func (h *Hypervisor) CreateOverlay(ctx context.Context, zone string, spec hyperv
 	return nil
 }
 
-// CreateSeed implements hypervisors.Hypervisor. The ISO is (re)uploaded
-// even when the volume exists, so a crash between create and upload
-// converges; a volume of the wrong size is replaced.
+// CreateSeed implements hypervisors.Hypervisor. The seed (ISO plus
+// identity trailer) is (re)uploaded even when the volume exists, so a
+// crash between create and upload converges; a volume of the wrong size
+// is replaced.
 func (h *Hypervisor) CreateSeed(ctx context.Context, zone string, spec hypervisors.SeedSpec) error {
 	zc, err := h.zone(zone)
 	if err != nil {
@@ -328,14 +371,16 @@ func (h *Hypervisor) CreateSeed(ctx context.Context, zone string, spec hyperviso
 	if !strings.HasPrefix(spec.Name, hypervisors.VolumePrefix) {
 		return fmt.Errorf("seed %q lacks prefix %q: %w", spec.Name, hypervisors.VolumePrefix, hypervisors.ErrInvalid)
 	}
-	iso, err := buildSeed(spec)
+	img, err := buildSeed(spec)
 	if err != nil {
 		return err
 	}
+	defer h.caches[zone].touchVolume(spec.Name)
 	p, err := h.lookupPool(ctx, zc, spec.Pool)
 	if err != nil {
 		return fmt.Errorf("create seed %s: %w", spec.Name, err)
 	}
+	size := uint64(len(img))
 	vol, err := h.lookupVolume(ctx, zc, p, spec.Name)
 	switch {
 	case err == nil:
@@ -343,17 +388,17 @@ func (h *Hypervisor) CreateSeed(ctx context.Context, zone string, spec hyperviso
 		if err != nil {
 			return fmt.Errorf("create seed %s: %w", spec.Name, err)
 		}
-		if volumeBytes(vx.Capacity) != uint64(len(iso)) {
+		if volumeBytes(vx.Capacity) != size {
 			if err := h.deleteVol(ctx, zc, vol); err != nil {
 				return fmt.Errorf("create seed %s: replace: %w", spec.Name, err)
 			}
-			vol, err = h.createRaw(ctx, zc, p, spec.Name, uint64(len(iso)))
+			vol, err = h.createRaw(ctx, zc, p, spec.Name, size)
 			if err != nil {
 				return fmt.Errorf("create seed %s: %w", spec.Name, err)
 			}
 		}
 	case errors.Is(err, hypervisors.ErrNotFound):
-		vol, err = h.createRaw(ctx, zc, p, spec.Name, uint64(len(iso)))
+		vol, err = h.createRaw(ctx, zc, p, spec.Name, size)
 		if err != nil {
 			return fmt.Errorf("create seed %s: %w", spec.Name, err)
 		}
@@ -361,12 +406,78 @@ func (h *Hypervisor) CreateSeed(ctx context.Context, zone string, spec hyperviso
 		return fmt.Errorf("create seed %s: %w", spec.Name, err)
 	}
 	err = zc.call(ctx, "upload "+spec.Pool+"/"+spec.Name+" on "+zone, 0, func(l *golibvirt.Libvirt) error {
-		return l.StorageVolUpload(vol, strings.NewReader(string(iso)), 0, uint64(len(iso)), 0)
+		return l.StorageVolUpload(vol, bytes.NewReader(img), 0, size, 0)
 	})
 	if err != nil {
 		return fmt.Errorf("create seed %s: %w", spec.Name, err)
 	}
 	return nil
+}
+
+// readSeedIdentity reads a seed volume's trailer ("" when it has none).
+func (h *Hypervisor) readSeedIdentity(ctx context.Context, zc *zoneConn, v golibvirt.StorageVol, capacity uint64) (string, error) {
+	if capacity < trailerSize {
+		return "", nil
+	}
+	var tail []byte
+	err := zc.call(ctx, "read seed trailer "+v.Pool+"/"+v.Name+" on "+zc.zone, 0, func(l *golibvirt.Libvirt) error {
+		var b bytes.Buffer
+		if err := l.StorageVolDownload(v, &b, capacity-trailerSize, trailerSize, 0); err != nil {
+			return err
+		}
+		tail = b.Bytes()
+		return nil
+	})
+	if err != nil {
+		return "", err
+	}
+	return seedIdentity(tail, capacity), nil
+}
+
+// readVolume reads what observation reports about one volume.
+func (h *Hypervisor) readVolume(ctx context.Context, zc *zoneConn, pool string, v golibvirt.StorageVol) (*observed.Volume, error) {
+	vx, err := h.volumeXML(ctx, zc, v)
+	if err != nil {
+		return nil, err
+	}
+	ov := &observed.Volume{Zone: zc.zone, Pool: pool, Name: v.Name, Format: vx.format(), BackingFormat: vx.backingFormat()}
+	if isSeedVolume(v.Name) {
+		ov.Identity, err = h.readSeedIdentity(ctx, zc, v, volumeBytes(vx.Capacity))
+		if err != nil && !errors.Is(err, hypervisors.ErrUnsupported) {
+			return nil, err
+		}
+	}
+	return ov, nil
+}
+
+// ReadVolumes implements hypervisors.VolumeReader: each named volume is
+// looked up and read directly (a seed's identity included).
+func (h *Hypervisor) ReadVolumes(ctx context.Context, zone, pool string, names []string) ([]*observed.Volume, error) {
+	zc, err := h.zone(zone)
+	if err != nil {
+		return nil, err
+	}
+	p, err := h.lookupPool(ctx, zc, pool)
+	if err != nil {
+		return nil, fmt.Errorf("read volumes in %s on %s: %w", pool, zone, err)
+	}
+	var out []*observed.Volume
+	for _, name := range names {
+		v, err := h.lookupVolume(ctx, zc, p, name)
+		if errors.Is(err, hypervisors.ErrNotFound) {
+			continue
+		} else if err != nil {
+			return nil, fmt.Errorf("read volume %s: %w", name, err)
+		}
+		ov, err := h.readVolume(ctx, zc, pool, v)
+		if errors.Is(err, hypervisors.ErrNotFound) {
+			continue
+		} else if err != nil {
+			return nil, fmt.Errorf("read volume %s: %w", name, err)
+		}
+		out = append(out, ov)
+	}
+	return out, nil
 }
 
 func (h *Hypervisor) createRaw(ctx context.Context, zc *zoneConn, p golibvirt.StoragePool, name string, size uint64) (golibvirt.StorageVol, error) {
@@ -441,6 +552,7 @@ func (h *Hypervisor) DefineDomain(ctx context.Context, zone string, spec hypervi
 		return err
 	}
 	defer h.caches[zone].touch(spec.Name)
+	h.setOwner(zone, spec.Name, spec.Marker.MachineID)
 	if done, err := h.adoptDomain(ctx, zc, spec); done || err != nil {
 		return err
 	}

@@ -17,18 +17,22 @@ import (
 
 // zoneCache keeps what Observe last read per domain (by UUID) and per
 // volume (by key), so a steady-state tick reads no per-object detail.
+// A cached seed volume is re-read when the adapter rewrote it or its read
+// is older than Config.RefreshEvery.
 type zoneCache struct {
 	mu    sync.Mutex // held for a whole Observe tick of the zone
 	doms  map[golibvirt.UUID]*domEntry
-	vols  map[string]*observed.Volume
+	vols  map[string]*volEntry
 	pools map[string]golibvirt.StoragePool
 	dirty *dirtySet // own lock: mutations never wait for a tick
 }
 
-// dirtySet holds the names of domains mutated through the adapter.
+// dirtySet holds the names of domains and volumes mutated through the
+// adapter.
 type dirtySet struct {
 	mu    sync.Mutex
 	names map[string]bool // domain names mutated through the adapter
+	vols  map[string]bool // volume names rewritten through the adapter
 }
 
 // domEntry is one cached domain read. It is reused while the domain's id
@@ -41,11 +45,33 @@ type domEntry struct {
 	dom   *domainRead
 }
 
+// volEntry is one cached volume read.
+type volEntry struct {
+	read time.Time
+	vol  *observed.Volume
+}
+
 func newZoneCache() *zoneCache {
 	return &zoneCache{
-		doms: map[golibvirt.UUID]*domEntry{}, vols: map[string]*observed.Volume{},
-		pools: map[string]golibvirt.StoragePool{}, dirty: &dirtySet{names: map[string]bool{}},
+		doms: map[golibvirt.UUID]*domEntry{}, vols: map[string]*volEntry{},
+		pools: map[string]golibvirt.StoragePool{}, dirty: &dirtySet{names: map[string]bool{}, vols: map[string]bool{}},
 	}
+}
+
+// touchVolume marks a volume name for re-reading on the next Observe.
+func (c *zoneCache) touchVolume(name string) {
+	c.dirty.mu.Lock()
+	c.dirty.vols[name] = true
+	c.dirty.mu.Unlock()
+}
+
+// takeDirtyVolumes returns and clears the dirty volume set.
+func (c *zoneCache) takeDirtyVolumes() map[string]bool {
+	c.dirty.mu.Lock()
+	defer c.dirty.mu.Unlock()
+	d := c.dirty.vols
+	c.dirty.vols = map[string]bool{}
+	return d
 }
 
 // touch marks a domain name for re-reading on the next Observe.
@@ -153,18 +179,22 @@ func (h *Hypervisor) observe(ctx context.Context, zone string, at time.Time) (*o
 			}
 			e = &domEntry{id: ld.dom.ID, state: ld.state, read: at, dom: d}
 			cache.doms[ld.dom.UUID] = e
+			if m := d.marker(); m != nil && m.Installation == h.cfg.Installation {
+				h.setOwner(zone, ld.dom.Name, m.MachineID)
+			}
 		}
 		out.VMs = append(out.VMs, h.vmFrom(zone, e.dom, power(ld.state), auto[ld.dom.UUID]))
 	}
-	for u := range cache.doms {
+	for u, e := range cache.doms {
 		if !seen[u] {
 			delete(cache.doms, u)
+			h.setOwner(zone, e.dom.Name, "")
 		}
 	}
 	sort.Slice(out.VMs, func(i, j int) bool { return out.VMs[i].Name < out.VMs[j].Name })
 
 	if pool := h.poolOf(zone); pool != "" {
-		vols, err := h.observeVolumes(ctx, zc, cache, pool)
+		vols, err := h.observeVolumes(ctx, zc, cache, pool, at)
 		if err != nil {
 			return nil, err
 		}
@@ -184,8 +214,10 @@ func (h *Hypervisor) poolOf(zone string) string {
 }
 
 // observeVolumes lists the pool's bf- volumes; format and backing format
-// are read once per volume key. The caller holds cache.mu.
-func (h *Hypervisor) observeVolumes(ctx context.Context, zc *zoneConn, cache *zoneCache, pool string) ([]*observed.Volume, error) {
+// are read once per volume key, a seed's identity also after the adapter
+// rewrote it. The caller holds cache.mu.
+func (h *Hypervisor) observeVolumes(ctx context.Context, zc *zoneConn, cache *zoneCache, pool string, at time.Time) ([]*observed.Volume, error) {
+	dirty := cache.takeDirtyVolumes()
 	p, ok := cache.pools[pool]
 	if !ok {
 		var err error
@@ -214,18 +246,18 @@ func (h *Hypervisor) observeVolumes(ctx context.Context, zc *zoneConn, cache *zo
 		}
 		key := v.Key + "\x00" + v.Name
 		seen[key] = true
-		ov := cache.vols[key]
-		if ov == nil {
-			vx, err := h.volumeXML(ctx, zc, v)
+		e := cache.vols[key]
+		if e == nil || isSeedVolume(v.Name) && (dirty[v.Name] || at.Sub(e.read) >= h.cfg.RefreshEvery) {
+			ov, err := h.readVolume(ctx, zc, pool, v)
 			if errors.Is(err, hypervisors.ErrNotFound) {
 				continue
 			} else if err != nil {
 				return nil, err
 			}
-			ov = &observed.Volume{Zone: zc.zone, Pool: pool, Name: v.Name, Format: vx.format(), BackingFormat: vx.backingFormat()}
-			cache.vols[key] = ov
+			e = &volEntry{read: at, vol: ov}
+			cache.vols[key] = e
 		}
-		c := *ov
+		c := *e.vol
 		out = append(out, &c)
 	}
 	for k := range cache.vols {
