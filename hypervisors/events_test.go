@@ -7,9 +7,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 )
 
-// Events pushed while nobody reads are coalesced per (zone, kind, vm),
-// and carry the latest detail; Push never
-// blocks.
+// Events pushed while nobody reads are coalesced per (zone, kind, vm)
+// and carry the latest detail; Push never blocks.
 func TestEventQueueCoalesces(t *testing.T) {
 	q := NewEventQueue()
 	defer q.Close()
