@@ -142,7 +142,9 @@ type zoneYAML struct {
 	At  string   `yaml:"at"`
 	VMs []vmYAML `yaml:"vms"`
 	// Volumes are extra libvirt volumes (overlay "*-disk.qcow2" or seed
-	// "*-cidata.iso"), e.g. left by a half-built create.
+	// "*-cidata.iso"), e.g. left by a half-built create. A seed holds the
+	// seed its machine needs, unless the name is followed by " blank"
+	// (created, never uploaded) or " stale" (built from other inputs).
 	Volumes []string `yaml:"volumes"`
 }
 
@@ -533,17 +535,25 @@ func (c *goldenCase) world(t *testing.T, clk *clock) simulator {
 			}
 		}
 		for _, vol := range z.Volumes {
-			name := c.expand(vol)
+			name, how, _ := strings.Cut(c.expand(vol), " ")
 			var err error
 			switch {
 			case lv == nil:
 				err = errors.New("volumes exist on libvirt only")
 			case strings.HasSuffix(name, "-disk.qcow2"):
 				err = lv.CreateOverlay(ctx, z.Name, hypervisors.OverlaySpec{Pool: fake.DefaultPool, Name: name, BaseImage: fake.DefaultImage})
-			case strings.HasSuffix(name, "-cidata.iso"):
-				err = lv.CreateSeed(ctx, z.Name, hypervisors.SeedSpec{Pool: fake.DefaultPool, Name: name, InstanceID: name, Hostname: name})
+			case strings.HasSuffix(name, "-cidata.iso") && how == "blank":
+				err = lv.AddBlankSeedVolume(z.Name, fake.DefaultPool, name)
+			case strings.HasSuffix(name, "-cidata.iso") && (how == "" || how == "stale"):
+				spec := hypervisors.SeedSpec{Pool: fake.DefaultPool, Name: name, InstanceID: name, Hostname: name}
+				for id, m := range c.byID {
+					if vm := c.vmName(m); vm != "" && hypervisors.SeedVolume(vm) == name && how == "" {
+						spec.InstanceID, spec.Hostname, spec.UserData = id, vm, c.cfg.Planner.UserData
+					}
+				}
+				err = lv.CreateSeed(ctx, z.Name, spec)
 			default:
-				err = errors.New("a volume name ends in -disk.qcow2 or -cidata.iso")
+				err = errors.New(`a volume name ends in -disk.qcow2 or -cidata.iso (a seed optionally followed by " blank" or " stale")`)
 			}
 			if err != nil {
 				t.Fatalf("observed.yaml: zone %s volume %s: %v", z.Name, name, err)

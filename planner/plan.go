@@ -105,10 +105,13 @@ const (
 	DriftNameCollision DriftKind = "unmanaged-name-collision"
 	DriftUnknownHost   DriftKind = "unknown-host"
 	DriftLeaked        DriftKind = "leaked"
+	// DriftSeedMismatch: a libvirt seed volume does not carry the content
+	// identity of the seed the machine needs (repaired by rebuilding it).
+	DriftSeedMismatch DriftKind = "seed-mismatch"
 )
 
 // DriftKinds lists every kind, for metrics that must report zeros.
-var DriftKinds = []DriftKind{DriftMissing, DriftStopped, DriftPaused, DriftResized, DriftOrphan, DriftNameCollision, DriftUnknownHost, DriftLeaked}
+var DriftKinds = []DriftKind{DriftMissing, DriftStopped, DriftPaused, DriftResized, DriftOrphan, DriftNameCollision, DriftUnknownHost, DriftLeaked, DriftSeedMismatch}
 
 // Policy says what the reconciler does about a drift.
 type Policy string

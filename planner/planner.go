@@ -347,9 +347,22 @@ func (p *machinePlanner) creating(vm *observed.VM) {
 			p.addStep(ActionCreateOverlay, t, "disk", Params{Overlay: &hypervisors.OverlaySpec{Pool: p.pool(), Name: overlay, BaseImage: p.cfg.Image}}, "missing")
 			deps = append(deps, p.last)
 		}
-		if p.ix.Volume(m.Zone, seed) == nil {
-			p.addStep(ActionCreateSeed, t, "cidata", Params{Seed: &hypervisors.SeedSpec{Pool: p.pool(), Name: seed,
-				InstanceID: m.ID, Hostname: m.VMName, UserData: p.cfg.UserData}}, "missing")
+		// A seed is trusted by its content identity, not its name: a
+		// volume left by a crash between create and upload, or built from
+		// other inputs, is rebuilt before the domain that boots from it is
+		// defined.
+		want := hypervisors.SeedSpec{Pool: p.pool(), Name: seed, InstanceID: m.ID, Hostname: m.VMName, UserData: p.cfg.UserData}
+		switch sv := p.ix.Volume(m.Zone, seed); {
+		case sv == nil:
+			p.addStep(ActionCreateSeed, t, "cidata", Params{Seed: &want}, "missing")
+			deps = append(deps, p.last)
+		case sv.Identity != hypervisors.SeedIdentity(want):
+			detail := "seed volume " + seed + " carries no content identity (created but never fully uploaded); rebuilding it"
+			if sv.Identity != "" {
+				detail = "seed volume " + seed + " was built from other inputs (" + sv.Identity + "); rebuilding it"
+			}
+			p.addDrift(DriftSeedMismatch, PolicyRepair, m.VMName, detail)
+			p.addStep(ActionCreateSeed, t, "cidata", Params{Seed: &want}, "drift:seed-mismatch")
 			deps = append(deps, p.last)
 		}
 		p.addStepDeps(ActionDefine, t, "", Params{Domain: &hypervisors.DomainSpec{Name: m.VMName, VCPU: m.VCPU, MemoryMiB: m.MemoryMiB,

@@ -43,7 +43,6 @@ type Options struct {
 	Metrics    Metrics
 	// ObserveTimeout bounds one zone's listing.
 	ObserveTimeout time.Duration
-	Now            func() time.Time
 	// QueueMetrics receives the work queue's depth, adds, latencies and
 	// retries; nil discards them.
 	QueueMetrics workqueue.MetricsProvider
@@ -54,6 +53,10 @@ type Options struct {
 	// a full pass found, so an operator can see it pending in a plan; 0
 	// repairs at once. Intents, failures and adoptions are never delayed.
 	RepairDelay time.Duration
+	// MinPassGap spaces full passes asked for by Trigger or events
+	// (default 500ms), so an event storm costs at most two passes a second.
+	MinPassGap time.Duration
+	Now        func() time.Time
 }
 
 // Reconciler is the loop.
@@ -66,6 +69,11 @@ type Reconciler struct {
 	// pass so per-machine work looks things up instead of scanning.
 	last atomic.Pointer[lastObservation]
 	kick chan struct{}
+
+	// byVM maps "zone\x00vm name" to machine id, rebuilt by every full
+	// pass, for events whose adapter does not know the machine.
+	byVMMu sync.Mutex
+	byVM   map[string]string
 }
 
 // New returns a Reconciler; call Run to start it.
@@ -81,6 +89,9 @@ func New(o Options) *Reconciler {
 	}
 	if o.Now == nil {
 		o.Now = time.Now
+	}
+	if o.MinPassGap <= 0 {
+		o.MinPassGap = 500 * time.Millisecond
 	}
 	if o.RetryMin <= 0 {
 		o.RetryMin = time.Second
@@ -129,11 +140,19 @@ func (r *Reconciler) Run(ctx, work context.Context) {
 			r.worker(work)
 		}()
 	}
+	if es, ok := hypervisors.Find[hypervisors.EventSource](r.o.Hypervisor); ok {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.consume(ctx, es.Events())
+		}()
+	}
 	defer func() {
 		r.queue.ShutDownWithDrain()
 		wg.Wait()
 	}()
 	r.fullPass(work)
+	last := time.Now()
 	var tick <-chan time.Time
 	if r.o.Interval > 0 {
 		t := time.NewTicker(r.o.Interval)
@@ -145,9 +164,60 @@ func (r *Reconciler) Run(ctx, work context.Context) {
 		case <-ctx.Done():
 			return
 		case <-tick:
-			r.fullPass(work)
 		case <-r.kick:
-			r.fullPass(work)
+			if gap := r.o.MinPassGap - time.Since(last); gap > 0 {
+				select {
+				case <-ctx.Done():
+					continue
+				case <-time.After(gap):
+				}
+			}
+		}
+		r.fullPass(work)
+		last = time.Now()
+	}
+}
+
+// consume turns adapter events into work until ctx ends or the channel
+// closes. Events are hints: each one leads to a fresh look, never to an
+// action by itself.
+func (r *Reconciler) consume(ctx context.Context, events <-chan hypervisors.Event) {
+	for {
+		var ev hypervisors.Event
+		var ok bool
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok = <-events:
+			if !ok {
+				return
+			}
+		}
+		switch ev.Kind {
+		case hypervisors.EventZoneUp:
+			r.o.Logger.Info("zone up: re-driving its pending work", "zone", ev.Zone)
+			for _, id := range r.o.Doc.Pending() {
+				if m := r.o.Doc.Get(id); m != nil && m.Zone == ev.Zone {
+					r.Enqueue(id)
+				}
+			}
+			r.Trigger()
+		case hypervisors.EventZoneDown:
+			r.Trigger()
+		case hypervisors.EventVM:
+			id := ev.MachineID
+			if id == "" {
+				r.byVMMu.Lock()
+				id = r.byVM[ev.Zone+"\x00"+ev.VM]
+				r.byVMMu.Unlock()
+			}
+			if id != "" && r.o.Doc.Get(id) != nil {
+				r.Enqueue(id)
+			}
+			r.o.Logger.Debug("vm event", "zone", ev.Zone, "vm", ev.VM, "machine", id, "event", ev.Detail)
+			// The full pass publishes the drift and finds VMs no machine
+			// claims.
+			r.Trigger()
 		}
 	}
 }
@@ -222,7 +292,18 @@ func (r *Reconciler) fullPass(ctx context.Context) {
 	snap := r.ObserveAll(ctx)
 	ix := observed.NewIndex(snap, r.o.Planner.Installation)
 	r.last.Store(&lastObservation{snap: snap, ix: ix})
-	plan := r.build(snap, ix)
+	machines := r.o.Doc.All()
+	byVM := make(map[string]string, len(machines))
+	for _, m := range machines {
+		if m.VMName != "" {
+			byVM[m.Zone+"\x00"+m.VMName] = m.ID
+		}
+	}
+	r.byVMMu.Lock()
+	r.byVM = byVM
+	r.byVMMu.Unlock()
+	plan := planner.Build(planner.Inputs{Config: r.o.Planner, Machines: machines, Observed: snap, Index: ix,
+		Lineage: r.o.Doc.Lineage(), Serial: r.o.Doc.Revision(), Now: r.o.Now()})
 	if r.o.Metrics != nil {
 		r.o.Metrics.Planned(plan)
 	}
@@ -269,15 +350,28 @@ func (r *Reconciler) adoptOrphan(ctx context.Context, c planner.Change) {
 }
 
 // view builds a fresh observation of just what one machine needs: its VM
-// looked up directly, plus the volumes from the latest full listing.
+// looked up directly, plus its volumes, read directly when the machine's
+// plan depends on them and the adapter can (hypervisors.VolumeReader),
+// else from the latest full listing.
 func (r *Reconciler) view(ctx context.Context, m *desired.Machine) *observed.Snapshot {
 	now := r.o.Now()
 	last := r.last.Load()
 	z := &observed.Zone{Name: m.Zone, Status: observed.StatusOK, At: now}
 	snap := &observed.Snapshot{Zones: map[string]*observed.Zone{m.Zone: z}, At: now}
+	lctx, cancel := context.WithTimeout(ctx, r.o.ObserveTimeout)
+	defer cancel()
 	var prev *observed.VM // the owned VM the last full listing showed
+	direct := false
+	if vr, ok := hypervisors.Find[hypervisors.VolumeReader](r.o.Hypervisor); ok && r.needsVolumes(m) {
+		vols, err := vr.ReadVolumes(lctx, m.Zone, r.pool(m.Zone), []string{hypervisors.OverlayVolume(m.VMName), hypervisors.SeedVolume(m.VMName)})
+		if err != nil {
+			snap.Zones[m.Zone] = observed.Unknown(m.Zone, err, now)
+			return snap
+		}
+		z.Volumes, z.VolumesAt, direct = vols, now, true
+	}
 	if last != nil {
-		if lz := last.snap.Zones[m.Zone]; lz != nil && !lz.VolumesAt.IsZero() && m.VMName != "" {
+		if lz := last.snap.Zones[m.Zone]; !direct && lz != nil && !lz.VolumesAt.IsZero() && m.VMName != "" {
 			for _, name := range []string{hypervisors.OverlayVolume(m.VMName), hypervisors.SeedVolume(m.VMName)} {
 				if v := last.ix.Volume(m.Zone, name); v != nil {
 					z.Volumes = append(z.Volumes, v)
@@ -291,8 +385,6 @@ func (r *Reconciler) view(ctx context.Context, m *desired.Machine) *observed.Sna
 	if !ok {
 		return snap
 	}
-	lctx, cancel := context.WithTimeout(ctx, r.o.ObserveTimeout)
-	defer cancel()
 	vm, err := r.o.Hypervisor.Lookup(lctx, t)
 	if errors.Is(err, hypervisors.ErrNotFound) && prev != nil && prev.Zone == m.Zone && prev.Name != t.Name {
 		// An owned VM under another name (an earlier cycle's, adopted
@@ -307,6 +399,28 @@ func (r *Reconciler) view(ctx context.Context, m *desired.Machine) *observed.Sna
 		snap.Zones[m.Zone] = observed.Unknown(m.Zone, err, now)
 	}
 	return snap
+}
+
+// needsVolumes reports whether a machine's plan depends on its volumes: a
+// Create builds them, a Delete and the reaping of a FAILED machine remove
+// them.
+func (r *Reconciler) needsVolumes(m *desired.Machine) bool {
+	if r.o.Hypervisor.Shape() != hypervisors.ShapeLibvirt || m.VMName == "" {
+		return false
+	}
+	switch m.State {
+	case desired.Creating, desired.Deleting, desired.Failed:
+		return true
+	}
+	return false
+}
+
+// pool is the storage pool of a zone's volumes (as the planner uses it).
+func (r *Reconciler) pool(zone string) string {
+	if p := r.o.Planner.ZonePools[zone]; p != "" {
+		return p
+	}
+	return r.o.Planner.Pool
 }
 
 // target says where a machine's VM is, if anywhere: by name on libvirt,

@@ -28,6 +28,7 @@ type Libvirt struct {
 var (
 	_ hypervisors.Hypervisor     = (*Libvirt)(nil)
 	_ hypervisors.HealthReporter = (*Libvirt)(nil)
+	_ hypervisors.VolumeReader   = (*Libvirt)(nil)
 )
 
 type lvHost struct {
@@ -262,13 +263,67 @@ func (f *Libvirt) Observe(ctx context.Context, zone string) (*observed.Zone, err
 	sort.Slice(z.VMs, func(i, j int) bool { return z.VMs[i].Name < z.VMs[j].Name })
 	for _, v := range h.Pools[f.opts.Pool] {
 		if strings.HasPrefix(v.Name, hypervisors.VolumePrefix) {
-			z.Volumes = append(z.Volumes, &observed.Volume{
-				Zone: zone, Pool: f.opts.Pool, Name: v.Name, Format: v.Format, BackingFormat: v.BackingFormat,
-			})
+			z.Volumes = append(z.Volumes, v.observe(zone, f.opts.Pool))
 		}
 	}
 	sort.Slice(z.Volumes, func(i, j int) bool { return z.Volumes[i].Name < z.Volumes[j].Name })
 	return z, nil
+}
+
+// observe reports a volume as the libvirt adapter does: a seed's identity
+// is that of the content it holds, "" for a seed volume with no content
+// (created, never uploaded).
+func (v *volume) observe(zone, pool string) *observed.Volume {
+	ov := &observed.Volume{Zone: zone, Pool: pool, Name: v.Name, Format: v.Format, BackingFormat: v.BackingFormat}
+	if v.Seed != nil {
+		ov.Identity = hypervisors.SeedIdentity(hypervisors.SeedSpec{InstanceID: v.Seed.InstanceID, Hostname: v.Seed.Hostname, UserData: v.Seed.UserData})
+	}
+	return ov
+}
+
+// ReadVolumes implements hypervisors.VolumeReader.
+func (f *Libvirt) ReadVolumes(ctx context.Context, zone, pool string, names []string) ([]*observed.Volume, error) {
+	if err := f.enter(ctx, "ReadVolumes", zone, hypervisors.Target{Zone: zone}); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	h, err := f.host(zone)
+	if err != nil {
+		return nil, fmt.Errorf("read volumes on %s: %w", zone, err)
+	}
+	p, err := h.pool(zone, pool)
+	if err != nil {
+		return nil, fmt.Errorf("read volumes on %s: %w", zone, err)
+	}
+	var out []*observed.Volume
+	for _, n := range names {
+		if v := p[n]; v != nil {
+			out = append(out, v.observe(zone, pool))
+		}
+	}
+	return out, nil
+}
+
+// AddBlankSeedVolume places a seed volume with no content, as a crash
+// between creating the volume and uploading the ISO leaves it.
+func (f *Libvirt) AddBlankSeedVolume(zone, pool, name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	h, err := f.host(zone)
+	if err != nil {
+		return err
+	}
+	p, err := h.pool(zone, pool)
+	if err != nil {
+		return err
+	}
+	if p[name] != nil {
+		return fmt.Errorf("add %s/%s on %s: %w", pool, name, zone, hypervisors.ErrExists)
+	}
+	p[name] = &volume{Name: name, Format: "iso", CapacityGiB: 1}
+	f.saveVolumes(zone, pool, name)
+	return nil
 }
 
 // Lookup re-reads one domain by name.

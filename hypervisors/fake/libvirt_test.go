@@ -33,7 +33,9 @@ func TestLibvirtLifecycle(t *testing.T) {
 		}
 	}
 	overlay := &observed.Volume{Zone: "rack1", Pool: "default", Name: hypervisors.OverlayVolume(name), Format: "qcow2", BackingFormat: "qcow2"}
-	seedVol := &observed.Volume{Zone: "rack1", Pool: "default", Name: hypervisors.SeedVolume(name), Format: "iso"}
+	// The seed observes with the identity of the content it was built from.
+	seedVol := &observed.Volume{Zone: "rack1", Pool: "default", Name: hypervisors.SeedVolume(name), Format: "iso",
+		Identity: hypervisors.SeedIdentity(hypervisors.SeedSpec{InstanceID: name, Hostname: name})}
 	domainVM := func(power observed.Power, mk observed.Marker, autostart bool) *observed.VM {
 		return &observed.VM{Zone: "rack1", Name: name, Marker: &mk, Power: power, VCPU: 2, MemoryMiB: 4096,
 			Autostart: autostart, Volumes: []string{overlay.Name, seedVol.Name}}
@@ -243,7 +245,8 @@ func TestLibvirtForeignCollision(t *testing.T) {
 			{Zone: "rack1", Name: "bf-other", Marker: &other, Power: observed.PowerRunning, VCPU: 2, MemoryMiB: 2048, Volumes: []string{"foreign-bf-other.qcow2"}},
 		},
 		Volumes: []*observed.Volume{
-			{Zone: "rack1", Pool: "default", Name: "bf-mine-cidata.iso", Format: "iso"},
+			{Zone: "rack1", Pool: "default", Name: "bf-mine-cidata.iso", Format: "iso",
+				Identity: hypervisors.SeedIdentity(hypervisors.SeedSpec{InstanceID: "bf-mine", Hostname: "bf-mine"})},
 			{Zone: "rack1", Pool: "default", Name: "bf-mine-disk.qcow2", Format: "qcow2", BackingFormat: "qcow2"},
 		}}
 	if d := cmp.Diff(want, z, ignoreAt); d != "" {
@@ -312,5 +315,38 @@ func TestLibvirtOutOfBand(t *testing.T) {
 	errIs(t, "lookup removed", err, hypervisors.ErrNotFound)
 	if got := len(f.Volumes("fake-a")); got != 1 { // the base image
 		t.Errorf("volumes after RemoveVM: %d, want the base image only", got)
+	}
+}
+
+// A seed volume created but never filled observes with no identity, is
+// read the same way directly, and becomes a proper seed when CreateSeed
+// runs again (as the libvirt adapter re-uploads).
+func TestLibvirtBlankSeed(t *testing.T) {
+	f := NewLibvirt(Options{Zones: []string{"rack1"}})
+	defer f.Close()
+	ctx := context.Background()
+	name := "bf-blank-cidata.iso"
+	if err := f.AddBlankSeedVolume("rack1", "default", name); err != nil {
+		t.Fatal(err)
+	}
+	blank := []*observed.Volume{{Zone: "rack1", Pool: "default", Name: name, Format: "iso"}}
+	got, err := f.ReadVolumes(ctx, "rack1", "default", []string{name, "bf-absent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(blank, got); d != "" {
+		t.Errorf("ReadVolumes (-want +got):\n%s", d)
+	}
+	spec := hypervisors.SeedSpec{Pool: "default", Name: name, InstanceID: "m", Hostname: "h"}
+	if err := f.CreateSeed(ctx, "rack1", spec); err != nil {
+		t.Fatal(err)
+	}
+	z, err := f.Observe(ctx, "rack1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []*observed.Volume{{Zone: "rack1", Pool: "default", Name: name, Format: "iso", Identity: hypervisors.SeedIdentity(spec)}}
+	if d := cmp.Diff(want, z.Volumes); d != "" {
+		t.Errorf("after CreateSeed (-want +got):\n%s", d)
 	}
 }

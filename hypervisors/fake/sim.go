@@ -99,6 +99,7 @@ func (s *sim) setUnreachable(zone string, on bool) {
 	}
 }
 
+// zoneHealth never names the zone: /readyz prints "zone <name>: <health>".
 func (s *sim) zoneHealth(zones []string) map[string]error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -106,7 +107,7 @@ func (s *sim) zoneHealth(zones []string) map[string]error {
 	for _, z := range zones {
 		h[z] = nil
 		if s.unreachable[z] {
-			h[z] = fmt.Errorf("zone %s: connection refused: %w", z, hypervisors.ErrUnreachable)
+			h[z] = fmt.Errorf("%w: connection refused", hypervisors.ErrUnreachable)
 		}
 	}
 	return h
