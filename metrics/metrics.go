@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -23,7 +24,7 @@ type Metrics struct {
 	reconciles    *prometheus.CounterVec
 	reconcileDur  *prometheus.HistogramVec
 	lastObserved  *prometheus.GaugeVec
-	zoneUp        *prometheus.GaugeVec
+	zoneUp        *zoneUpCollector
 	steps         *prometheus.CounterVec
 	stepDur       *prometheus.HistogramVec
 	hvCalls       *prometheus.CounterVec
@@ -66,8 +67,9 @@ func New(counts Counts, stateSize func() float64) *Metrics {
 		Help: "Duration of reconciles by outcome.", Buckets: lat}, []string{"outcome"})
 	m.lastObserved = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "zone_last_observed_timestamp_seconds",
 		Help: "Unix time of the last successful observation of a zone."}, []string{"zone"})
-	m.zoneUp = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "zone_up",
-		Help: "1 if the last observation of a zone succeeded, else 0."}, []string{"zone"})
+	m.zoneUp = &zoneUpCollector{desc: prometheus.NewDesc(ns+"_zone_up",
+		"1 while a zone is up (adapters that track connection health: computed at scrape time from the same status /readyz shows; others: the last observation succeeded), else 0.",
+		[]string{"zone"}, nil), observed: map[string]float64{}}
 	m.steps = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "executor_steps_total",
 		Help: "Executed plan steps by action and outcome."}, []string{"action", "outcome"})
 	m.stepDur = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "executor_step_duration_seconds",
@@ -150,9 +152,63 @@ func (m *Metrics) ZoneObserved(zone string, ok bool, at time.Time) {
 	}
 	if ok {
 		m.lastObserved.WithLabelValues(zone).Set(float64(at.UnixNano()) / 1e9)
-		m.zoneUp.WithLabelValues(zone).Set(1)
-	} else {
-		m.zoneUp.WithLabelValues(zone).Set(0)
+	}
+	m.zoneUp.observe(zone, ok)
+}
+
+// SetZoneHealth makes zone_up live: at every scrape it reports the zones
+// health returns (nil error: up) instead of the last observation, so it
+// always agrees with /readyz, which reads the same function.
+func (m *Metrics) SetZoneHealth(health func() map[string]error) {
+	if m == nil {
+		return
+	}
+	m.zoneUp.mu.Lock()
+	m.zoneUp.health = health
+	m.zoneUp.mu.Unlock()
+}
+
+// zoneUpCollector reports zone_up from live health when it has a source,
+// else from the last observation of each zone.
+type zoneUpCollector struct {
+	desc     *prometheus.Desc
+	mu       sync.Mutex
+	health   func() map[string]error
+	observed map[string]float64
+}
+
+func (c *zoneUpCollector) observe(zone string, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.observed[zone] = 0
+	if ok {
+		c.observed[zone] = 1
+	}
+}
+
+func (c *zoneUpCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *zoneUpCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	health := c.health
+	vals := make(map[string]float64, len(c.observed))
+	for z, v := range c.observed {
+		vals[z] = v
+	}
+	c.mu.Unlock()
+	if health != nil {
+		if h := health(); h != nil {
+			vals = make(map[string]float64, len(h))
+			for z, err := range h {
+				vals[z] = 0
+				if err == nil {
+					vals[z] = 1
+				}
+			}
+		}
+	}
+	for z, v := range vals {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, v, z)
 	}
 }
 

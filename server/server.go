@@ -122,6 +122,10 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Provider
 		return nil, err
 	}
 	p.HV = metrics.Instrument(p.raw, p.Metrics)
+	if h, ok := p.raw.(hypervisors.HealthReporter); ok {
+		// zone_up and /readyz read the same live status.
+		p.Metrics.SetZoneHealth(h.ZoneHealth)
+	}
 	p.Planner = plannerConfig(cfg, doc.Installation())
 	exec := executor.New(executor.Options{Hypervisor: p.HV, Installation: doc.Installation(), Blob: doc.Blob,
 		PerZone: cfg.MaxConcurrentPerZone, Logger: log, Observer: p.Metrics,
