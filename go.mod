@@ -22,6 +22,7 @@ require (
 	google.golang.org/protobuf v1.36.12
 	gopkg.in/yaml.v3 v3.0.1
 	k8s.io/client-go v0.37.2
+	libvirt.org/go/libvirtxml v1.12008.0
 )
 
 require (

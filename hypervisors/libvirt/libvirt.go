@@ -299,7 +299,7 @@ func (h *Hypervisor) lookupVolume(ctx context.Context, zc *zoneConn, p golibvirt
 	return v, err
 }
 
-func (h *Hypervisor) volumeXML(ctx context.Context, zc *zoneConn, v golibvirt.StorageVol) (*volumeXML, error) {
+func (h *Hypervisor) volumeXML(ctx context.Context, zc *zoneConn, v golibvirt.StorageVol) (*volumeRead, error) {
 	var s string
 	err := zc.call(ctx, "read volume "+v.Pool+"/"+v.Name+" on "+zc.zone, 0, func(l *golibvirt.Libvirt) (err error) {
 		s, err = l.StorageVolGetXMLDesc(v, 0)
@@ -338,14 +338,14 @@ func (h *Hypervisor) CreateOverlay(ctx context.Context, zone string, spec hyperv
 	if err != nil {
 		return fmt.Errorf("create overlay %s: %w", spec.Name, err)
 	}
-	format := bx.format()
+	format := bx.format
 	switch format {
 	case "qcow2", "raw":
 	default:
 		return fmt.Errorf("create overlay %s: base %s has format %q, want qcow2 or raw: %w", spec.Name, spec.BaseImage, format, hypervisors.ErrInvalid)
 	}
-	capacity := max(volumeBytes(bx.Capacity), uint64(spec.MinCapacityGiB)<<30)
-	def, err := overlayDefinition(spec.Name, capacity, bx.Target.Path, format)
+	capacity := max(bx.capacity, uint64(spec.MinCapacityGiB)<<30)
+	def, err := overlayDefinition(spec.Name, capacity, bx.path, format)
 	if err != nil {
 		return err
 	}
@@ -388,7 +388,7 @@ func (h *Hypervisor) CreateSeed(ctx context.Context, zone string, spec hyperviso
 		if err != nil {
 			return fmt.Errorf("create seed %s: %w", spec.Name, err)
 		}
-		if volumeBytes(vx.Capacity) != size {
+		if vx.capacity != size {
 			if err := h.deleteVol(ctx, zc, vol); err != nil {
 				return fmt.Errorf("create seed %s: replace: %w", spec.Name, err)
 			}
@@ -440,9 +440,9 @@ func (h *Hypervisor) readVolume(ctx context.Context, zc *zoneConn, pool string, 
 	if err != nil {
 		return nil, err
 	}
-	ov := &observed.Volume{Zone: zc.zone, Pool: pool, Name: v.Name, Format: vx.format(), BackingFormat: vx.backingFormat()}
+	ov := &observed.Volume{Zone: zc.zone, Pool: pool, Name: v.Name, Format: vx.format, BackingFormat: vx.backingFormat}
 	if isSeedVolume(v.Name) {
-		ov.Identity, err = h.readSeedIdentity(ctx, zc, v, volumeBytes(vx.Capacity))
+		ov.Identity, err = h.readSeedIdentity(ctx, zc, v, vx.capacity)
 		if err != nil && !errors.Is(err, hypervisors.ErrUnsupported) {
 			return nil, err
 		}

@@ -170,29 +170,69 @@ func TestParseVolume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := []any{v.format(), v.backingFormat(), volumeBytes(v.Capacity), v.Target.Path}
+	got := []any{v.format, v.backingFormat, v.capacity, v.path}
 	want := []any{"qcow2", "raw", uint64(64 << 20), "/p/bf-a.qcow2"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
 	}
 }
 
-func TestToBytes(t *testing.T) {
+func TestScaled(t *testing.T) {
 	tests := []struct {
-		in   sizeXML
+		v    uint64
+		unit string
+		def  uint64
 		want uint64
 	}{
-		{sizeXML{"", 1024}, 1 << 20},
-		{sizeXML{"KiB", 4194304}, 4 << 30},
-		{sizeXML{"MiB", 256}, 256 << 20},
-		{sizeXML{"G", 2}, 2 << 30},
-		{sizeXML{"bytes", 7}, 7},
-		{sizeXML{"MB", 1}, 1000000},
+		{1024, "", 1 << 10, 1 << 20},
+		{7, "", 1, 7},
+		{4194304, "KiB", 1, 4 << 30},
+		{256, "MiB", 1, 256 << 20},
+		{2, "G", 1, 2 << 30},
+		{7, "bytes", 1 << 10, 7},
+		{1, "MB", 1, 1000000},
 	}
 	for _, tc := range tests {
-		if got := toBytes(tc.in); got != tc.want {
-			t.Errorf("toBytes(%+v) = %d, want %d", tc.in, got, tc.want)
+		if got := scaled(tc.v, tc.unit, tc.def); got != tc.want {
+			t.Errorf("scaled(%d, %q, %d) = %d, want %d", tc.v, tc.unit, tc.def, got, tc.want)
 		}
+	}
+}
+
+// Every byte of every marker field survives the round trip through the
+// XML the adapter writes and reads (issue 8: a cluster id with control
+// characters came back as U+FFFD). Values XML can carry stay plain.
+func TestMarkerRoundTripByteExact(t *testing.T) {
+	values := []string{
+		"c\x00\x01\x1b", "plain-id", "m/1 <&>\"'", " leading", "trailing ", "   ", "tab\there", "line\nbreak",
+		"cr\r\n", "\xff\xfe invalid utf-8", "é ünïcödé 集群", "\u0085next-line", "\ufffe", "\x7f",
+	}
+	for _, v := range values {
+		m := observed.Marker{Installation: "inst", MachineID: v, OpID: v, InstanceType: v, Cluster: v}
+		spec := hypervisors.DomainSpec{Name: "bf-x", VCPU: 1, MemoryMiB: 64, Pool: "p", Overlay: "bf-x.qcow2", Marker: m}
+		def, err := domainDefinition(spec, "qemu", "")
+		if err != nil {
+			t.Fatalf("%q: %v", v, err)
+		}
+		d, err := parseDomain(def)
+		if err != nil {
+			t.Fatalf("%q: %v", v, err)
+		}
+		if diff := cmp.Diff(&m, d.marker()); diff != "" {
+			t.Errorf("define round trip of %q (-want +got):\n%s", v, diff)
+		}
+		// SetMetadata's body, as libvirt hands it back under its prefix.
+		body, err := markerBody(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		back := strings.Replace(body, "<marker>", `<marker xmlns="`+Namespace+`">`, 1)
+		if got := parseMarker(back); cmp.Diff(&m, got) != "" {
+			t.Errorf("metadata body round trip of %q:\n%s", v, cmp.Diff(&m, got))
+		}
+	}
+	if body, _ := markerBody(observed.Marker{Installation: "inst", MachineID: "m-1"}); strings.Contains(body, "base64") {
+		t.Errorf("a plain marker was encoded: %s", body)
 	}
 }
 
@@ -528,3 +568,19 @@ func TestCallTimeoutMarksBroken(t *testing.T) {
 }
 
 type atomicCounter struct{ atomic.Int64 }
+
+// BenchmarkNew measures New with a zone whose daemon never answers (New
+// must not wait for any dial).
+func BenchmarkNew(b *testing.B) {
+	sock := filepath.Join(b.TempDir(), "none.sock")
+	cfg := Config{Installation: "i", Zones: []ZoneURI{{Zone: "dead", URI: "qemu:///system?socket=" + sock}}}
+	for b.Loop() {
+		h, err := New(cfg, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		_ = h.Close()
+		b.StartTimer()
+	}
+}

@@ -1,9 +1,14 @@
 package libvirt
 
 import (
+	"encoding/base64"
 	"encoding/xml"
 	"fmt"
 	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"libvirt.org/go/libvirtxml"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/observed"
@@ -18,172 +23,122 @@ const nsPrefix = "bf"
 // GuestAgentChannel is the virtio-serial port name of the qemu guest agent.
 const GuestAgentChannel = "org.qemu.guest_agent.0"
 
+// Domain and volume XML come from libvirtxml, the libvirt project's own
+// schema model. Only the ownership marker is this project's schema.
+
+// markerField is one marker value. A value XML cannot carry byte for
+// byte (control characters, invalid UTF-8, or leading, trailing or only
+// whitespace, which parsers may drop or normalise) is stored base64
+// encoded with enc="base64", so every byte survives the round trip
+// through libvirt. Plain values stay readable in virsh dumpxml.
+type markerField struct {
+	Enc   string `xml:"enc,attr,omitempty"`
+	Value string `xml:",chardata"`
+}
+
+// encField encodes a marker value; "" is nil (element omitted).
+func encField(v string) *markerField {
+	if v == "" {
+		return nil
+	}
+	if xmlSafe(v) {
+		return &markerField{Value: v}
+	}
+	return &markerField{Enc: "base64", Value: base64.StdEncoding.EncodeToString([]byte(v))}
+}
+
+// decField decodes a marker value; an undecodable one reads as "" (the
+// marker then lacks that field, and a marker without installation or
+// machine id is no marker).
+func decField(f *markerField) string {
+	if f == nil {
+		return ""
+	}
+	switch f.Enc {
+	case "":
+		return f.Value
+	case "base64":
+		b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(f.Value))
+		if err != nil {
+			return ""
+		}
+		return string(b)
+	}
+	return ""
+}
+
+// xmlSafe reports whether v survives XML text content unchanged: valid
+// UTF-8, printable characters, tab or newline only, and no leading or
+// trailing whitespace.
+func xmlSafe(v string) bool {
+	if !utf8.ValidString(v) || strings.TrimSpace(v) != v {
+		return false
+	}
+	for _, r := range v {
+		switch {
+		case r == '\t' || r == '\n':
+		case r < 0x20 || r == 0x7f || r >= 0x80 && r <= 0x9f:
+			return false
+		case r == 0xfffe || r == 0xffff || !unicode.IsPrint(r) && !unicode.IsSpace(r):
+			return false
+		}
+	}
+	return true
+}
+
 // markerXML is the body of the metadata element. Define writes it with the
-// bf prefix; DomainSetMetadata is given it unprefixed (libvirt adds the
-// namespace); readers match it by namespace, whatever the prefix.
+// bf prefix (markerDefineXML); DomainSetMetadata is given it unprefixed
+// (libvirt adds the namespace); readers match it by namespace, whatever
+// the prefix.
 type markerXML struct {
-	XMLName      xml.Name `xml:"marker"`
-	Installation string   `xml:"installation"`
-	MachineID    string   `xml:"machine-id"`
-	OpID         string   `xml:"op-id,omitempty"`
-	InstanceType string   `xml:"instance-type,omitempty"`
-	Cluster      string   `xml:"cluster,omitempty"`
+	XMLName      xml.Name     `xml:"marker"`
+	Installation *markerField `xml:"installation"`
+	MachineID    *markerField `xml:"machine-id"`
+	OpID         *markerField `xml:"op-id,omitempty"`
+	InstanceType *markerField `xml:"instance-type,omitempty"`
+	Cluster      *markerField `xml:"cluster,omitempty"`
 }
 
 // markerDefineXML is markerXML as it appears inside <metadata> of a
 // definition: a prefixed element declaring the namespace.
 type markerDefineXML struct {
-	XMLName      xml.Name `xml:"bf:marker"`
-	NS           string   `xml:"xmlns:bf,attr"`
-	Installation string   `xml:"bf:installation"`
-	MachineID    string   `xml:"bf:machine-id"`
-	OpID         string   `xml:"bf:op-id,omitempty"`
-	InstanceType string   `xml:"bf:instance-type,omitempty"`
-	Cluster      string   `xml:"bf:cluster,omitempty"`
+	XMLName      xml.Name     `xml:"bf:marker"`
+	NS           string       `xml:"xmlns:bf,attr"`
+	Installation *markerField `xml:"bf:installation"`
+	MachineID    *markerField `xml:"bf:machine-id"`
+	OpID         *markerField `xml:"bf:op-id,omitempty"`
+	InstanceType *markerField `xml:"bf:instance-type,omitempty"`
+	Cluster      *markerField `xml:"bf:cluster,omitempty"`
 }
 
-func toMarkerXML(m observed.Marker) markerXML {
-	return markerXML{Installation: m.Installation, MachineID: m.MachineID, OpID: m.OpID,
-		InstanceType: m.InstanceType, Cluster: m.Cluster}
+// markerReadXML matches the marker by namespace, whatever its prefix.
+type markerReadXML struct {
+	XMLName      xml.Name     `xml:"https://bigfleet-vm.dev/provider/v1 marker"`
+	Installation *markerField `xml:"installation"`
+	MachineID    *markerField `xml:"machine-id"`
+	OpID         *markerField `xml:"op-id"`
+	InstanceType *markerField `xml:"instance-type"`
+	Cluster      *markerField `xml:"cluster"`
 }
 
 // markerBody renders the element DomainSetMetadata takes.
 func markerBody(m observed.Marker) (string, error) {
-	b, err := xml.Marshal(toMarkerXML(m))
+	b, err := xml.Marshal(markerXML{Installation: encField(m.Installation), MachineID: encField(m.MachineID),
+		OpID: encField(m.OpID), InstanceType: encField(m.InstanceType), Cluster: encField(m.Cluster)})
 	if err != nil {
 		return "", fmt.Errorf("marshal marker: %w", err)
 	}
 	return string(b), nil
 }
 
-// Domain XML (the subset this adapter writes).
-type domainXML struct {
-	XMLName       xml.Name     `xml:"domain"`
-	Type          string       `xml:"type,attr"`
-	Name          string       `xml:"name"`
-	Metadata      *metadataXML `xml:"metadata,omitempty"`
-	Memory        sizeXML      `xml:"memory"`
-	CurrentMemory sizeXML      `xml:"currentMemory"`
-	VCPU          int          `xml:"vcpu"`
-	OS            osXML        `xml:"os"`
-	Features      featuresXML  `xml:"features"`
-	Clock         clockXML     `xml:"clock"`
-	OnPoweroff    string       `xml:"on_poweroff"`
-	OnReboot      string       `xml:"on_reboot"`
-	OnCrash       string       `xml:"on_crash"`
-	Devices       devicesXML   `xml:"devices"`
-}
-
-type metadataXML struct {
-	Marker markerDefineXML
-}
-
-type sizeXML struct {
-	Unit  string `xml:"unit,attr,omitempty"`
-	Value uint64 `xml:",chardata"`
-}
-
-type osXML struct {
-	Type    osTypeXML `xml:"type"`
-	Kernel  string    `xml:"kernel,omitempty"`
-	Initrd  string    `xml:"initrd,omitempty"`
-	Cmdline string    `xml:"cmdline,omitempty"`
-	Boot    []bootXML `xml:"boot,omitempty"`
-}
-
-type osTypeXML struct {
-	Arch    string `xml:"arch,attr"`
-	Machine string `xml:"machine,attr,omitempty"`
-	Value   string `xml:",chardata"`
-}
-
-type bootXML struct {
-	Dev string `xml:"dev,attr"`
-}
-
-type featuresXML struct {
-	ACPI *struct{} `xml:"acpi"`
-	APIC *struct{} `xml:"apic"`
-}
-
-type clockXML struct {
-	Offset string `xml:"offset,attr"`
-}
-
-type devicesXML struct {
-	Disks      []diskXML      `xml:"disk"`
-	Interfaces []interfaceXML `xml:"interface"`
-	Channels   []channelXML   `xml:"channel"`
-	Serials    []serialXML    `xml:"serial"`
-	Consoles   []consoleXML   `xml:"console"`
-}
-
-type diskXML struct {
-	Type     string         `xml:"type,attr"`
-	Device   string         `xml:"device,attr"`
-	Driver   *diskDriverXML `xml:"driver"`
-	Source   diskSourceXML  `xml:"source"`
-	Target   diskTargetXML  `xml:"target"`
-	ReadOnly *struct{}      `xml:"readonly"`
-}
-
-type diskDriverXML struct {
-	Name string `xml:"name,attr"`
-	Type string `xml:"type,attr"`
-}
-
-type diskSourceXML struct {
-	Pool   string `xml:"pool,attr,omitempty"`
-	Volume string `xml:"volume,attr,omitempty"`
-	File   string `xml:"file,attr,omitempty"`
-}
-
-type diskTargetXML struct {
-	Dev string `xml:"dev,attr"`
-	Bus string `xml:"bus,attr"`
-}
-
-type interfaceXML struct {
-	Type   string              `xml:"type,attr"`
-	Source *interfaceSourceXML `xml:"source"`
-	Model  modelXML            `xml:"model"`
-}
-
-type interfaceSourceXML struct {
-	Network string `xml:"network,attr"`
-}
-
-type modelXML struct {
-	Type string `xml:"type,attr"`
-}
-
-type channelXML struct {
-	Type   string           `xml:"type,attr"`
-	Target channelTargetXML `xml:"target"`
-}
-
-type channelTargetXML struct {
-	Type string `xml:"type,attr"`
-	Name string `xml:"name,attr"`
-}
-
-type serialXML struct {
-	Type   string          `xml:"type,attr"`
-	Target serialTargetXML `xml:"target"`
-}
-
-type serialTargetXML struct {
-	Port int `xml:"port,attr"`
-}
-
-type consoleXML struct {
-	Type   string           `xml:"type,attr"`
-	Target consoleTargetXML `xml:"target"`
-}
-
-type consoleTargetXML struct {
-	Type string `xml:"type,attr"`
-	Port int    `xml:"port,attr"`
+// markerDefinition renders the marker for a domain's <metadata>.
+func markerDefinition(m observed.Marker) (string, error) {
+	b, err := xml.MarshalIndent(markerDefineXML{NS: Namespace, Installation: encField(m.Installation), MachineID: encField(m.MachineID),
+		OpID: encField(m.OpID), InstanceType: encField(m.InstanceType), Cluster: encField(m.Cluster)}, "    ", "  ")
+	if err != nil {
+		return "", fmt.Errorf("marshal marker: %w", err)
+	}
+	return "\n" + string(b) + "\n  ", nil
 }
 
 // domainDefinition renders a DomainSpec as libvirt domain XML. defaultType
@@ -207,123 +162,158 @@ func domainDefinition(spec hypervisors.DomainSpec, defaultType, defaultNetwork s
 	if network == "" {
 		network = defaultNetwork
 	}
-	m := spec.Marker
-	d := domainXML{
-		Type: typ,
-		Name: spec.Name,
-		Metadata: &metadataXML{Marker: markerDefineXML{
-			NS: Namespace, Installation: m.Installation, MachineID: m.MachineID,
-			OpID: m.OpID, InstanceType: m.InstanceType, Cluster: m.Cluster,
-		}},
-		Memory:        sizeXML{Unit: "MiB", Value: uint64(spec.MemoryMiB)},
-		CurrentMemory: sizeXML{Unit: "MiB", Value: uint64(spec.MemoryMiB)},
-		VCPU:          spec.VCPU,
-		OS: osXML{
-			Type:    osTypeXML{Arch: "x86_64", Machine: "q35", Value: "hvm"},
+	marker, err := markerDefinition(spec.Marker)
+	if err != nil {
+		return "", err
+	}
+	port := uint(0)
+	d := libvirtxml.Domain{
+		Type:          typ,
+		Name:          spec.Name,
+		Metadata:      &libvirtxml.DomainMetadata{XML: marker},
+		Memory:        &libvirtxml.DomainMemory{Unit: "MiB", Value: uint(spec.MemoryMiB)},
+		CurrentMemory: &libvirtxml.DomainCurrentMemory{Unit: "MiB", Value: uint(spec.MemoryMiB)},
+		VCPU:          &libvirtxml.DomainVCPU{Value: uint(spec.VCPU)},
+		OS: &libvirtxml.DomainOS{
+			Type:    &libvirtxml.DomainOSType{Arch: "x86_64", Machine: "q35", Type: "hvm"},
 			Kernel:  spec.Kernel,
 			Initrd:  spec.Initrd,
 			Cmdline: spec.Cmdline,
 		},
-		Features:   featuresXML{ACPI: &struct{}{}, APIC: &struct{}{}},
-		Clock:      clockXML{Offset: "utc"},
+		Features:   &libvirtxml.DomainFeatureList{ACPI: &libvirtxml.DomainFeature{}, APIC: &libvirtxml.DomainFeatureAPIC{}},
+		Clock:      &libvirtxml.DomainClock{Offset: "utc"},
 		OnPoweroff: "destroy",
 		OnReboot:   "restart",
 		OnCrash:    "destroy",
+		Devices:    &libvirtxml.DomainDeviceList{},
 	}
 	if spec.Kernel == "" {
-		d.OS.Boot = []bootXML{{Dev: "hd"}}
+		d.OS.BootDevices = []libvirtxml.DomainBootDevice{{Dev: "hd"}}
 	}
-	d.Devices.Disks = append(d.Devices.Disks, diskXML{
-		Type: "volume", Device: "disk",
-		Driver: &diskDriverXML{Name: "qemu", Type: "qcow2"},
-		Source: diskSourceXML{Pool: spec.Pool, Volume: spec.Overlay},
-		Target: diskTargetXML{Dev: "vda", Bus: "virtio"},
+	dev := d.Devices
+	dev.Disks = append(dev.Disks, libvirtxml.DomainDisk{
+		Device: "disk",
+		Driver: &libvirtxml.DomainDiskDriver{Name: "qemu", Type: "qcow2"},
+		Source: &libvirtxml.DomainDiskSource{Volume: &libvirtxml.DomainDiskSourceVolume{Pool: spec.Pool, Volume: spec.Overlay}},
+		Target: &libvirtxml.DomainDiskTarget{Dev: "vda", Bus: "virtio"},
 	})
 	if spec.Seed != "" {
-		d.Devices.Disks = append(d.Devices.Disks, diskXML{
-			Type: "volume", Device: "cdrom",
-			Driver:   &diskDriverXML{Name: "qemu", Type: "raw"},
-			Source:   diskSourceXML{Pool: spec.Pool, Volume: spec.Seed},
-			Target:   diskTargetXML{Dev: "sda", Bus: "sata"},
-			ReadOnly: &struct{}{},
+		dev.Disks = append(dev.Disks, libvirtxml.DomainDisk{
+			Device:   "cdrom",
+			Driver:   &libvirtxml.DomainDiskDriver{Name: "qemu", Type: "raw"},
+			Source:   &libvirtxml.DomainDiskSource{Volume: &libvirtxml.DomainDiskSourceVolume{Pool: spec.Pool, Volume: spec.Seed}},
+			Target:   &libvirtxml.DomainDiskTarget{Dev: "sda", Bus: "sata"},
+			ReadOnly: &libvirtxml.DomainDiskReadOnly{},
 		})
 	}
+	nic := libvirtxml.DomainInterface{Model: &libvirtxml.DomainInterfaceModel{Type: "virtio"}}
 	if network == "" || network == "user" {
-		d.Devices.Interfaces = []interfaceXML{{Type: "user", Model: modelXML{Type: "virtio"}}}
+		nic.Source = &libvirtxml.DomainInterfaceSource{User: &libvirtxml.DomainInterfaceSourceUser{}}
 	} else {
-		d.Devices.Interfaces = []interfaceXML{{Type: "network", Source: &interfaceSourceXML{Network: network}, Model: modelXML{Type: "virtio"}}}
+		nic.Source = &libvirtxml.DomainInterfaceSource{Network: &libvirtxml.DomainInterfaceSourceNetwork{Network: network}}
 	}
-	d.Devices.Channels = []channelXML{{Type: "unix", Target: channelTargetXML{Type: "virtio", Name: GuestAgentChannel}}}
-	d.Devices.Serials = []serialXML{{Type: "pty", Target: serialTargetXML{Port: 0}}}
-	d.Devices.Consoles = []consoleXML{{Type: "pty", Target: consoleTargetXML{Type: "serial", Port: 0}}}
-	b, err := xml.MarshalIndent(d, "", "  ")
+	dev.Interfaces = []libvirtxml.DomainInterface{nic}
+	dev.Channels = []libvirtxml.DomainChannel{{
+		Source: &libvirtxml.DomainChardevSource{UNIX: &libvirtxml.DomainChardevSourceUNIX{}},
+		Target: &libvirtxml.DomainChannelTarget{VirtIO: &libvirtxml.DomainChannelTargetVirtIO{Name: GuestAgentChannel}},
+	}}
+	dev.Serials = []libvirtxml.DomainSerial{{
+		Source: &libvirtxml.DomainChardevSource{Pty: &libvirtxml.DomainChardevSourcePty{}},
+		Target: &libvirtxml.DomainSerialTarget{Port: &port},
+	}}
+	dev.Consoles = []libvirtxml.DomainConsole{{
+		Source: &libvirtxml.DomainChardevSource{Pty: &libvirtxml.DomainChardevSourcePty{}},
+		Target: &libvirtxml.DomainConsoleTarget{Type: "serial", Port: &port},
+	}}
+	s, err := d.Marshal()
 	if err != nil {
 		return "", fmt.Errorf("marshal domain %s: %w", spec.Name, err)
 	}
-	return string(b), nil
+	return s, nil
 }
 
 // domainRead is what Observe and Lookup read from a domain's XML.
 type domainRead struct {
-	Name     string  `xml:"name"`
-	UUID     string  `xml:"uuid"`
-	Memory   sizeXML `xml:"memory"`
-	VCPU     int     `xml:"vcpu"`
-	Metadata struct {
-		Markers []markerXML `xml:"https://bigfleet-vm.dev/provider/v1 marker"`
-	} `xml:"metadata"`
-	Disks []struct {
-		Source diskSourceXML `xml:"source"`
-	} `xml:"devices>disk"`
+	Name      string
+	VCPU      int
+	MemoryMiB int
+	Volumes   []string
+	Marker    *observed.Marker
 }
 
 // parseDomain reads the fields the adapter needs from domain XML.
 func parseDomain(s string) (*domainRead, error) {
-	var d domainRead
-	if err := xml.Unmarshal([]byte(s), &d); err != nil {
+	var d libvirtxml.Domain
+	if err := d.Unmarshal(s); err != nil {
 		return nil, fmt.Errorf("parse domain XML: %w", err)
 	}
-	return &d, nil
+	out := &domainRead{Name: d.Name}
+	if d.VCPU != nil {
+		out.VCPU = int(d.VCPU.Value)
+	}
+	if d.Memory != nil {
+		out.MemoryMiB = int(scaled(uint64(d.Memory.Value), d.Memory.Unit, 1<<10) >> 20)
+	}
+	if d.Devices != nil {
+		for _, disk := range d.Devices.Disks {
+			switch src := disk.Source; {
+			case src == nil:
+			case src.Volume != nil && src.Volume.Volume != "":
+				out.Volumes = append(out.Volumes, src.Volume.Volume)
+			case src.File != nil && src.File.File != "":
+				out.Volumes = append(out.Volumes, src.File.File[strings.LastIndex(src.File.File, "/")+1:])
+			}
+		}
+	}
+	if d.Metadata != nil {
+		out.Marker = parseMarker(d.Metadata.XML)
+	}
+	return out, nil
 }
 
-// marker returns the domain's ownership marker, or nil if it has none.
-func (d *domainRead) marker() *observed.Marker {
-	for _, m := range d.Metadata.Markers {
-		if m.Installation == "" || m.MachineID == "" {
-			continue
+// parseMarker finds the first complete marker in the inner XML of a
+// domain's <metadata>, or nil.
+func parseMarker(inner string) *observed.Marker {
+	var md struct {
+		Markers []markerReadXML `xml:"https://bigfleet-vm.dev/provider/v1 marker"`
+	}
+	if err := xml.Unmarshal([]byte("<metadata>"+inner+"</metadata>"), &md); err != nil {
+		return nil
+	}
+	for _, m := range md.Markers {
+		mk := &observed.Marker{Installation: decField(m.Installation), MachineID: decField(m.MachineID),
+			OpID: decField(m.OpID), InstanceType: decField(m.InstanceType), Cluster: decField(m.Cluster)}
+		if mk.Installation != "" && mk.MachineID != "" {
+			return mk
 		}
-		return &observed.Marker{Installation: m.Installation, MachineID: m.MachineID,
-			OpID: m.OpID, InstanceType: m.InstanceType, Cluster: m.Cluster}
 	}
 	return nil
 }
 
-// memoryMiB converts the <memory> element to MiB.
-func (d *domainRead) memoryMiB() int {
-	return int(toBytes(d.Memory) >> 20)
+// marker returns the domain's ownership marker, or nil if it has none.
+func (d *domainRead) marker() *observed.Marker {
+	if d.Marker == nil {
+		return nil
+	}
+	m := *d.Marker
+	return &m
 }
+
+// memoryMiB is the domain's <memory> in MiB.
+func (d *domainRead) memoryMiB() int { return d.MemoryMiB }
 
 // volumes lists the volume (or file base) names the disks point at.
-func (d *domainRead) volumes() []string {
-	var out []string
-	for _, disk := range d.Disks {
-		switch {
-		case disk.Source.Volume != "":
-			out = append(out, disk.Source.Volume)
-		case disk.Source.File != "":
-			out = append(out, disk.Source.File[strings.LastIndex(disk.Source.File, "/")+1:])
-		}
-	}
-	return out
-}
+func (d *domainRead) volumes() []string { return d.Volumes }
 
-// toBytes converts a libvirt scaled integer (default unit KiB for memory;
-// callers of volumes always get unit='bytes') to bytes.
-func toBytes(s sizeXML) uint64 {
-	mult := uint64(1)
-	switch strings.ToLower(s.Unit) {
+// scaled converts a libvirt scaled integer to bytes; def is the
+// multiplier of an empty unit (KiB for memory, bytes for volumes).
+func scaled(v uint64, unit string, def uint64) uint64 {
+	mult := def
+	switch strings.ToLower(unit) {
+	case "":
 	case "b", "bytes":
-	case "", "k", "kib":
+		mult = 1
+	case "k", "kib":
 		mult = 1 << 10
 	case "kb":
 		mult = 1000
@@ -337,100 +327,70 @@ func toBytes(s sizeXML) uint64 {
 		mult = 1000 * 1000 * 1000
 	case "t", "tib":
 		mult = 1 << 40
+	case "tb":
+		mult = 1000 * 1000 * 1000 * 1000
 	}
-	return s.Value * mult
+	return v * mult
 }
 
-// Volume XML (create and read).
-type volumeXML struct {
-	XMLName      xml.Name       `xml:"volume"`
-	Type         string         `xml:"type,attr,omitempty"`
-	Name         string         `xml:"name"`
-	Key          string         `xml:"key,omitempty"`
-	Capacity     volSizeXML     `xml:"capacity"`
-	Allocation   *volSizeXML    `xml:"allocation,omitempty"`
-	Target       volTargetXML   `xml:"target"`
-	BackingStore *volBackingXML `xml:"backingStore,omitempty"`
+// volumeRead is what the adapter reads from volume XML.
+type volumeRead struct {
+	capacity      uint64
+	path          string
+	format        string
+	backingFormat string
 }
 
-type volSizeXML struct {
-	Unit  string `xml:"unit,attr,omitempty"`
-	Value uint64 `xml:",chardata"`
-}
-
-type volTargetXML struct {
-	Path   string     `xml:"path,omitempty"`
-	Format *formatXML `xml:"format,omitempty"`
-}
-
-type volBackingXML struct {
-	Path   string     `xml:"path"`
-	Format *formatXML `xml:"format,omitempty"`
-}
-
-type formatXML struct {
-	Type string `xml:"type,attr"`
-}
-
-// volumeBytes returns a volume size in bytes (libvirt's default unit for
-// volumes is bytes).
-func volumeBytes(s volSizeXML) uint64 {
-	if s.Unit == "" {
-		return s.Value
-	}
-	return toBytes(sizeXML{Unit: s.Unit, Value: s.Value})
-}
-
-func parseVolume(s string) (*volumeXML, error) {
-	var v volumeXML
-	if err := xml.Unmarshal([]byte(s), &v); err != nil {
+func parseVolume(s string) (*volumeRead, error) {
+	var v libvirtxml.StorageVolume
+	if err := v.Unmarshal(s); err != nil {
 		return nil, fmt.Errorf("parse volume XML: %w", err)
 	}
-	return &v, nil
+	out := &volumeRead{}
+	if v.Capacity != nil {
+		out.capacity = scaled(v.Capacity.Value, v.Capacity.Unit, 1)
+	}
+	if v.Target != nil {
+		out.path = v.Target.Path
+		if v.Target.Format != nil {
+			out.format = v.Target.Format.Type
+		}
+	}
+	if v.BackingStore != nil && v.BackingStore.Format != nil {
+		out.backingFormat = v.BackingStore.Format.Type
+	}
+	return out, nil
 }
 
-func (v *volumeXML) format() string {
-	if v.Target.Format == nil {
-		return ""
-	}
-	return v.Target.Format.Type
-}
-
-func (v *volumeXML) backingFormat() string {
-	if v.BackingStore == nil || v.BackingStore.Format == nil {
-		return ""
-	}
-	return v.BackingStore.Format.Type
-}
 
 // overlayDefinition renders a qcow2 overlay volume backed by basePath in
 // baseFormat.
 func overlayDefinition(name string, capacity uint64, basePath, baseFormat string) (string, error) {
-	v := volumeXML{
+	v := libvirtxml.StorageVolume{
 		Name:         name,
-		Capacity:     volSizeXML{Unit: "bytes", Value: capacity},
-		Allocation:   &volSizeXML{Unit: "bytes", Value: 0},
-		Target:       volTargetXML{Format: &formatXML{Type: "qcow2"}},
-		BackingStore: &volBackingXML{Path: basePath, Format: &formatXML{Type: baseFormat}},
+		Capacity:     &libvirtxml.StorageVolumeSize{Unit: "bytes", Value: capacity},
+		Allocation:   &libvirtxml.StorageVolumeSize{Unit: "bytes", Value: 0},
+		Target:       &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: "qcow2"}},
+		BackingStore: &libvirtxml.StorageVolumeBackingStore{Path: basePath, Format: &libvirtxml.StorageVolumeTargetFormat{Type: baseFormat}},
 	}
-	b, err := xml.MarshalIndent(v, "", "  ")
+	s, err := v.Marshal()
 	if err != nil {
 		return "", fmt.Errorf("marshal volume %s: %w", name, err)
 	}
-	return string(b), nil
+	return s, nil
 }
 
 // rawDefinition renders a raw volume of exactly size bytes.
 func rawDefinition(name string, size uint64) (string, error) {
-	v := volumeXML{
+	v := libvirtxml.StorageVolume{
 		Name:       name,
-		Capacity:   volSizeXML{Unit: "bytes", Value: size},
-		Allocation: &volSizeXML{Unit: "bytes", Value: size},
-		Target:     volTargetXML{Format: &formatXML{Type: "raw"}},
+		Capacity:   &libvirtxml.StorageVolumeSize{Unit: "bytes", Value: size},
+		Allocation: &libvirtxml.StorageVolumeSize{Unit: "bytes", Value: size},
+		Target:     &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: "raw"}},
 	}
-	b, err := xml.MarshalIndent(v, "", "  ")
+	s, err := v.Marshal()
 	if err != nil {
 		return "", fmt.Errorf("marshal volume %s: %w", name, err)
 	}
-	return string(b), nil
+	return s, nil
 }
