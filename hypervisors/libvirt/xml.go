@@ -362,7 +362,6 @@ func parseVolume(s string) (*volumeRead, error) {
 	return out, nil
 }
 
-
 // overlayDefinition renders a qcow2 overlay volume backed by basePath in
 // baseFormat.
 func overlayDefinition(name string, capacity uint64, basePath, baseFormat string) (string, error) {
