@@ -85,9 +85,10 @@ func (z *zoneConn) run(ctx context.Context) {
 	bo := newBackoff(z.cfg)
 	for {
 		lv, err := z.dial(ctx)
-		z.once.Do(func() { close(z.ready) })
 		if err != nil {
 			z.setDown(err, false)
+			// ready promises the first dial's outcome is visible.
+			z.once.Do(func() { close(z.ready) })
 			wait := bo.NextBackOff()
 			z.log.Warn("libvirt dial failed", "zone", z.zone, "err", err, "retry_in", wait)
 			select {
@@ -106,6 +107,7 @@ func (z *zoneConn) run(ctx context.Context) {
 		broken := make(chan struct{})
 		z.broken = broken
 		z.mu.Unlock()
+		z.once.Do(func() { close(z.ready) })
 		z.log.Info("libvirt connected", "zone", z.zone)
 		z.subscribe(connCtx, lv)
 		go z.probe(connCtx, lv, gen)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/kdomanski/iso9660"
+	"gopkg.in/yaml.v3"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/observed"
@@ -82,9 +83,14 @@ func TestIntegrationVolumes(t *testing.T) {
 				}
 			}
 			files := readISO(t, filepath.Join(poolDir, m.seed))
-			wantFiles := map[string]string{"user-data": "#cloud-config\n",
-				"meta-data": fmt.Sprintf("instance-id: \"vol-%s\"\nlocal-hostname: %q\n", tc.name, m.name)}
-			if d := cmp.Diff(wantFiles, files); d != "" {
+			var md map[string]string
+			if err := yaml.Unmarshal([]byte(files["meta-data"]), &md); err != nil {
+				t.Fatalf("meta-data %q: %v", files["meta-data"], err)
+			}
+			gotFiles := map[string]any{"user-data": files["user-data"], "meta-data": md}
+			wantFiles := map[string]any{"user-data": "#cloud-config\n",
+				"meta-data": map[string]string{"instance-id": "vol-" + tc.name, "local-hostname": m.name}}
+			if d := cmp.Diff(wantFiles, gotFiles); d != "" {
 				t.Errorf("seed ISO (-want +got):\n%s", d)
 			}
 
@@ -99,7 +105,7 @@ func TestIntegrationVolumes(t *testing.T) {
 				}
 			}
 			wantVols := []observed.Volume{
-				{Zone: "a", Pool: e.Pool, Name: m.seed, Format: "iso"},
+				{Zone: "a", Pool: e.Pool, Name: m.seed, Format: "iso", Identity: hypervisors.SeedIdentity(seed)},
 				{Zone: "a", Pool: e.Pool, Name: m.overlay, Format: "qcow2", BackingFormat: tc.wantBackingFmt},
 			}
 			if m.seed > m.overlay {
@@ -367,5 +373,115 @@ func TestIntegrationGuestLifecycle(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(e.State, "pool-a", e.Image)); err != nil {
 		t.Errorf("base image gone: %v", err)
+	}
+}
+
+// A seed volume that was created but never uploaded (all zeros, what a
+// crash between the two leaves) observes with no identity, both in the
+// listing and when read directly; CreateSeed fills it and the next
+// listing (which cached the volume) shows the identity (issue 12: it was
+// trusted by name and attached as the NoCloud disk).
+func TestIntegrationBlankSeed(t *testing.T) {
+	e := needEnv(t)
+	h := newIT(t, e, ZoneURI{Zone: "a", URI: e.URI})
+	ctx := ctxT(t, 2*time.Minute)
+	m := newMachine(h, "blank-seed")
+	cleanupMachine(t, h, "a", e.Pool, m)
+	spec := hypervisors.SeedSpec{Pool: e.Pool, Name: m.seed, InstanceID: "blank-seed", Hostname: m.name}
+	img, err := buildSeed(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The same size as the real seed, so only the content tells them apart.
+	if out, err := exec.Command("virsh", "-c", e.URI, "vol-create-as", e.Pool, m.seed, fmt.Sprint(len(img)), "--format", "raw").CombinedOutput(); err != nil {
+		t.Fatalf("vol-create-as: %v %s", err, out)
+	}
+	seedOf := func(label string) (listed, direct string) {
+		t.Helper()
+		z, err := h.Observe(ctx, "a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, v := range z.Volumes {
+			if v.Name == m.seed {
+				listed, found = v.Identity, true
+			}
+		}
+		if !found {
+			t.Fatalf("%s: seed volume not listed", label)
+		}
+		vs, err := h.ReadVolumes(ctx, "a", e.Pool, []string{m.seed, "bf-no-such-volume"})
+		if err != nil || len(vs) != 1 {
+			t.Fatalf("%s: ReadVolumes = %v, %v", label, vs, err)
+		}
+		return listed, vs[0].Identity
+	}
+	if l, d := seedOf("blank"); l != "" || d != "" {
+		t.Errorf("blank seed identity: listed %q, direct %q, want none", l, d)
+	}
+	if err := h.CreateSeed(ctx, "a", spec); err != nil {
+		t.Fatal(err)
+	}
+	want := hypervisors.SeedIdentity(spec)
+	if l, d := seedOf("uploaded"); l != want || d != want {
+		t.Errorf("uploaded seed identity: listed %q, direct %q, want %q", l, d, want)
+	}
+	if files := readISO(t, filepath.Join(e.State, "pool-a", m.seed)); files["user-data"] != "#cloud-config\n" {
+		t.Errorf("ISO after upload: %v", files)
+	}
+}
+
+// Markers keep every byte through the real daemon, in a definition and in
+// metadata set afterwards, on a shut-off and on a running domain (issue 8
+// item 12: a cluster id "c\x00\x01\x1b" came back as U+FFFD).
+func TestIntegrationMarkerBytes(t *testing.T) {
+	e := needEnv(t)
+	h := newIT(t, e, ZoneURI{Zone: "a", URI: e.URI})
+	ctx := ctxT(t, 2*time.Minute)
+	m := newMachine(h, "marker-bytes")
+	m.marker.MachineID = "marker-bytes \x01\xff<&>"
+	m.marker.InstanceType = " padded "
+	cleanupMachine(t, h, "a", e.Pool, m)
+	if err := h.CreateOverlay(ctx, "a", hypervisors.OverlaySpec{Pool: e.Pool, Name: m.overlay, BaseImage: e.Image}); err != nil {
+		t.Fatal(err)
+	}
+	spec := smallSpec(e.Pool, m)
+	spec.Seed = ""
+	if err := h.DefineDomain(ctx, "a", spec); err != nil {
+		t.Fatal(err)
+	}
+	tg := hypervisors.Target{Zone: "a", Name: m.name}
+	check := func(label string, want observed.Marker) {
+		t.Helper()
+		vm, err := h.Lookup(ctx, tg)
+		if err != nil {
+			t.Fatalf("%s: %v", label, err)
+		}
+		if d := cmp.Diff(&want, vm.Marker); d != "" {
+			t.Errorf("%s: marker (-want +got):\n%s", label, d)
+		}
+	}
+	check("defined", m.marker)
+	bound := m.marker
+	bound.Cluster = "c\x00\x01\x1b"
+	if err := h.SetMarker(ctx, tg, bound); err != nil {
+		t.Fatal(err)
+	}
+	check("bound while shut off", bound)
+	if err := h.Start(ctx, tg); err != nil {
+		t.Fatal(err)
+	}
+	bound.Cluster = "c2\x00\t\r\n"
+	if err := h.SetMarker(ctx, tg, bound); err != nil {
+		t.Fatal(err)
+	}
+	check("bound while running", bound)
+	out, err := exec.Command("virsh", "-c", e.URI, "dumpxml", m.name).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(out, []byte(`enc="base64"`)) && !bytes.Contains(out, []byte(`enc='base64'`)) {
+		t.Errorf("dumpxml shows no base64-encoded marker field:\n%s", out)
 	}
 }
