@@ -2,6 +2,13 @@
 # libvirt-up.sh: bring up a real libvirtd (no systemd) plus everything the
 # libvirt adapter's integration tests need, idempotently and without stdin.
 #
+# libvirtd also listens for qemu+tls:// on 127.0.0.1:$TLS_PORT with
+# certificates this script generates under $BIGFLEET_TEST_DIR/tls (a CA, a
+# server certificate for 127.0.0.1, a client certificate, and a second
+# "foreign" CA for the refusal tests); client certificates are required.
+# The read-write unix socket is group "libvirt" (mode 0770, no polkit here),
+# so the ssh test user reaches it through sshd (scripts/sshd-up.sh).
+#
 # It installs the Debian packages named in docs (real-substrate.md), applies
 # the three fix-ups (log dir, libvirt-qemu user/group, qemu runs as root),
 # starts virtlogd and libvirtd in the background, waits for a real call to
@@ -22,6 +29,8 @@ POOL_A=bigfleet-test-a
 POOL_B=bigfleet-test-b
 NET=bigfleet-isolated
 BRIDGE=virbr-bftest
+TLS_PORT=${BIGFLEET_TLS_PORT:-16514}
+LIBVIRTD_ARGS="-d --listen"
 
 die() { echo "libvirt-up: FATAL: $*" >&2; exit 1; }
 log() { echo "libvirt-up: $*" >&2; }
@@ -48,14 +57,84 @@ id libvirt-qemu >/dev/null 2>&1 || useradd -r -g libvirt-qemu -d /var/lib/libvir
 printf 'user = "root"\ngroup = "root"\n' >/etc/libvirt/qemu.conf
 mkdir -p /var/log/libvirt /var/lib/libvirt /run/libvirt
 
+getent group libvirt >/dev/null || groupadd -r libvirt
+
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+# 2b. TLS PKI (RSA: libvirt's GnuTLS checks insist on keyEncipherment).
+T=$STATE/tls
+mkca() { # dir cn
+	mkdir -p "$1"
+	openssl req -x509 -newkey rsa:2048 -nodes -keyout "$1/cakey.pem" -out "$1/cacert.pem" -days 3650 -subj "/CN=$2" \
+		-addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null || die "openssl CA $2"
+}
+mkcert() { # ca-dir out-cert out-key cn extensions
+	local csr ext
+	csr=$(mktemp) ext=$(mktemp)
+	printf '%s\n' "$5" >"$ext"
+	openssl req -newkey rsa:2048 -nodes -keyout "$3" -out "$csr" -subj "/CN=$4" 2>/dev/null || die "openssl key $4"
+	openssl x509 -req -in "$csr" -CA "$1/cacert.pem" -CAkey "$1/cakey.pem" -CAcreateserial -out "$2" -days 3650 \
+		-extfile "$ext" 2>/dev/null || die "openssl sign $4"
+	rm -f "$csr" "$ext"
+}
+if [ ! -s "$T/client-foreign/clientcert.pem" ]; then
+	log "generating TLS certificates under $T"
+	rm -rf "$T" && mkdir -p "$T"/{server,client,client-wrongca,client-nocert,client-foreign}
+	mkca "$T/ca" bigfleet-test-ca
+	mkca "$T/foreignca" bigfleet-foreign-ca
+	usage="keyUsage=critical,digitalSignature,keyEncipherment"
+	mkcert "$T/ca" "$T/server/servercert.pem" "$T/server/serverkey.pem" 127.0.0.1 \
+		"$usage
+extendedKeyUsage=serverAuth
+subjectAltName=IP:127.0.0.1,DNS:localhost"
+	mkcert "$T/ca" "$T/client/clientcert.pem" "$T/client/clientkey.pem" bigfleet-provider "$usage
+extendedKeyUsage=clientAuth"
+	mkcert "$T/foreignca" "$T/client-foreign/clientcert.pem" "$T/client-foreign/clientkey.pem" bigfleet-provider "$usage
+extendedKeyUsage=clientAuth"
+	cp "$T/ca/cacert.pem" "$T/server/cacert.pem"
+	cp "$T/ca/cacert.pem" "$T/client/cacert.pem"
+	cp "$T/ca/cacert.pem" "$T/client-nocert/cacert.pem"
+	cp "$T/ca/cacert.pem" "$T/client-foreign/cacert.pem"
+	cp "$T/foreignca/cacert.pem" "$T/client-wrongca/cacert.pem"
+	cp "$T/client/clientcert.pem" "$T/client/clientkey.pem" "$T/client-wrongca/"
+	chmod 600 "$T"/*/*key.pem
+fi
+CONF=$(cat <<EOF
+# Written by scripts/libvirt-up.sh for the integration suites.
+listen_tls = 1
+listen_tcp = 0
+listen_addr = "127.0.0.1"
+tls_port = "$TLS_PORT"
+key_file = "$T/server/serverkey.pem"
+cert_file = "$T/server/servercert.pem"
+ca_file = "$T/server/cacert.pem"
+tls_no_verify_certificate = 0
+auth_tls = "none"
+unix_sock_group = "libvirt"
+unix_sock_ro_perms = "0777"
+unix_sock_rw_perms = "0770"
+auth_unix_ro = "none"
+auth_unix_rw = "none"
+EOF
+)
+if [ "$(cat /etc/libvirt/libvirtd.conf 2>/dev/null)" != "$CONF" ]; then
+	printf '%s\n' "$CONF" >/etc/libvirt/libvirtd.conf
+	if alive /run/libvirtd.pid; then
+		log "libvirtd.conf changed: restarting libvirtd"
+		pid=$(cat /run/libvirtd.pid)
+		kill "$pid"
+		for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+	fi
+fi
 
 # 3. Daemons, in the background, by PID file.
 alive /run/virtlogd.pid || { log "starting virtlogd"; virtlogd -d || die "virtlogd failed to start"; }
 if ! alive /run/libvirtd.pid; then
 	log "starting libvirtd"
-	libvirtd -d || die "libvirtd failed to start (see /var/log/libvirt/libvirtd.log)"
+	# shellcheck disable=SC2086
+	libvirtd $LIBVIRTD_ARGS || die "libvirtd failed to start (see /var/log/libvirt/libvirtd.log)"
 fi
+
 ok=""
 for _ in $(seq 300); do
 	if virsh -c "$URI" uri >/dev/null 2>&1; then ok=1; break; fi
@@ -203,5 +282,8 @@ export BIGFLEET_LIBVIRT_IMAGE_RAW=golden.raw
 export BIGFLEET_LIBVIRT_KERNEL=$G/vmlinuz
 export BIGFLEET_LIBVIRT_INITRD=$G/initrd.gz
 export BIGFLEET_LIBVIRT_STATE=$STATE
+export BIGFLEET_LIBVIRTD_ARGS="$LIBVIRTD_ARGS"
+export BIGFLEET_TLS_PORT=$TLS_PORT
+export BIGFLEET_TLS_DIR=$T
 EOF
 log "up: libvirtd pid $(cat /run/libvirtd.pid), env in $STATE/env"

@@ -52,7 +52,7 @@ func alive(pid int) bool {
 // for a real call to work.
 func startDaemon(t *testing.T) time.Time {
 	t.Helper()
-	if out, err := exec.Command("libvirtd", "-d").CombinedOutput(); err != nil {
+	if out, err := exec.Command("libvirtd", libvirtdArgs()...).CombinedOutput(); err != nil {
 		t.Fatalf("libvirtd -d: %v %s", err, out)
 	}
 	for i := 0; i < 300; i++ {
@@ -172,4 +172,13 @@ func TestDaemonRestart(t *testing.T) {
 	p.delete(id)
 	p.waitState(id, speculative, 3*time.Minute)
 	checkGone(t, sub.Pool, dom)
+}
+
+// libvirtdArgs is how scripts/libvirt-up.sh starts libvirtd (with
+// --listen for the TLS listener); tests that restart the daemon use it.
+func libvirtdArgs() []string {
+	if a := strings.Fields(os.Getenv("BIGFLEET_LIBVIRTD_ARGS")); len(a) > 0 {
+		return a
+	}
+	return []string{"-d"}
 }

@@ -416,7 +416,7 @@ func ensureDaemon(t *testing.T) {
 	if _, err := virsh("uri"); err == nil {
 		return
 	}
-	if out, err := exec.Command("libvirtd", "-d").CombinedOutput(); err != nil && t != nil {
+	if out, err := exec.Command("libvirtd", libvirtdArgs()...).CombinedOutput(); err != nil && t != nil {
 		t.Logf("restart libvirtd: %v %s", err, out)
 	}
 	for i := 0; i < 300; i++ {

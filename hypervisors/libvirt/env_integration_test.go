@@ -9,6 +9,7 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -120,4 +121,13 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// libvirtdArgs is how scripts/libvirt-up.sh starts libvirtd (with
+// --listen for the TLS listener); tests that restart the daemon use it.
+func libvirtdArgs() []string {
+	if a := strings.Fields(os.Getenv("BIGFLEET_LIBVIRTD_ARGS")); len(a) > 0 {
+		return a
+	}
+	return []string{"-d"}
 }

@@ -194,7 +194,7 @@ func TestIntegrationDaemonRestart(t *testing.T) {
 	restarted := false
 	t.Cleanup(func() {
 		if !restarted {
-			_ = exec.Command("libvirtd", "-d").Run()
+			_ = exec.Command("libvirtd", libvirtdArgs()...).Run()
 		}
 	})
 	for i := 0; syscall.Kill(pid, 0) == nil; i++ {
@@ -207,7 +207,7 @@ func TestIntegrationDaemonRestart(t *testing.T) {
 	if err == nil || !hypervisors.Retryable(err) {
 		t.Errorf("Observe with the daemon down: %v, want a retryable error", err)
 	}
-	if out, err := exec.Command("libvirtd", "-d").CombinedOutput(); err != nil {
+	if out, err := exec.Command("libvirtd", libvirtdArgs()...).CombinedOutput(); err != nil {
 		t.Fatalf("restart libvirtd: %v %s", err, out)
 	}
 	restarted = true

@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net/url"
 	"path/filepath"
@@ -62,10 +63,21 @@ func dialError(u *url.URL, err error) error {
 	case errors.Is(err, fs.ErrNotExist) && strings.Contains(err.Error(), "tls client cert"):
 		return fmt.Errorf("dial %s: %w: no client certificate: qemu+tls needs clientcert.pem and clientkey.pem in %s: %w",
 			uri, hypervisors.ErrPermission, pki, err)
+	case isTLS(u) && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || strings.Contains(err.Error(), "connection reset")):
+		// TLS 1.3 finishes the client's handshake before the server has
+		// checked our certificate; libvirtd then just hangs up.
+		return fmt.Errorf("dial %s: %w: libvirtd closed the connection right after the TLS handshake: it refused our client certificate %s (signed by a CA it does not trust?): %w",
+			uri, hypervisors.ErrPermission, filepath.Join(pki, "clientcert.pem"), err)
 	case errors.Is(err, fs.ErrNotExist) && strings.Contains(err.Error(), "CA cert"):
 		return fmt.Errorf("dial %s: %w: no CA certificate: qemu+tls needs cacert.pem in %s: %w", uri, hypervisors.ErrPermission, pki, err)
 	}
 	return fmt.Errorf("dial %s: %w", uri, err)
+}
+
+// isTLS reports whether u dials over TLS.
+func isTLS(u *url.URL) bool {
+	_, transport, _ := strings.Cut(u.Scheme, "+")
+	return transport == "tls" || transport == "" && u.Host != ""
 }
 
 // knownHostsFile is the known_hosts file go-libvirt checks for u.
