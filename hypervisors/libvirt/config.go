@@ -39,7 +39,7 @@ type Config struct {
 	// DialTimeout bounds one connection attempt (default 15s).
 	DialTimeout time.Duration
 	// MinBackoff and MaxBackoff bound the jittered reconnect backoff
-	// after failed dials (200ms, 3s); a dropped connection is redialled
+	// after failed dials (200ms, 2s; jitter ±50%); a dropped connection is redialled
 	// at once and the backoff resets after every successful dial.
 	MinBackoff, MaxBackoff time.Duration
 	// ProbeEvery is how often an idle or busy connection is probed with a
@@ -67,7 +67,7 @@ func (c *Config) defaults() {
 		c.MinBackoff = 200 * time.Millisecond
 	}
 	if c.MaxBackoff <= 0 {
-		c.MaxBackoff = 3 * time.Second
+		c.MaxBackoff = 2 * time.Second
 	}
 	if c.ProbeEvery <= 0 {
 		c.ProbeEvery = time.Second

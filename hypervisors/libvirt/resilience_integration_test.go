@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	golibvirt "github.com/digitalocean/go-libvirt"
+
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/observed"
 )
@@ -187,10 +189,21 @@ func TestIntegrationDaemonRestart(t *testing.T) {
 	if _, err := h.Observe(ctx, "a"); err != nil {
 		t.Fatal(err)
 	}
+	drain(h)
 	pid := daemonPID(t)
+	killed := time.Now()
 	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
 		t.Fatalf("kill libvirtd: %v", err)
 	}
+	// The outage shows at once: the socket closes, health withdraws "up"
+	// and a zone-down event is sent.
+	for h.ZoneHealth()["a"] == nil {
+		if time.Since(killed) > 5*time.Second {
+			t.Fatal("zone still healthy 5s after libvirtd was stopped")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("MEASURE libvirtd stopped -> zone down: %s (%v)", time.Since(killed).Round(time.Millisecond), h.ZoneHealth()["a"])
 	restarted := false
 	t.Cleanup(func() {
 		if !restarted {
@@ -212,6 +225,15 @@ func TestIntegrationDaemonRestart(t *testing.T) {
 	}
 	restarted = true
 	t0 := time.Now()
+	gotUp := make(chan time.Duration, 1)
+	go func() {
+		for ev := range h.Events() {
+			if ev.Zone == "a" && ev.Kind == hypervisors.EventZoneUp {
+				gotUp <- time.Since(t0)
+				return
+			}
+		}
+	}()
 	for {
 		_, err := h.Observe(ctx, "a")
 		if err == nil {
@@ -223,21 +245,30 @@ func TestIntegrationDaemonRestart(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Logf("MEASURE reconnect after daemon restart: %s", time.Since(t0).Round(time.Millisecond))
+	select {
+	case d := <-gotUp:
+		t.Logf("MEASURE daemon answering -> zone-up event: %s", d.Round(time.Millisecond))
+	case <-time.After(10 * time.Second):
+		t.Error("no zone-up event after the daemon came back")
+	}
 	if h.ZoneHealth()["a"] != nil {
 		t.Errorf("health after recovery: %v", h.ZoneHealth()["a"])
 	}
 }
 
-// Observe's libvirt calls per tick at 200 defined domains: cold, steady,
-// and after one domain changes.
-func TestIntegrationObserveCalls200(t *testing.T) {
+// Observe's libvirt calls per tick on a host with a few hundred domains,
+// ours and not ours, shut off, seen as two zones (hosts): a cold tick reads
+// every domain once; a steady tick costs a constant per zone whatever the
+// domain count; a tick after k domains changed state costs k more.
+// O(hosts + changed domains), not O(domains).
+func TestIntegrationObserveCallsAtScale(t *testing.T) {
 	e := needEnv(t)
-	h := newIT(t, e, ZoneURI{Zone: "a", URI: e.URI})
-	ctx := ctxT(t, 5*time.Minute)
-	const n = 200
+	h := newIT(t, e, ZoneURI{Zone: "a", URI: e.URI}, ZoneURI{Zone: "b", URI: e.URI})
+	ctx := ctxT(t, 10*time.Minute)
+	const ours, foreign = 150, 150
 	var ms []machine
 	t0 := time.Now()
-	for i := 0; i < n; i++ {
+	for i := 0; i < ours; i++ {
 		m := newMachine(h, fmt.Sprintf("scale-%03d", i))
 		ms = append(ms, m)
 		cleanupMachine(t, h, "a", e.Pool, m)
@@ -245,40 +276,69 @@ func TestIntegrationObserveCalls200(t *testing.T) {
 			t.Fatalf("define %d: %v", i, err)
 		}
 	}
-	t.Logf("MEASURE define %d domains: %s", n, time.Since(t0).Round(time.Millisecond))
-	tick := func(label string) (int64, time.Duration) {
+	var foreignNames []string
+	for i := 0; i < foreign; i++ {
+		name := fmt.Sprintf("foreign-%s-%03d", h.cfg.Installation, i)
+		foreignNames = append(foreignNames, name)
+		xml := fmt.Sprintf(`<domain type='qemu'><name>%s</name><memory unit='MiB'>32</memory><os><type arch='x86_64'>hvm</type></os></domain>`, name)
+		if err := h.zones["a"].call(ctx, "define foreign", 0, func(l *golibvirt.Libvirt) error {
+			_, err := l.DomainDefineXMLFlags(xml, 0)
+			return err
+		}); err != nil {
+			t.Fatalf("define foreign %d: %v", i, err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, n := range foreignNames {
+			_ = exec.Command("virsh", "-c", e.URI, "destroy", n).Run()
+			_ = exec.Command("virsh", "-c", e.URI, "undefine", n).Run()
+		}
+	})
+	t.Logf("MEASURE define %d owned + %d foreign domains: %s", ours, foreign, time.Since(t0).Round(time.Millisecond))
+	total := 0
+	tick := func(label string) int64 {
 		before := h.Calls()
 		t0 := time.Now()
-		z, err := h.Observe(ctx, "a")
-		if err != nil {
-			t.Fatalf("Observe %s: %v", label, err)
-		}
-		d := time.Since(t0)
-		got := 0
-		for _, v := range z.VMs {
-			if v.Marker != nil {
-				got++
+		owned := 0
+		for _, zone := range []string{"a", "b"} {
+			z, err := h.Observe(ctx, zone)
+			if err != nil {
+				t.Fatalf("Observe %s %s: %v", zone, label, err)
+			}
+			total = len(z.VMs)
+			for _, v := range z.VMs {
+				if v.Marker != nil {
+					owned++
+				}
 			}
 		}
-		if got != n {
-			t.Errorf("%s: owned VMs = %d, want %d", label, got, n)
+		if owned != 2*ours {
+			t.Errorf("%s: owned VMs over both zones = %d, want %d", label, owned, 2*ours)
 		}
 		calls := h.Calls() - before
-		t.Logf("MEASURE observe %s at %d domains: %d libvirt calls, %s", label, n, calls, d.Round(time.Millisecond))
-		return calls, d
+		t.Logf("MEASURE observe tick %s, 2 zones x %d domains: %d libvirt calls, %s", label, total, calls, time.Since(t0).Round(time.Millisecond))
+		return calls
 	}
 	tick("cold")
-	steady, _ := tick("steady")
-	if steady > 5 {
-		t.Errorf("steady-state tick made %d calls, want O(1) (<= 5)", steady)
+	steady := tick("steady")
+	if steady > 2*3 {
+		t.Errorf("steady-state tick made %d calls for 2 zones, want <= 3 per zone", steady)
 	}
-	bound := ms[7].marker
-	bound.Cluster = "c1"
-	if err := h.SetMarker(ctx, hypervisors.Target{Zone: "a", Name: ms[7].name}, bound); err != nil {
-		t.Fatal(err)
+	// k domains change state behind the adapter's back (started by virsh).
+	changed := []string{foreignNames[3], foreignNames[77], foreignNames[140]}
+	for _, n := range changed {
+		if out, err := exec.Command("virsh", "-c", e.URI, "start", n).CombinedOutput(); err != nil {
+			t.Fatalf("virsh start %s: %v %s", n, err, out)
+		}
 	}
-	one, _ := tick("after 1 change")
-	if one != steady+1 {
-		t.Errorf("tick after one change made %d calls, want %d", one, steady+1)
+	after := tick(fmt.Sprintf("after %d changed", len(changed)))
+	if want := steady + int64(2*len(changed)); after != want {
+		t.Errorf("tick after %d changes made %d calls, want %d (steady %d + one read per changed domain per zone)", len(changed), after, want, steady)
+	}
+	if again := tick("steady again"); again != steady {
+		t.Errorf("steady tick after the changes made %d calls, want %d", again, steady)
+	}
+	for _, n := range changed {
+		_ = exec.Command("virsh", "-c", e.URI, "destroy", n).Run()
 	}
 }
