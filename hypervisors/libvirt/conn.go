@@ -38,6 +38,10 @@ type zoneConn struct {
 	events *hypervisors.EventQueue
 	// owner maps a domain name to the machine id the adapter knows owns it.
 	owner func(name string) string
+	// changed is told the name of every domain an event reports, so the
+	// next Observe re-reads its definition (an out-of-band edit changes
+	// neither id nor state).
+	changed func(name string)
 
 	mu        sync.Mutex
 	lv        *golibvirt.Libvirt
@@ -58,6 +62,7 @@ func newZoneConn(zone string, u *url.URL, cfg *Config, log *slog.Logger, calls, 
 		broken:  make(chan struct{}),
 		ready:   make(chan struct{}),
 		owner:   func(string) string { return "" },
+		changed: func(string) {},
 	}
 }
 
@@ -214,6 +219,7 @@ func (z *zoneConn) subscribe(ctx context.Context, lv *golibvirt.Libvirt) {
 	go func() {
 		for ev := range ch {
 			name := ev.Dom.Name
+			z.changed(name)
 			z.emit(hypervisors.Event{Kind: hypervisors.EventVM, VM: name, MachineID: z.owner(name),
 				Detail: lifecycleWord(golibvirt.DomainEventType(ev.Event))})
 		}

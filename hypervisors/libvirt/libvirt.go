@@ -68,12 +68,14 @@ func New(cfg Config, logger *slog.Logger) (*Hypervisor, error) {
 	}
 	for _, z := range cfg.Zones {
 		u, _ := ParseURI(z.URI) // validated above
+		h.caches[z.Zone] = newZoneCache()
 		zc := newZoneConn(z.Zone, u, &h.cfg, logger, &h.calls, &h.probes)
 		zc.events = h.events
 		zone := z.Zone
 		zc.owner = func(name string) string { return h.owner(zone, name) }
+		cache := h.caches[zone]
+		zc.changed = cache.touch
 		h.zones[z.Zone] = zc
-		h.caches[z.Zone] = newZoneCache()
 		h.order = append(h.order, z.Zone)
 		h.wg.Add(1)
 		go func() { defer h.wg.Done(); zc.run(ctx) }()

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -340,5 +342,78 @@ func TestIntegrationObserveCallsAtScale(t *testing.T) {
 	}
 	for _, n := range changed {
 		_ = exec.Command("virsh", "-c", e.URI, "destroy", n).Run()
+	}
+}
+
+// An out-of-band edit of a definition (virsh edit) changes neither the domain's id nor
+// its state, so the cached read used to hide it until RefreshEvery
+// (5 min); its lifecycle event ("defined") now makes the next Observe
+// re-read exactly that domain.
+func TestIntegrationEventRefreshesDefinition(t *testing.T) {
+	e := needEnv(t)
+	h := newIT(t, e, ZoneURI{Zone: "a", URI: e.URI})
+	ctx := ctxT(t, 2*time.Minute)
+	m := newMachine(h, "edit-1")
+	cleanupMachine(t, h, "a", e.Pool, m)
+	if err := h.DefineDomain(ctx, "a", smallSpec(e.Pool, m)); err != nil {
+		t.Fatal(err)
+	}
+	mem := func() int {
+		t.Helper()
+		z, err := h.Observe(ctx, "a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range z.VMs {
+			if v.Name == m.name {
+				return v.MemoryMiB
+			}
+		}
+		t.Fatalf("%s not listed", m.name)
+		return 0
+	}
+	if got := mem(); got != 64 {
+		t.Fatalf("memory %d MiB, want 64", got)
+	}
+	// Our own define's event may still be on its way: wait until quiet.
+	for quiet := false; !quiet; {
+		select {
+		case <-h.Events():
+		case <-time.After(500 * time.Millisecond):
+			quiet = true
+		}
+	}
+	// What "virsh edit" does: dump, change, define again.
+	x, err := exec.Command("virsh", "-c", e.URI, "dumpxml", "--inactive", m.name).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	edited := regexp.MustCompile(`<memory unit='KiB'>\d+</memory>`).ReplaceAllString(string(x), "<memory unit='KiB'>98304</memory>")
+	edited = regexp.MustCompile(`<currentMemory unit='KiB'>\d+</currentMemory>`).ReplaceAllString(edited, "<currentMemory unit='KiB'>98304</currentMemory>")
+	f := filepath.Join(t.TempDir(), "edited.xml")
+	if err := os.WriteFile(f, []byte(edited), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("virsh", "-c", e.URI, "define", f).CombinedOutput(); err != nil {
+		t.Fatalf("virsh define: %v %s", err, out)
+	}
+	deadline := time.After(10 * time.Second)
+	for seen := false; !seen; {
+		select {
+		case ev := <-h.Events():
+			seen = ev.Kind == hypervisors.EventVM && ev.VM == m.name
+			if seen && ev.MachineID != m.marker.MachineID {
+				t.Errorf("event names machine %q, want %q", ev.MachineID, m.marker.MachineID)
+			}
+		case <-deadline:
+			t.Fatal("no event for the edited domain")
+		}
+	}
+	before := h.Calls()
+	if got := mem(); got != 96 {
+		t.Errorf("memory after the edit %d MiB, want 96", got)
+	}
+	if calls := h.Calls() - before; calls != 4 {
+		t.Errorf("tick after one edited domain made %d calls, want 4 (3 + 1 read)", calls)
 	}
 }
