@@ -324,6 +324,7 @@ func (r *Reconciler) fullPass(ctx context.Context) {
 	if r.o.Metrics != nil {
 		r.o.Metrics.Reconciled("full", time.Since(start))
 	}
+	r.o.Logger.Debug("full pass", "drift", len(plan.Drift), "changes", len(plan.Changes), "took", time.Since(start).Round(time.Millisecond))
 }
 
 func (r *Reconciler) adoptOrphan(ctx context.Context, c planner.Change) {

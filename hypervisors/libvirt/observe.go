@@ -121,7 +121,13 @@ func (h *Hypervisor) observe(ctx context.Context, zone string, at time.Time) (*o
 	var doms []listed
 	var recs []golibvirt.DomainStatsRecord
 	err = zc.call(ctx, "list domains on "+zone, 0, func(l *golibvirt.Libvirt) (err error) {
-		recs, err = l.ConnectGetAllDomainStats(nil, uint32(golibvirt.DomainStatsState), 0)
+		// NOWAIT: a domain busy in a long job (a destroy takes 1-2 s)
+		// must not stall the whole zone's listing; its state is always
+		// reported.
+		recs, err = l.ConnectGetAllDomainStats(nil, uint32(golibvirt.DomainStatsState), uint32(golibvirt.ConnectGetAllDomainsStatsNowait))
+		if isCode(err, golibvirt.ErrInvalidArg, golibvirt.ErrNoSupport) {
+			recs, err = l.ConnectGetAllDomainStats(nil, uint32(golibvirt.DomainStatsState), 0)
+		}
 		return err
 	})
 	switch {
