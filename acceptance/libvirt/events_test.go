@@ -36,10 +36,9 @@ func (p *provider) driftMetric(zone, kind string) float64 {
 // and counts samples where they disagree while /readyz was stable around
 // the metrics read.
 type agreement struct {
-	mu                    sync.Mutex
-	samples, disagree     int
-	firstDown, firstUpAgn time.Time
-	notes                 []string
+	mu                sync.Mutex
+	samples, disagree int
+	notes             []string
 }
 
 func (p *provider) sampleAgreement(zone string, stop <-chan struct{}) *agreement {

@@ -268,11 +268,9 @@ func TestIntegrationObserveCallsAtScale(t *testing.T) {
 	h := newIT(t, e, ZoneURI{Zone: "a", URI: e.URI}, ZoneURI{Zone: "b", URI: e.URI})
 	ctx := ctxT(t, 10*time.Minute)
 	const ours, foreign = 150, 150
-	var ms []machine
 	t0 := time.Now()
 	for i := 0; i < ours; i++ {
 		m := newMachine(h, fmt.Sprintf("scale-%03d", i))
-		ms = append(ms, m)
 		cleanupMachine(t, h, "a", e.Pool, m)
 		if err := h.DefineDomain(ctx, "a", smallSpec(e.Pool, m)); err != nil {
 			t.Fatalf("define %d: %v", i, err)
