@@ -268,7 +268,7 @@ func testAgent(t *testing.T, sim *simQGA) *guestAgent {
 	t.Helper()
 	cfg := Config{CallTimeout: 20 * time.Millisecond}
 	cfg.defaults()
-	zc := newZoneConn("z", nil, &cfg, nil, new(atomic.Int64))
+	zc := newZoneConn("z", nil, &cfg, nil, new(atomic.Int64), new(atomic.Int64))
 	zc.lv = &golibvirt.Libvirt{}
 	zc.gen = 1
 	t.Cleanup(func() {
