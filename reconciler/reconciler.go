@@ -49,9 +49,11 @@ type Options struct {
 	// RetryMin and RetryMax bound the per-machine backoff of a machine
 	// that waits or whose repair failed (defaults 1s and 60s).
 	RetryMin, RetryMax time.Duration
-	// RepairDelay holds back a drift repair (steps without an intent) that
-	// a full pass found, so an operator can see it pending in a plan; 0
-	// repairs at once. Intents, failures and adoptions are never delayed.
+	// RepairDelay holds back a drift repair (steps without an intent)
+	// until the drift has lasted that long, however it was found (a full
+	// pass or an adapter event), so an operator can see it pending in a
+	// plan; 0 repairs at once. Intents, failures and adoptions are never
+	// delayed.
 	RepairDelay time.Duration
 	// MinPassGap spaces full passes asked for by Trigger or events
 	// (default 500ms), so an event storm costs at most two passes a second.
@@ -74,6 +76,11 @@ type Reconciler struct {
 	// pass, for events whose adapter does not know the machine.
 	byVMMu sync.Mutex
 	byVM   map[string]string
+
+	// driftSince is when a machine's pending drift repair was first seen
+	// (RepairDelay).
+	driftMu    sync.Mutex
+	driftSince map[string]time.Time
 }
 
 // New returns a Reconciler; call Run to start it.
@@ -101,7 +108,8 @@ func New(o Options) *Reconciler {
 	}
 	cfg := workqueue.TypedRateLimitingQueueConfig[string]{Name: "reconcile", MetricsProvider: o.QueueMetrics}
 	limiter := workqueue.NewTypedItemExponentialFailureRateLimiter[string](o.RetryMin, o.RetryMax)
-	return &Reconciler{o: o, queue: workqueue.NewTypedRateLimitingQueueWithConfig(limiter, cfg), kick: make(chan struct{}, 1)}
+	return &Reconciler{o: o, queue: workqueue.NewTypedRateLimitingQueueWithConfig(limiter, cfg), kick: make(chan struct{}, 1),
+		driftSince: map[string]time.Time{}}
 }
 
 // Enqueue asks for a machine to be reconciled soon. It never blocks.
@@ -315,10 +323,6 @@ func (r *Reconciler) fullPass(ctx context.Context) {
 			r.Apply(ctx, nil, c)
 			continue
 		}
-		if r.o.RepairDelay > 0 && c.Intent == nil && c.Fail == "" && c.Adopt == nil {
-			r.queue.AddAfter(c.Machine, r.o.RepairDelay)
-			continue
-		}
 		r.Enqueue(c.Machine)
 	}
 	if r.o.Metrics != nil {
@@ -450,6 +454,10 @@ func (r *Reconciler) reconcile(ctx context.Context, id string) {
 	defer cancel()
 	snap := r.view(wctx, m)
 	change, _ := planner.Machine(r.o.Planner, m, observed.NewIndex(snap, r.o.Planner.Installation), r.o.Now())
+	if wait := r.holdRepair(id, change); wait > 0 {
+		r.queue.AddAfter(id, wait)
+		return
+	}
 	outcome := r.Apply(ctx, m, change)
 	switch outcome {
 	case OutcomeWait, OutcomeRetry:
@@ -460,6 +468,34 @@ func (r *Reconciler) reconcile(ctx context.Context, id string) {
 	if r.o.Metrics != nil {
 		r.o.Metrics.Reconciled(outcome, time.Since(start))
 	}
+}
+
+// holdRepair returns how much longer a drift repair must wait under
+// RepairDelay (0: run it now). It remembers when each machine's drift was
+// first seen and forgets it once the machine needs no repair; the memory
+// holds at most one entry per machine.
+func (r *Reconciler) holdRepair(id string, c planner.Change) time.Duration {
+	if r.o.RepairDelay <= 0 {
+		return 0
+	}
+	repair := c.Intent == nil && c.Fail == "" && c.Adopt == nil && len(c.Steps) > 0
+	r.driftMu.Lock()
+	defer r.driftMu.Unlock()
+	if !repair {
+		delete(r.driftSince, id)
+		return 0
+	}
+	now := r.o.Now()
+	since, ok := r.driftSince[id]
+	if !ok {
+		r.driftSince[id] = now
+		since = now
+	}
+	if wait := r.o.RepairDelay - now.Sub(since); wait > 0 {
+		return wait
+	}
+	delete(r.driftSince, id)
+	return 0
 }
 
 // Outcomes of Apply, also the outcome label of the reconcile metrics.

@@ -21,7 +21,7 @@ type rig struct {
 	stop func()
 }
 
-func newRig(t *testing.T, shape hypervisors.Shape, mem *desired.MemoryStore, fo fake.Options) *rig {
+func newRig(t *testing.T, shape hypervisors.Shape, mem *desired.MemoryStore, fo fake.Options, tune ...func(*Options)) *rig {
 	t.Helper()
 	fo.Zones = []string{"z1"}
 	var hv hypervisors.Hypervisor
@@ -48,7 +48,11 @@ func newRig(t *testing.T, shape hypervisors.Shape, mem *desired.MemoryStore, fo 
 	}
 	r.doc = doc
 	ex := executor.New(executor.Options{Hypervisor: hv, Installation: "inst", Blob: doc.Blob, MinBackoff: time.Millisecond, MaxBackoff: 20 * time.Millisecond})
-	r.rec = New(Options{Doc: doc, Hypervisor: hv, Executor: ex, Planner: pc, Interval: 50 * time.Millisecond, Workers: 4})
+	o := Options{Doc: doc, Hypervisor: hv, Executor: ex, Planner: pc, Interval: 50 * time.Millisecond, Workers: 4}
+	for _, f := range tune {
+		f(&o)
+	}
+	r.rec = New(o)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { r.rec.Run(ctx, ctx); close(done) }()
@@ -150,6 +154,45 @@ func TestVanishedVMFailsAndStoppedVMIsRestarted(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Fatal("stopped VM was not started again")
+}
+
+// --drift-repair-delay holds a repair back until the drift has lasted that
+// long, also when the machine is woken directly (as an adapter event
+// does), not only when a full pass finds it.
+func TestRepairDelayHoldsEveryRepair(t *testing.T) {
+	const delay = 400 * time.Millisecond
+	r := newRig(t, hypervisors.ShapeLibvirt, desired.NewMemoryStore(nil), fake.Options{}, func(o *Options) {
+		o.RepairDelay, o.Interval = delay, time.Hour
+	})
+	sim := r.hv.(*fake.Libvirt)
+	id := "z1/t/000"
+	r.mutate(t, desired.Request{Kind: desired.KindCreate, MachineID: id})
+	m := r.await(t, id, desired.Idle)
+	tg := hypervisors.Target{Zone: "z1", Name: m.VMName}
+	if err := sim.StopVM(tg); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	r.rec.Enqueue(id) // what a lifecycle event does
+	running := func() bool {
+		vm, err := sim.Lookup(context.Background(), tg)
+		return err == nil && vm.Power == "running"
+	}
+	for time.Since(stopped) < delay/2 {
+		if running() {
+			t.Fatalf("repaired %v after the stop, before the %v delay", time.Since(stopped), delay)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if running() {
+			if el := time.Since(stopped); el < delay {
+				t.Errorf("repaired %v after the stop, before the %v delay", el, delay)
+			}
+			return
+		}
+	}
+	t.Fatal("the stopped VM was never started again")
 }
 
 func TestRestartRedrivesCreate(t *testing.T) {
