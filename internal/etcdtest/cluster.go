@@ -120,6 +120,7 @@ func (c *Cluster) config(m *member, cluster string) *embed.Config {
 	cfg.InitialClusterToken = "etcdtest"
 	cfg.ClusterState = embed.ClusterStateFlagNew
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	cfg.EnableGRPCGateway = false
 	cfg.AutoCompactionMode = embed.CompactorModePeriodic
 	cfg.AutoCompactionRetention = CompactionRetention
 	if c.opts.MaxTxnOps != 0 {
@@ -217,6 +218,19 @@ func (c *Cluster) Stop(i int) {
 	m.etcd = nil
 }
 
+// Kill stops member i the way a crash would: raft stops at once, without
+// handing over leadership, and then its listeners close.
+func (c *Cluster) Kill(i int) {
+	c.tb.Helper()
+	m := c.members[i]
+	if m.etcd == nil {
+		c.tb.Fatalf("etcd member %s is already stopped", m.name)
+	}
+	m.etcd.Server.HardStop()
+	m.etcd.Close()
+	m.etcd = nil
+}
+
 // Restart starts the stopped member i again with its data.
 func (c *Cluster) Restart(i int) {
 	c.tb.Helper()
@@ -296,13 +310,20 @@ func (c *Cluster) close() {
 	}
 	c.clients = nil
 	c.mu.Unlock()
+	// Followers first: a leader that stops hands its leadership to a
+	// peer and waits for that, which takes etcd's request timeout when the
+	// peers are stopping too.
+	lead := c.Leader()
 	var wg sync.WaitGroup
-	for _, m := range c.members {
-		if m.etcd != nil {
+	for i, m := range c.members {
+		if m.etcd != nil && i != lead {
 			wg.Go(func() { m.etcd.Close() })
 		}
 	}
 	wg.Wait()
+	if lead >= 0 {
+		c.members[lead].etcd.Close()
+	}
 	for _, m := range c.members {
 		m.etcd = nil
 	}
