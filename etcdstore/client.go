@@ -6,12 +6,17 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"time"
 
 	"github.com/hashicorp/go-multierror"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 )
 
 // Client defaults.
@@ -118,7 +123,7 @@ func readPEM(path string) ([]byte, error) {
 	return buf, nil
 }
 
-// NewClient connects to the cluster and proves it can talk to it: it
+// NewClient proves it can talk to the cluster and then connects: it
 // returns only after one member answered a request within DialTimeout,
 // so a wrong CA, a rejected client certificate or an unreachable cluster
 // fails here with the transport's reason rather than later as a timeout.
@@ -132,6 +137,9 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*clientv3.Client, error) 
 		return nil, fmt.Errorf("connect to etcd: %w", err)
 	}
 	dial := orDefault(cfg.DialTimeout, DefaultDialTimeout)
+	if err := probe(ctx, cfg.Endpoints, tlsCfg, dial); err != nil {
+		return nil, err
+	}
 	c, err := clientv3.New(clientv3.Config{
 		Endpoints:            cfg.Endpoints,
 		DialTimeout:          dial,
@@ -145,41 +153,87 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*clientv3.Client, error) 
 	if err != nil {
 		return nil, fmt.Errorf("connect to etcd %v: %w", cfg.Endpoints, err)
 	}
-	if err := probe(ctx, c, cfg.Endpoints, dial); err != nil {
-		c.Close()
-		return nil, err
-	}
 	return c, nil
 }
 
-// probe asks each endpoint for its status until one answers. Status is a
-// single unary call per endpoint, so the newest error of each endpoint
-// carries the transport's reason (a failed TLS handshake, a refused
-// connection) rather than only a deadline.
-func probe(ctx context.Context, c *clientv3.Client, endpoints []string, timeout time.Duration) error {
+// probe asks each endpoint for its status, over a connection of its own
+// with the client's TLS settings, until one answers. The calls do not wait
+// for a ready connection, so a failed attempt carries the transport's
+// reason (a failed TLS handshake, a refused client certificate, a refused
+// connection), which the error reports per endpoint.
+func probe(ctx context.Context, endpoints []string, tlsCfg *tls.Config, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	last := make(map[string]error, len(endpoints))
+	creds := insecure.NewCredentials()
+	if tlsCfg != nil {
+		creds = credentials.NewTLS(tlsCfg)
+	}
+	conns := make([]*grpc.ClientConn, len(endpoints))
+	for i, ep := range endpoints {
+		conn, err := grpc.NewClient("passthrough:///"+ep, grpc.WithTransportCredentials(creds))
+		if err != nil {
+			return fmt.Errorf("connect to etcd %s: %w", ep, err)
+		}
+		defer conn.Close()
+		conns[i] = conn
+	}
+	last := make([]error, len(endpoints))
 	for {
-		for _, ep := range endpoints {
-			_, err := c.Status(ctx, ep)
+		for i, conn := range conns {
+			actx, acancel := context.WithTimeout(ctx, time.Second)
+			_, err := pb.NewMaintenanceClient(conn).Status(actx, &pb.StatusRequest{}, grpc.WaitForReady(false))
+			acancel()
 			if err == nil {
 				return nil
 			}
-			if ctx.Err() == nil || last[ep] == nil {
-				last[ep] = err
+			if ctx.Err() == nil || last[i] == nil {
+				last[i] = err
 			}
 		}
 		select {
 		case <-ctx.Done():
 			var errs *multierror.Error
-			for _, ep := range endpoints {
-				errs = multierror.Append(errs, fmt.Errorf("%s: %w", ep, last[ep]))
+			for i, ep := range endpoints {
+				if tlsCfg != nil {
+					if terr := diagnoseTLS(ep, tlsCfg); terr != nil {
+						last[i] = terr
+					}
+				}
+				errs = multierror.Append(errs, fmt.Errorf("%s: %w", ep, last[i]))
 			}
 			return fmt.Errorf("connect to etcd: no member answered within %v: %w", timeout, errs)
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// diagnoseTLS makes one TLS handshake with ep and reports what went wrong
+// with it, or nil if nothing did. With TLS 1.3 a member refuses a client
+// certificate only after the handshake, with an alert the next read
+// returns, and gRPC often reports just the broken pipe; this read catches
+// the alert itself.
+func diagnoseTLS(ep string, tlsCfg *tls.Config) error {
+	d := &net.Dialer{Timeout: time.Second}
+	raw, err := d.Dial("tcp", ep)
+	if err != nil {
+		return nil
+	}
+	defer raw.Close()
+	cfg := tlsCfg.Clone()
+	if cfg.ServerName == "" {
+		host, _, _ := net.SplitHostPort(ep)
+		cfg.ServerName = host
+	}
+	conn := tls.Client(raw, cfg)
+	conn.SetDeadline(time.Now().Add(time.Second))
+	if err := conn.Handshake(); err != nil {
+		return fmt.Errorf("TLS handshake: %w", err)
+	}
+	var op *net.OpError
+	if _, err := conn.Read(make([]byte, 1)); errors.As(err, &op) && op.Op == "remote error" {
+		return fmt.Errorf("the member refused this client's certificate: %w", err)
+	}
+	return nil
 }
 
 func orDefault(d, def time.Duration) time.Duration {

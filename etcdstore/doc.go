@@ -23,7 +23,7 @@
 //     with it) no write of the old term can apply, however late it
 //     arrives: a paused or partitioned leader is fenced by etcd itself.
 //   - Stop before the lease runs out. The term renews its lease every
-//     TTL/3 and ends locally at (send time of the last acknowledged
+//     TTL/6 and ends locally at (send time of the newest acknowledged
 //     renewal + TTL - Margin), which is before the cluster can expire the
 //     lease, so a leader that cannot renew stops its executor before any
 //     other replica can win. Term.Err checks that deadline on each call,

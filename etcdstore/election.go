@@ -29,8 +29,10 @@ const (
 	minMargin = 500 * time.Millisecond
 	// revokeTimeout bounds the lease revoke a term makes when it ends.
 	revokeTimeout = 2 * time.Second
-	// keepAliveRetry is the pause before renewing again after a failure.
-	keepAliveRetry = 100 * time.Millisecond
+	// renewalsPerTTL is how often a term renews its lease per TTL.
+	renewalsPerTTL = 6
+	// maxRenewals bounds the lease renewals in flight at once.
+	maxRenewals = 4
 )
 
 var (
@@ -151,6 +153,45 @@ func (e *Elector) Leader(ctx context.Context) (string, error) {
 	return string(resp.Kvs[0].Value), nil
 }
 
+// Observe calls fn with the identity of the current leader ("" while
+// there is none) at once and again whenever it changes, until ctx ends;
+// a standby runs it to name the leader in its UNAVAILABLE answers. fn
+// runs on Observe's goroutine. While etcd cannot be read Observe keeps
+// the last value and retries; it returns ctx's error.
+func (e *Elector) Observe(ctx context.Context, fn func(identity string)) error {
+	last, first := "", true
+	for {
+		resp, err := e.client.Get(ctx, e.pfx+"/", clientv3.WithFirstCreate()...)
+		if err == nil {
+			cur := ""
+			if len(resp.Kvs) > 0 {
+				cur = string(resp.Kvs[0].Value)
+			}
+			if first || cur != last {
+				fn(cur)
+				last, first = cur, false
+			}
+			wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+			for wr := range e.client.Watch(wctx, e.pfx+"/", clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1)) {
+				if wr.Err() != nil || len(wr.Events) > 0 {
+					break
+				}
+			}
+			cancel()
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err != nil {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}
+}
+
 // Campaign blocks until this replica holds the election and returns its
 // term, or returns the error that stopped it (ctx ended, etcd failed, the
 // session lease was lost while waiting). Callers retry with backoff; every
@@ -245,7 +286,7 @@ func (e *Elector) newTerm(ctx context.Context) (*Term, error) {
 	t.timer = time.AfterFunc(time.Until(t.validUntil), t.checkDeadline)
 	t.mu.Unlock()
 	t.loops.Add(2)
-	go t.keepAlive(time.Duration(g.TTL) * time.Second / 3)
+	go t.keepAlive(time.Duration(g.TTL) * time.Second / renewalsPerTTL)
 	go func() {
 		defer t.loops.Done()
 		select {
@@ -258,45 +299,52 @@ func (e *Elector) newTerm(ctx context.Context) (*Term, error) {
 }
 
 // keepAlive renews the lease every interval and moves the local deadline
-// to the time the renewal was sent plus the granted TTL, minus the margin:
+// to the time a renewal was sent plus the granted TTL, minus the margin:
 // the cluster measures the TTL from when it received the request, which is
-// later, so the local deadline always falls before the cluster's. One
-// renewal may take at most interval; a failed one is retried soon, so a
-// member that hangs does not use up the lease.
+// later, so the local deadline always falls before the cluster's.
+// Renewals do not wait for each other (at most maxRenewals are in
+// flight), so one stuck on a member that stopped answering, or slowed by
+// a busy cluster, does not delay the next.
 func (t *Term) keepAlive(interval time.Duration) {
 	defer t.loops.Done()
-	timer := time.NewTimer(interval)
-	defer timer.Stop()
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	inflight := make(chan struct{}, maxRenewals)
+	var renewals sync.WaitGroup
+	defer renewals.Wait()
 	for {
 		select {
 		case <-t.ctx.Done():
 			return
-		case <-timer.C:
+		case <-tick.C:
 		}
-		t.mu.Lock()
-		until := t.validUntil
-		t.mu.Unlock()
-		sent := time.Now()
-		deadline := sent.Add(interval)
-		if until.Before(deadline) {
-			deadline = until
-		}
-		ctx, cancel := context.WithDeadline(t.ctx, deadline)
-		resp, err := t.client.KeepAliveOnce(ctx, t.lease)
-		cancel()
-		switch {
-		case err == nil:
-			t.extend(sent.Add(time.Duration(resp.TTL)*time.Second - t.e.margin))
-			timer.Reset(time.Until(sent.Add(interval)))
-		case errors.Is(err, rpctypes.ErrLeaseNotFound):
-			t.end(fmt.Errorf("%w: election lease %x expired on the cluster", ErrNotLeader, int64(t.lease)))
-			return
+		select {
+		case inflight <- struct{}{}:
 		default:
-			if t.ctx.Err() == nil {
-				t.e.log.Warn("election lease keepalive failed; retrying", "lease", fmt.Sprintf("%x", int64(t.lease)), "err", err)
-			}
-			timer.Reset(keepAliveRetry)
+			continue // maxRenewals are still waiting; the deadline decides
 		}
+		renewals.Go(func() {
+			defer func() { <-inflight }()
+			t.renew()
+		})
+	}
+}
+
+func (t *Term) renew() {
+	t.mu.Lock()
+	until := t.validUntil
+	t.mu.Unlock()
+	sent := time.Now()
+	ctx, cancel := context.WithDeadline(t.ctx, until)
+	resp, err := t.client.KeepAliveOnce(ctx, t.lease)
+	cancel()
+	switch {
+	case err == nil:
+		t.extend(sent.Add(time.Duration(resp.TTL)*time.Second - t.e.margin))
+	case errors.Is(err, rpctypes.ErrLeaseNotFound):
+		t.end(fmt.Errorf("%w: election lease %x expired on the cluster", ErrNotLeader, int64(t.lease)))
+	case t.ctx.Err() == nil:
+		t.e.log.Warn("election lease keepalive failed", "lease", fmt.Sprintf("%x", int64(t.lease)), "err", err)
 	}
 }
 

@@ -12,13 +12,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bigfleet-vm/provider/internal/etcdtest"
 	"github.com/google/go-cmp/cmp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 func TestNewElectorRejects(t *testing.T) {
-	c := etcdtest.Start(t, etcdtest.Options{Members: 1})
+	c := sharedCluster(t)
 	cl := newClient(t, c)
 	tests := []struct {
 		name, prefix, identity string
@@ -48,7 +47,7 @@ func TestNewElectorRejects(t *testing.T) {
 // and when the leader's session is killed (its lease revoked) the standby
 // takes over while the deposed term can no longer write.
 func TestOneLeader(t *testing.T) {
-	c := etcdtest.Start(t, etcdtest.Options{})
+	c := sharedCluster(t)
 	const prefix = "/one"
 	cla, clb := newClient(t, c), newClient(t, c)
 	a := newElector(t, cla, prefix, "replica-a 10.0.0.1:7443", testTTL)
@@ -56,7 +55,30 @@ func TestOneLeader(t *testing.T) {
 	if _, err := b.Leader(ctxFor(t)); !errors.Is(err, ErrNoLeader) {
 		t.Fatalf("Leader before any campaign: %v, want ErrNoLeader", err)
 	}
+	observed := make(chan string, 16)
+	octx, ostop := context.WithCancel(context.Background())
+	ostopped := make(chan error, 1)
+	go func() { ostopped <- b.Observe(octx, func(id string) { observed <- id }) }()
+	t.Cleanup(func() {
+		ostop()
+		if err := <-ostopped; !errors.Is(err, context.Canceled) {
+			t.Errorf("Observe returned %v, want context.Canceled", err)
+		}
+	})
+	observe := func(want string) {
+		t.Helper()
+		select {
+		case got := <-observed:
+			if got != want {
+				t.Errorf("observed leader %q, want %q", got, want)
+			}
+		case <-time.After(wait):
+			t.Fatalf("observer did not report %q", want)
+		}
+	}
+	observe("")
 	ta := lead(t, a)
+	observe(a.Identity())
 	sa := openStore(t, cla, prefix, ta, Options{})
 	if _, err := sa.Load(ctxFor(t)); err != nil {
 		t.Fatal(err)
@@ -115,6 +137,7 @@ func TestOneLeader(t *testing.T) {
 	if got, err := a.Leader(ctxFor(t)); err != nil || got != b.Identity() {
 		t.Errorf("leader after takeover = %q (%v), want %q", got, err, b.Identity())
 	}
+	observe(b.Identity())
 
 	// The deposed store fails, and a write carrying the old guard does
 	// not apply.
@@ -151,7 +174,7 @@ func TestOneLeader(t *testing.T) {
 // TestTakeoverWhenLeaderVanishes closes the leader's client without a
 // revoke (the process died): the standby leads once the lease expires.
 func TestTakeoverWhenLeaderVanishes(t *testing.T) {
-	c := etcdtest.Start(t, etcdtest.Options{})
+	c := sharedCluster(t)
 	const prefix = "/vanish"
 	cla, clb := newClient(t, c), newClient(t, c)
 	ta := lead(t, newElector(t, cla, prefix, "a", testTTL))
@@ -188,9 +211,9 @@ func TestTakeoverWhenLeaderVanishes(t *testing.T) {
 // connections stay open but carry nothing): its term must end before the
 // standby can win, and the standby must win.
 func TestPartitionedLeaderStopsFirst(t *testing.T) {
-	c := etcdtest.Start(t, etcdtest.Options{})
+	c := sharedCluster(t)
 	const prefix = "/partition"
-	proxies := c.Proxies()
+	proxies := c.Proxies(t)
 	var eps []string
 	for _, p := range proxies {
 		eps = append(eps, p.Addr)
@@ -257,7 +280,7 @@ func TestPartitionedLeaderStopsFirst(t *testing.T) {
 // TestCampaignCancelled checks that a standby whose campaign is cancelled
 // withdraws its candidacy.
 func TestCampaignCancelled(t *testing.T) {
-	c := etcdtest.Start(t, etcdtest.Options{Members: 1})
+	c := sharedCluster(t)
 	const prefix = "/cancel"
 	cl := newClient(t, c)
 	lead(t, newElector(t, cl, prefix, "a", testTTL))
@@ -289,7 +312,7 @@ func TestCampaignCancelled(t *testing.T) {
 // new leader's election, its Store must fail with ErrNotLeader and its
 // term must end promptly.
 func TestZombieIsFenced(t *testing.T) {
-	c := etcdtest.Start(t, etcdtest.Options{})
+	c := sharedCluster(t)
 	const prefix = "/zombie"
 	cmd := exec.Command(os.Args[0], "-test.run=^TestZombieChild$", "-test.v")
 	cmd.Env = append(os.Environ(), "ETCDSTORE_ZOMBIE="+strings.Join(c.Endpoints(), ",")+prefix)

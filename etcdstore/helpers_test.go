@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +12,31 @@ import (
 	"github.com/bigfleet-vm/provider/internal/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
+
+var (
+	sharedOnce sync.Once
+	shared     *etcdtest.Cluster
+	sharedErr  error
+)
+
+// sharedCluster is a three-member cluster for the tests that leave its
+// members alone; each uses its own key prefix. TestMain closes it.
+func sharedCluster(t testing.TB) *etcdtest.Cluster {
+	t.Helper()
+	sharedOnce.Do(func() { shared, sharedErr = etcdtest.New(etcdtest.Options{}) })
+	if sharedErr != nil {
+		t.Fatal(sharedErr)
+	}
+	return shared
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if shared != nil {
+		shared.Close()
+	}
+	os.Exit(code)
+}
 
 // testTTL is the election TTL of tests that wait for a lease to expire:
 // etcd's minimum with default timing.
@@ -81,7 +107,7 @@ func openStore(t testing.TB, cl *clientv3.Client, prefix string, term *Term, opt
 func leader(t testing.TB, c *etcdtest.Cluster, prefix string, opts Options) (*clientv3.Client, *Term, *Store) {
 	t.Helper()
 	cl := newClient(t, c)
-	term := lead(t, newElector(t, cl, prefix, "replica-a", 0))
+	term := lead(t, newElector(t, newClient(t, c), prefix, "replica-a", 0))
 	s := openStore(t, cl, prefix, term, opts)
 	if _, err := s.Load(ctxFor(t)); err != nil {
 		t.Fatal(err)
@@ -92,13 +118,18 @@ func leader(t testing.TB, c *etcdtest.Cluster, prefix string, opts Options) (*cl
 // commit commits ops and waits for the outcome.
 func commit(t testing.TB, s *Store, ops ...Op) error {
 	t.Helper()
+	return commitWithin(t, s, wait, ops...)
+}
+
+func commitWithin(t testing.TB, s *Store, d time.Duration, ops ...Op) error {
+	t.Helper()
 	ch := make(chan error, 1)
 	s.Commit(ops, func(err error) { ch <- err })
 	select {
 	case err := <-ch:
 		return err
-	case <-time.After(wait):
-		t.Fatalf("commit of %d ops did not finish within %v", len(ops), wait)
+	case <-time.After(d):
+		t.Fatalf("commit of %d ops did not finish within %v", len(ops), d)
 		return nil
 	}
 }

@@ -31,6 +31,7 @@ const (
 	DefaultTxnTimeout      = 5 * time.Second
 	DefaultAttemptTimeout  = 2 * time.Second
 	DefaultLoadPageSize    = 4096
+	DefaultChunkParallel   = 4
 	// MaxKeyBytes caps an Op's key.
 	MaxKeyBytes = 4096
 	// txnReserve is the part of a request kept for the compares, the
@@ -69,6 +70,9 @@ type Options struct {
 	// LoadPageSize is how many keys Load reads per request. Zero means
 	// DefaultLoadPageSize.
 	LoadPageSize int
+	// ChunkParallel is how many txns of one oversized batch (see
+	// Commit) may be in flight at once. Zero means DefaultChunkParallel.
+	ChunkParallel int
 	// Logger receives failures; nil discards them.
 	Logger *slog.Logger
 	// OnCommit, if set, is called after every successful txn with the
@@ -138,6 +142,9 @@ func Open(ctx context.Context, client *clientv3.Client, prefix string, term *Ter
 	if opts.LoadPageSize == 0 {
 		opts.LoadPageSize = DefaultLoadPageSize
 	}
+	if opts.ChunkParallel == 0 {
+		opts.ChunkParallel = DefaultChunkParallel
+	}
 	switch {
 	case opts.MaxTxnOps < 2:
 		return nil, fmt.Errorf("open etcd store: MaxTxnOps %d is below 2", opts.MaxTxnOps)
@@ -149,6 +156,8 @@ func Open(ctx context.Context, client *clientv3.Client, prefix string, term *Ter
 		return nil, fmt.Errorf("open etcd store: negative TxnTimeout %v or AttemptTimeout %v", opts.TxnTimeout, opts.AttemptTimeout)
 	case opts.LoadPageSize < 1:
 		return nil, fmt.Errorf("open etcd store: LoadPageSize %d is below 1", opts.LoadPageSize)
+	case opts.ChunkParallel < 1:
+		return nil, fmt.Errorf("open etcd store: ChunkParallel %d is below 1", opts.ChunkParallel)
 	}
 	log := opts.Logger
 	if log == nil {
@@ -455,15 +464,113 @@ func (s *Store) process(q []pending) {
 		}
 		s.flush(buf, waiting)
 		waiting = nil
+		if !s.fits(buf, ops) {
+			chunks := s.split(ops)
+			s.sendChunks(chunks[:len(chunks)-1])
+			ops = chunks[len(chunks)-1]
+		}
 		for _, op := range ops {
-			if !s.fits(buf, []Op{op}) {
-				s.flush(buf, nil)
-			}
 			s.add(buf, op)
 		}
 		waiting = append(waiting, p)
 	}
 	s.flush(buf, waiting)
+}
+
+// split cuts deduplicated ops into runs that each fit one txn.
+func (s *Store) split(ops []Op) [][]Op {
+	var chunks [][]Op
+	start, n, bytes := 0, 0, 0
+	for i, op := range ops {
+		b := opBytes(s.prefix, op)
+		if n+1 > s.maxOps || bytes+b > s.maxBytes {
+			chunks = append(chunks, ops[start:i])
+			start, n, bytes = i, 0, 0
+		}
+		n++
+		bytes += b
+	}
+	return append(chunks, ops[start:])
+}
+
+type chunkResult struct {
+	ops, bytes int
+	took       time.Duration
+}
+
+// sendChunks writes all but the last chunk of an oversized batch,
+// ChunkParallel txns at a time; the last chunk goes with the txn that
+// follows, which moves the writer key. Chunk txns compare the writer key's
+// mod revision but do not move it, so they apply in any order, and a
+// chunk applied twice (a retry) leaves what one application leaves since
+// the keys of one batch are distinct; once the following txn moved the
+// writer key, no late chunk attempt can apply.
+func (s *Store) sendChunks(chunks [][]Op) {
+	if len(chunks) == 0 || s.sticky() != nil {
+		return
+	}
+	sem := make(chan struct{}, s.opts.ChunkParallel)
+	results := make([]chunkResult, len(chunks))
+	var wg sync.WaitGroup
+	for i, ops := range chunks {
+		if s.sticky() != nil {
+			break
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			start := time.Now()
+			bytes, err := s.sendChunk(ops)
+			if err != nil {
+				s.fail(err)
+				return
+			}
+			s.account(ops)
+			results[i] = chunkResult{ops: len(ops), bytes: bytes, took: time.Since(start)}
+		})
+	}
+	wg.Wait()
+	if s.opts.OnCommit != nil {
+		for _, r := range results {
+			if r.ops > 0 {
+				s.opts.OnCommit(r.ops, r.bytes, r.took)
+			}
+		}
+	}
+}
+
+// sendChunk writes one chunk guarded by the term and the writer key's
+// current mod revision, retrying like send.
+func (s *Store) sendChunk(ops []Op) (int, error) {
+	then := make([]clientv3.Op, 0, len(ops))
+	bytes := 0
+	for _, op := range ops {
+		bytes += opBytes(s.prefix, op)
+		if op.Delete {
+			then = append(then, clientv3.OpDelete(s.prefix+op.Key))
+		} else {
+			then = append(then, clientv3.OpPut(s.prefix+op.Key, string(op.Value)))
+		}
+	}
+	rev := s.writerRev
+	resp, err := s.retry(len(ops), func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		return s.client.Txn(ctx).
+			If(s.term.Guard(), clientv3.Compare(clientv3.ModRevision(s.writerKey), "=", rev)).
+			Then(then...).
+			Else(clientv3.OpGet(s.term.Key())).
+			Commit()
+	})
+	if err != nil {
+		return 0, err
+	}
+	if !resp.Succeeded {
+		election := resp.Responses[0].GetResponseRange().Kvs
+		if len(election) == 0 || election[0].CreateRevision != s.term.Revision() {
+			return 0, fmt.Errorf("commit %d ops: %w: the election key was gone at revision %d", len(ops), ErrNotLeader, resp.Header.Revision)
+		}
+		return 0, fmt.Errorf("commit %d ops: %s was changed behind this leader's back (expected revision %d)", len(ops), s.writerKey, rev)
+	}
+	return bytes, nil
 }
 
 // flush sends the txn in buf (if any) and then settles waiting.
@@ -490,11 +597,10 @@ func (s *Store) finish(ps []pending, err error) {
 }
 
 // send writes one txn guarded by the term and by the writer key's mod
-// revision. Unavailable errors (a member down, an etcd leader change, a
-// server-side timeout) and attempts that outlive AttemptTimeout are
-// retried until TxnTimeout: the writer compare
-// makes a retry, or a delayed earlier attempt, apply at most once, and the
-// Else branch tells a retry whether an earlier attempt already applied.
+// revision, and moves the writer key. The writer compare makes a retry,
+// or a delayed earlier attempt, apply at most once and never after a
+// later txn, and the Else branch tells a retry whether an earlier attempt
+// already applied.
 func (s *Store) send(buf *txnBuf) error {
 	start := time.Now()
 	s.seq++
@@ -508,36 +614,51 @@ func (s *Store) send(buf *txnBuf) error {
 		}
 	}
 	then = append(then, clientv3.OpPut(s.writerKey, id))
+	resp, err := s.retry(len(buf.ops), func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		return s.client.Txn(ctx).
+			If(s.term.Guard(), clientv3.Compare(clientv3.ModRevision(s.writerKey), "=", s.writerRev)).
+			Then(then...).
+			Else(clientv3.OpGet(s.writerKey), clientv3.OpGet(s.term.Key())).
+			Commit()
+	})
+	if err != nil {
+		return err
+	}
+	if resp.Succeeded {
+		s.committed(buf, resp.Header.Revision, start)
+		return nil
+	}
+	return s.refused(buf, resp, id, start)
+}
+
+// retry runs txn until it returns a response, retrying Unavailable errors
+// (a member down, an etcd leader change, a server-side timeout) and
+// attempts that outlive AttemptTimeout, for at most TxnTimeout and only
+// while the term lasts. Callers make their txns safe to apply twice.
+func (s *Store) retry(n int, txn func(context.Context) (*clientv3.TxnResponse, error)) (*clientv3.TxnResponse, error) {
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(s.term.Context()), s.opts.TxnTimeout)
 	defer cancel()
 	backoff := 25 * time.Millisecond
 	for attempt := 1; ; attempt++ {
 		if err := s.term.Err(); err != nil {
 			if attempt > 1 {
-				return fmt.Errorf("commit %d ops (outcome unknown): %w", len(buf.ops), err)
+				return nil, fmt.Errorf("commit %d ops (outcome unknown): %w", n, err)
 			}
-			return fmt.Errorf("commit %d ops: %w", len(buf.ops), err)
+			return nil, fmt.Errorf("commit %d ops: %w", n, err)
 		}
 		actx, acancel := context.WithTimeout(ctx, s.opts.AttemptTimeout)
-		resp, err := s.client.Txn(actx).
-			If(s.term.Guard(), clientv3.Compare(clientv3.ModRevision(s.writerKey), "=", s.writerRev)).
-			Then(then...).
-			Else(clientv3.OpGet(s.writerKey), clientv3.OpGet(s.term.Key())).
-			Commit()
+		resp, err := txn(actx)
 		timedOut := actx.Err() != nil && ctx.Err() == nil
 		acancel()
 		if err == nil {
-			if resp.Succeeded {
-				s.committed(buf, resp.Header.Revision, start)
-				return nil
-			}
-			return s.refused(buf, resp, id, start)
+			return resp, nil
 		}
 		if cause := context.Cause(s.term.Context()); cause != nil {
-			return fmt.Errorf("commit %d ops: leadership ended with the txn in flight, outcome unknown: %w", len(buf.ops), cause)
+			return nil, fmt.Errorf("commit %d ops: leadership ended with the txn in flight, outcome unknown: %w", n, cause)
 		}
 		if ctx.Err() != nil || !(timedOut || retryable(err)) {
-			return fmt.Errorf("commit %d ops (attempt %d, %v after the first; outcome unknown): %w", len(buf.ops), attempt, time.Since(start).Round(time.Millisecond), err)
+			return nil, fmt.Errorf("commit %d ops (attempt %d, %v after the first; outcome unknown): %w", n, attempt, time.Since(start).Round(time.Millisecond), err)
 		}
 		s.log.Debug("etcd txn failed; retrying", "err", err)
 		select {
@@ -570,9 +691,17 @@ func (s *Store) refused(buf *txnBuf, resp *clientv3.TxnResponse, id string, star
 
 func (s *Store) committed(buf *txnBuf, rev int64, start time.Time) {
 	s.writerRev = rev
+	s.account(buf.ops)
+	if s.opts.OnCommit != nil {
+		s.opts.OnCommit(len(buf.ops), buf.bytes, time.Since(start))
+	}
+}
+
+// account adds committed ops to Size.
+func (s *Store) account(ops []Op) {
 	var delta int64
 	s.mu.Lock()
-	for _, op := range buf.ops {
+	for _, op := range ops {
 		old, had := s.sizes[op.Key]
 		if had {
 			delta -= int64(old)
@@ -587,18 +716,25 @@ func (s *Store) committed(buf *txnBuf, rev int64, start time.Time) {
 	}
 	s.mu.Unlock()
 	s.size.Add(delta)
-	if s.opts.OnCommit != nil {
-		s.opts.OnCommit(len(buf.ops), buf.bytes, time.Since(start))
-	}
 }
 
 // retryable reports whether err is one etcd reports for a request that
-// may succeed when sent again: the gRPC code Unavailable.
+// may succeed when sent again: Unavailable (no leader, leader changed, a
+// server timeout, a closing connection) or Unknown (an unmapped server
+// error such as "raft: stopped" from a member that is going down). Every
+// txn the store sends is safe to apply twice, so an error that leaves the
+// outcome open is retried rather than failing the store; requests etcd
+// refuses for good (too large, too many ops, no space, permission) carry
+// other codes and are not.
 func retryable(err error) bool {
+	var code codes.Code
 	var ee rpctypes.EtcdError
 	if errors.As(err, &ee) {
-		return ee.Code() == codes.Unavailable
+		code = ee.Code()
+	} else if st, ok := status.FromError(err); ok {
+		code = st.Code()
+	} else {
+		return false
 	}
-	st, ok := status.FromError(err)
-	return ok && st.Code() == codes.Unavailable
+	return code == codes.Unavailable || code == codes.Unknown
 }

@@ -1,6 +1,7 @@
 package etcdstore
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -12,7 +13,10 @@ import (
 
 	"github.com/bigfleet-vm/provider/internal/etcdtest"
 	"github.com/google/go-cmp/cmp"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // TestCommitOrderAndGrouping commits batches from several goroutines
@@ -38,7 +42,10 @@ func TestCommitOrderAndGrouping(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := etcdtest.Start(t, tt.cluster)
+			c := sharedCluster(t)
+			if tt.cluster != (etcdtest.Options{}) {
+				c = etcdtest.Start(t, tt.cluster)
+			}
 			var txns, maxOps, maxBytes atomic.Int64
 			tt.opts.OnCommit = func(ops, bytes int, _ time.Duration) {
 				txns.Add(1)
@@ -138,7 +145,7 @@ func TestCommitOrderAndGrouping(t *testing.T) {
 // alone and merged with their neighbours into one txn (etcd refuses a txn
 // that names a key twice).
 func TestSameKeyTwice(t *testing.T) {
-	c := etcdtest.Start(t, etcdtest.Options{})
+	c := sharedCluster(t)
 	put := func(k, v string) Op { return Op{Key: k, Value: []byte(v)} }
 	del := func(k string) Op { return Op{Key: k, Delete: true} }
 	tests := []struct {
@@ -174,12 +181,19 @@ func TestSameKeyTwice(t *testing.T) {
 }
 
 // TestLargeFirstWrite writes 100,000 values of 600 bytes as one batch
-// (split across txns) and loads them back through a new store.
+// (split across txns written in parallel) and loads them back through a
+// new store. Under the race detector the three members in this process
+// apply a put about ten times slower (100,000 take 1.5 min here), so
+// there it writes 10,000, which still spans 79 txns; BenchmarkFirstWrite
+// and BenchmarkLoad always use 100,000.
 func TestLargeFirstWrite(t *testing.T) {
-	c := etcdtest.Start(t, etcdtest.Options{})
+	c := sharedCluster(t)
 	var txns atomic.Int64
 	cl, term, s := leader(t, c, "/big", Options{OnCommit: func(int, int, time.Duration) { txns.Add(1) }})
-	const n = 100_000
+	n := 100_000
+	if raceEnabled {
+		n = 10_000
+	}
 	ops := make([]Op, n)
 	want := make(map[string][]byte, n)
 	for i := range ops {
@@ -187,7 +201,7 @@ func TestLargeFirstWrite(t *testing.T) {
 		want[ops[i].Key] = ops[i].Value
 	}
 	start := time.Now()
-	if err := commit(t, s, ops...); err != nil {
+	if err := commitWithin(t, s, 10*wait, ops...); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("wrote %d keys in %d txns in %v", n, txns.Load(), time.Since(start))
@@ -215,11 +229,56 @@ func TestLargeFirstWrite(t *testing.T) {
 	}
 }
 
+// TestOversizedBatchAmongOthers commits, without waiting in between, a
+// small batch, one too large for a txn (split into chunks written in
+// parallel) and more small ones touching the same keys, on a cluster with
+// small limits: etcd must end up with what applying them in order gives.
+func TestOversizedBatchAmongOthers(t *testing.T) {
+	limits := etcdtest.Options{MaxTxnOps: 8, MaxRequestBytes: 24 << 10}
+	c := etcdtest.Start(t, limits)
+	var txns atomic.Int64
+	cl, _, s := leader(t, c, "/oversized", Options{
+		MaxTxnOps: 8, MaxRequestBytes: 24 << 10, ChunkParallel: 4,
+		OnCommit: func(int, int, time.Duration) { txns.Add(1) },
+	})
+	var big []Op
+	for i := range 200 {
+		big = append(big, Op{Key: fmt.Sprintf("k%03d", i%150), Value: value(i, 1+i*37%3000)})
+		if i%9 == 0 {
+			big = append(big, Op{Key: fmt.Sprintf("k%03d", (i+1)%150), Delete: true})
+		}
+	}
+	batches := [][]Op{
+		{{Key: "k000", Value: []byte("first")}, {Key: "k149", Value: []byte("first")}, {Key: "other", Value: []byte("1")}},
+		big,
+		{{Key: "k001", Value: []byte("after")}, {Key: "k002", Delete: true}},
+		{{Key: "other", Delete: true}, {Key: "k100", Value: []byte("last")}},
+	}
+	var md model
+	results := make(chan error, len(batches))
+	for _, b := range batches {
+		md.apply(b)
+		s.Commit(b, func(err error) { results <- err })
+	}
+	for range batches {
+		if err := <-results; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if diff := cmp.Diff(md.snapshot(), dump(t, cl, "/oversized")); diff != "" {
+		t.Errorf("etcd content (-want +got):\n%s", diff)
+	}
+	if got, want := s.Size(), md.bytes(); got != want {
+		t.Errorf("Size() = %d, want %d", got, want)
+	}
+	t.Logf("%d batches in %d txns", len(batches), txns.Load())
+}
+
 // TestBadBatchStopsStore checks that a batch etcd cannot take fails with
 // a clear error and stops the store: the batch before it is committed,
 // nothing of it or after it is.
 func TestBadBatchStopsStore(t *testing.T) {
-	c := etcdtest.Start(t, etcdtest.Options{})
+	c := sharedCluster(t)
 	tests := []struct {
 		name string
 		bad  Op
@@ -260,7 +319,7 @@ func TestBadBatchStopsStore(t *testing.T) {
 // TestClose checks that Close commits what was queued and that later
 // batches fail with ErrClosed, in order.
 func TestClose(t *testing.T) {
-	c := etcdtest.Start(t, etcdtest.Options{Members: 1})
+	c := sharedCluster(t)
 	cl, _, s := leader(t, c, "/close", Options{})
 	var mu sync.Mutex
 	var got []string
@@ -309,7 +368,7 @@ func TestClose(t *testing.T) {
 // writer compare fails, and the store must report success from the writer
 // key instead of applying twice or failing.
 func TestRetryFindsItsOwnWrite(t *testing.T) {
-	c := etcdtest.Start(t, etcdtest.Options{Members: 1})
+	c := sharedCluster(t)
 	cl, _, s := leader(t, c, "/retry", Options{})
 	if err := commit(t, s, Op{Key: "a", Value: []byte("1")}); err != nil {
 		t.Fatal(err)
@@ -354,7 +413,7 @@ func TestRetryFindsItsOwnWrite(t *testing.T) {
 // TestOpenAndLoadNeedTheTerm checks that a store cannot be opened or
 // loaded for a term that has ended.
 func TestOpenAndLoadNeedTheTerm(t *testing.T) {
-	c := etcdtest.Start(t, etcdtest.Options{Members: 1})
+	c := sharedCluster(t)
 	cl := newClient(t, c)
 	term := lead(t, newElector(t, cl, "/term", "a", 0))
 	s := openStore(t, cl, "/term", term, Options{})
@@ -378,10 +437,10 @@ func TestOpenAndLoadNeedTheTerm(t *testing.T) {
 func TestMemberDownUnderLoad(t *testing.T) {
 	tests := []struct {
 		name string
-		down func(c *etcdtest.Cluster) int
+		down func(t *testing.T, c *etcdtest.Cluster) int
 	}{
-		{name: "leader-crashes", down: func(c *etcdtest.Cluster) int { l := c.Leader(); c.Kill(l); return l }},
-		{name: "follower-stops", down: func(c *etcdtest.Cluster) int { f := (c.Leader() + 1) % 3; c.Stop(f); return f }},
+		{name: "leader-crashes", down: func(t *testing.T, c *etcdtest.Cluster) int { l := c.Leader(); c.Kill(t, l); return l }},
+		{name: "follower-stops", down: func(t *testing.T, c *etcdtest.Cluster) int { f := (c.Leader() + 1) % 3; c.Stop(t, f); return f }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -421,9 +480,9 @@ func TestMemberDownUnderLoad(t *testing.T) {
 			}
 			time.Sleep(time.Second)
 			before := n.Load()
-			victim := tt.down(c)
+			victim := tt.down(t, c)
 			downAt := time.Now()
-			c.WaitLeader()
+			c.WaitLeader(t)
 			time.Sleep(2 * time.Second)
 			close(stop)
 			wg.Wait()
@@ -448,34 +507,75 @@ func TestMemberDownUnderLoad(t *testing.T) {
 }
 
 // TestQuorumLost stops two of three members: the next batch fails within
-// a bounded time (TxnTimeout, or sooner when the term's lease clock runs
-// out) instead of hanging, and the store stays failed.
+// a bounded time instead of hanging, and the store stays failed. With the
+// default TTL the term's lease clock ends it first; with a long TTL the
+// txn timeout does.
 func TestQuorumLost(t *testing.T) {
-	c := etcdtest.Start(t, etcdtest.Options{})
-	_, term, s := leader(t, c, "/quorum", Options{TxnTimeout: 3 * time.Second})
-	if err := commit(t, s, Op{Key: "a", Value: []byte("1")}); err != nil {
-		t.Fatal(err)
+	tests := []struct {
+		name       string
+		ttl        time.Duration
+		txnTimeout time.Duration
+		want       string
+	}{
+		{name: "term-ends", ttl: DefaultTTL, txnTimeout: 30 * time.Second, want: ErrNotLeader.Error()},
+		{name: "txn-timeout", ttl: time.Minute, txnTimeout: 3 * time.Second, want: "deadline exceeded"},
 	}
-	lead := c.Leader()
-	c.Kill(lead)
-	c.Kill((lead + 1) % 3)
-	start := time.Now()
-	err := commit(t, s, Op{Key: "b", Value: []byte("2")})
-	took := time.Since(start)
-	if err == nil {
-		t.Fatal("commit without quorum succeeded")
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := etcdtest.Start(t, etcdtest.Options{})
+			cl := newClient(t, c)
+			term := lead(t, newElector(t, cl, "/quorum", "a", tt.ttl))
+			s := openStore(t, cl, "/quorum", term, Options{TxnTimeout: tt.txnTimeout})
+			if err := commit(t, s, Op{Key: "a", Value: []byte("1")}); err != nil {
+				t.Fatal(err)
+			}
+			lead := c.Leader()
+			c.Kill(t, lead)
+			c.Kill(t, (lead+1)%3)
+			start := time.Now()
+			err := commit(t, s, Op{Key: "b", Value: []byte("2")})
+			took := time.Since(start)
+			if err == nil {
+				t.Fatal("commit without quorum succeeded")
+			}
+			t.Logf("commit without quorum failed after %v: %v", took.Round(time.Millisecond), err)
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error %q does not mention %q", err, tt.want)
+			}
+			if err := commit(t, s, Op{Key: "c", Value: []byte("3")}); err == nil {
+				t.Error("commit after a failed one succeeded")
+			}
+			if s.Healthy() == nil {
+				t.Error("Healthy() = nil without quorum")
+			}
+			c.RestartAll(t)
+		})
 	}
-	t.Logf("commit without quorum failed after %v: %v", took.Round(time.Millisecond), err)
-	if err := commit(t, s, Op{Key: "c", Value: []byte("3")}); err == nil {
-		t.Error("commit after a failed one succeeded")
+}
+
+func TestRetryable(t *testing.T) {
+	tests := []struct {
+		err  error
+		want bool
+	}{
+		{rpctypes.ErrNoLeader, true},
+		{rpctypes.ErrLeaderChanged, true},
+		{rpctypes.ErrTimeout, true},
+		{rpctypes.ErrGRPCNoLeader, true},
+		{status.Error(codes.Unavailable, "transport is closing"), true},
+		{status.Error(codes.Unknown, "raft: stopped"), true},
+		{fmt.Errorf("wrapped: %w", rpctypes.ErrLeaderChanged), true},
+		{rpctypes.ErrTooManyOps, false},
+		{rpctypes.ErrRequestTooLarge, false},
+		{rpctypes.ErrNoSpace, false},
+		{rpctypes.ErrPermissionDenied, false},
+		{rpctypes.ErrGRPCDuplicateKey, false},
+		{context.DeadlineExceeded, false},
+		{errors.New("plain"), false},
 	}
-	if s.Healthy() == nil {
-		t.Error("Healthy() = nil without quorum")
+	for _, tt := range tests {
+		if got := retryable(tt.err); got != tt.want {
+			t.Errorf("retryable(%v) = %v, want %v", tt.err, got, tt.want)
+		}
 	}
-	select {
-	case <-term.Done():
-	case <-time.After(wait):
-		t.Error("the term did not end without quorum")
-	}
-	c.RestartAll()
 }

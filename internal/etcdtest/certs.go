@@ -13,7 +13,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"testing"
 	"time"
 )
 
@@ -53,10 +52,9 @@ type authority struct {
 	key  *ecdsa.PrivateKey
 }
 
-func writeCerts(tb testing.TB, dir string) *Certs {
-	tb.Helper()
+func writeCerts(dir string) (*Certs, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		tb.Fatal(err)
+		return nil, err
 	}
 	c := &Certs{
 		CA:              filepath.Join(dir, "ca.pem"),
@@ -68,45 +66,52 @@ func writeCerts(tb testing.TB, dir string) *Certs {
 		OtherClientCert: filepath.Join(dir, "other-client.pem"),
 		OtherClientKey:  filepath.Join(dir, "other-client-key.pem"),
 	}
-	ca := newCA(tb, "etcdtest CA", c.CA)
-	other := newCA(tb, "etcdtest other CA", c.OtherCA)
-	ca.issue(tb, &x509.Certificate{
+	ca, err := newCA("etcdtest CA", c.CA)
+	if err != nil {
+		return nil, err
+	}
+	other, err := newCA("etcdtest other CA", c.OtherCA)
+	if err != nil {
+		return nil, err
+	}
+	if err := ca.issue(&x509.Certificate{
 		Subject:     pkix.Name{CommonName: "etcd member"},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
 		DNSNames:    []string{"localhost"},
-	}, c.ServerCert, c.ServerKey)
-	ca.issue(tb, &x509.Certificate{
+	}, c.ServerCert, c.ServerKey); err != nil {
+		return nil, err
+	}
+	if err := ca.issue(&x509.Certificate{
 		Subject:     pkix.Name{CommonName: "provider"},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}, c.ClientCert, c.ClientKey)
-	other.issue(tb, &x509.Certificate{
+	}, c.ClientCert, c.ClientKey); err != nil {
+		return nil, err
+	}
+	if err := other.issue(&x509.Certificate{
 		Subject:     pkix.Name{CommonName: "intruder"},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}, c.OtherClientCert, c.OtherClientKey)
-	return c
-}
-
-func newKey(tb testing.TB) *ecdsa.PrivateKey {
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		tb.Fatal(err)
+	}, c.OtherClientCert, c.OtherClientKey); err != nil {
+		return nil, err
 	}
-	return k
+	return c, nil
 }
 
-func serial(tb testing.TB) *big.Int {
-	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
+func serial() (*big.Int, error) {
+	return rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
+}
+
+func newCA(name, certPath string) (*authority, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		tb.Fatal(err)
+		return nil, err
 	}
-	return n
-}
-
-func newCA(tb testing.TB, name, certPath string) *authority {
-	key := newKey(tb)
+	sn, err := serial()
+	if err != nil {
+		return nil, err
+	}
 	tmpl := &x509.Certificate{
-		SerialNumber:          serial(tb),
+		SerialNumber:          sn,
 		Subject:               pkix.Name{CommonName: name},
 		NotBefore:             time.Now().Add(-time.Hour),
 		NotAfter:              time.Now().Add(24 * time.Hour),
@@ -116,36 +121,43 @@ func newCA(tb testing.TB, name, certPath string) *authority {
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
-		tb.Fatal(err)
+		return nil, err
 	}
 	cert, err := x509.ParseCertificate(der)
 	if err != nil {
-		tb.Fatal(err)
+		return nil, err
 	}
-	writePEM(tb, certPath, "CERTIFICATE", der)
-	return &authority{cert: cert, key: key}
+	if err := writePEM(certPath, "CERTIFICATE", der); err != nil {
+		return nil, err
+	}
+	return &authority{cert: cert, key: key}, nil
 }
 
-func (a *authority) issue(tb testing.TB, tmpl *x509.Certificate, certPath, keyPath string) {
-	key := newKey(tb)
-	tmpl.SerialNumber = serial(tb)
+func (a *authority) issue(tmpl *x509.Certificate, certPath, keyPath string) error {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	if tmpl.SerialNumber, err = serial(); err != nil {
+		return err
+	}
 	tmpl.NotBefore = time.Now().Add(-time.Hour)
 	tmpl.NotAfter = time.Now().Add(24 * time.Hour)
 	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, a.cert, &key.PublicKey, a.key)
 	if err != nil {
-		tb.Fatal(err)
+		return err
 	}
-	writePEM(tb, certPath, "CERTIFICATE", der)
+	if err := writePEM(certPath, "CERTIFICATE", der); err != nil {
+		return err
+	}
 	keyDER, err := x509.MarshalECPrivateKey(key)
 	if err != nil {
-		tb.Fatal(err)
+		return err
 	}
-	writePEM(tb, keyPath, "EC PRIVATE KEY", keyDER)
+	return writePEM(keyPath, "EC PRIVATE KEY", keyDER)
 }
 
-func writePEM(tb testing.TB, path, typ string, der []byte) {
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-		tb.Fatal(err)
-	}
+func writePEM(path, typ string, der []byte) error {
+	return os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600)
 }

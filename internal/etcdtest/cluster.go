@@ -2,9 +2,11 @@ package etcdtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -39,8 +41,8 @@ type Options struct {
 
 // Cluster is a running embedded etcd cluster.
 type Cluster struct {
-	tb      testing.TB
 	opts    Options
+	root    string
 	members []*member
 	// Certs names the TLS files when Options.TLS is set.
 	Certs *Certs
@@ -60,52 +62,72 @@ type member struct {
 // Start runs a cluster for tb and stops it when tb ends.
 func Start(tb testing.TB, opts Options) *Cluster {
 	tb.Helper()
-	if opts.Members == 0 {
-		opts.Members = 3
+	c, err := New(opts)
+	if err != nil {
+		tb.Fatal(err)
 	}
-	c := &Cluster{tb: tb, opts: opts}
-	tb.Cleanup(c.close)
-	root := tb.TempDir()
-	scheme := "http"
-	if opts.TLS {
-		c.Certs = writeCerts(tb, filepath.Join(root, "certs"))
-		scheme = "https"
-	}
-	var initial []string
-	for i := range opts.Members {
-		m := &member{
-			name:      fmt.Sprintf("m%d", i),
-			dir:       filepath.Join(root, fmt.Sprintf("m%d", i)),
-			clientURL: url.URL{Scheme: scheme, Host: freeAddr(tb)},
-			peerURL:   url.URL{Scheme: "http", Host: freeAddr(tb)},
-		}
-		c.members = append(c.members, m)
-		initial = append(initial, m.name+"="+m.peerURL.String())
-	}
-	cluster := strings.Join(initial, ",")
-	var wg sync.WaitGroup
-	errs := make([]error, len(c.members))
-	for i, m := range c.members {
-		wg.Go(func() { errs[i] = c.start(m, cluster) })
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			tb.Fatal(err)
-		}
-	}
-	c.WaitLeader()
+	tb.Cleanup(c.Close)
 	return c
 }
 
-func freeAddr(tb testing.TB) string {
-	tb.Helper()
+// New runs a cluster that lives until Close, for clusters shared by the
+// tests of a package (started and closed in TestMain).
+func New(opts Options) (*Cluster, error) {
+	if opts.Members == 0 {
+		opts.Members = 3
+	}
+	root, err := os.MkdirTemp("", "etcdtest-")
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{opts: opts, root: root}
+	if err := c.boot(); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Cluster) boot() error {
+	scheme := "http"
+	if c.opts.TLS {
+		certs, err := writeCerts(filepath.Join(c.root, "certs"))
+		if err != nil {
+			return fmt.Errorf("generate test certificates: %w", err)
+		}
+		c.Certs = certs
+		scheme = "https"
+	}
+	for i := range c.opts.Members {
+		caddr, err := freeAddr()
+		if err != nil {
+			return err
+		}
+		paddr, err := freeAddr()
+		if err != nil {
+			return err
+		}
+		c.members = append(c.members, &member{
+			name:      fmt.Sprintf("m%d", i),
+			dir:       filepath.Join(c.root, fmt.Sprintf("m%d", i)),
+			clientURL: url.URL{Scheme: scheme, Host: caddr},
+			peerURL:   url.URL{Scheme: "http", Host: paddr},
+		})
+	}
+	if err := c.startStopped(); err != nil {
+		return err
+	}
+	_, err := c.waitLeader()
+	return err
+}
+
+func freeAddr() (string, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		tb.Fatalf("find a free port: %v", err)
+		return "", fmt.Errorf("find a free port: %w", err)
 	}
 	defer l.Close()
-	return l.Addr().String()
+	return l.Addr().String(), nil
 }
 
 func (c *Cluster) config(m *member, cluster string) *embed.Config {
@@ -158,14 +180,6 @@ func (c *Cluster) start(m *member, cluster string) error {
 	return nil
 }
 
-func (c *Cluster) initialCluster() string {
-	var s []string
-	for _, m := range c.members {
-		s = append(s, m.name+"="+m.peerURL.String())
-	}
-	return strings.Join(s, ",")
-}
-
 // Endpoints are every member's client address ("127.0.0.1:port"), also of
 // stopped members.
 func (c *Cluster) Endpoints() []string {
@@ -183,8 +197,8 @@ func (c *Cluster) URL(prefix string) string {
 
 // Client returns a client of every member (over TLS with the client
 // certificate when the cluster has TLS); the cluster closes it.
-func (c *Cluster) Client() *clientv3.Client {
-	c.tb.Helper()
+func (c *Cluster) Client(tb testing.TB) *clientv3.Client {
+	tb.Helper()
 	cfg := clientv3.Config{
 		Endpoints:   c.Endpoints(),
 		DialTimeout: 5 * time.Second,
@@ -193,13 +207,13 @@ func (c *Cluster) Client() *clientv3.Client {
 	if c.Certs != nil {
 		tlsCfg, err := c.Certs.ClientTLS()
 		if err != nil {
-			c.tb.Fatal(err)
+			tb.Fatal(err)
 		}
 		cfg.TLS = tlsCfg
 	}
 	cl, err := clientv3.New(cfg)
 	if err != nil {
-		c.tb.Fatalf("etcd client: %v", err)
+		tb.Fatalf("etcd client: %v", err)
 	}
 	c.mu.Lock()
 	c.clients = append(c.clients, cl)
@@ -207,12 +221,13 @@ func (c *Cluster) Client() *clientv3.Client {
 	return cl
 }
 
-// Stop stops member i (closing its listeners; its data stays).
-func (c *Cluster) Stop(i int) {
-	c.tb.Helper()
+// Stop stops member i gracefully (a leader hands its leadership over
+// first); its data stays.
+func (c *Cluster) Stop(tb testing.TB, i int) {
+	tb.Helper()
 	m := c.members[i]
 	if m.etcd == nil {
-		c.tb.Fatalf("etcd member %s is already stopped", m.name)
+		tb.Fatalf("etcd member %s is already stopped", m.name)
 	}
 	m.etcd.Close()
 	m.etcd = nil
@@ -220,11 +235,11 @@ func (c *Cluster) Stop(i int) {
 
 // Kill stops member i the way a crash would: raft stops at once, without
 // handing over leadership, and then its listeners close.
-func (c *Cluster) Kill(i int) {
-	c.tb.Helper()
+func (c *Cluster) Kill(tb testing.TB, i int) {
+	tb.Helper()
 	m := c.members[i]
 	if m.etcd == nil {
-		c.tb.Fatalf("etcd member %s is already stopped", m.name)
+		tb.Fatalf("etcd member %s is already stopped", m.name)
 	}
 	m.etcd.Server.HardStop()
 	m.etcd.Close()
@@ -232,35 +247,48 @@ func (c *Cluster) Kill(i int) {
 }
 
 // Restart starts the stopped member i again with its data.
-func (c *Cluster) Restart(i int) {
-	c.tb.Helper()
+func (c *Cluster) Restart(tb testing.TB, i int) {
+	tb.Helper()
 	m := c.members[i]
 	if m.etcd != nil {
-		c.tb.Fatalf("etcd member %s is running", m.name)
+		tb.Fatalf("etcd member %s is running", m.name)
 	}
-	if err := c.start(m, c.initialCluster()); err != nil {
-		c.tb.Fatal(err)
+	var s []string
+	for _, o := range c.members {
+		s = append(s, o.name+"="+o.peerURL.String())
+	}
+	if err := c.start(m, strings.Join(s, ",")); err != nil {
+		tb.Fatal(err)
 	}
 }
 
-// RestartAll starts every stopped member at once: members that lost
-// quorum only become ready together.
-func (c *Cluster) RestartAll() {
-	c.tb.Helper()
+// RestartAll starts every stopped member again with its data, all at
+// once: members that lost quorum only become ready together.
+func (c *Cluster) RestartAll(tb testing.TB) {
+	tb.Helper()
+	if err := c.startStopped(); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// startStopped starts every member that does not run. An existing data
+// directory makes etcd ignore the initial cluster and rejoin as the same
+// member.
+func (c *Cluster) startStopped() error {
+	var s []string
+	for _, m := range c.members {
+		s = append(s, m.name+"="+m.peerURL.String())
+	}
+	initial := strings.Join(s, ",")
 	var wg sync.WaitGroup
 	errs := make([]error, len(c.members))
 	for i, m := range c.members {
-		if m.etcd != nil {
-			continue
+		if m.etcd == nil {
+			wg.Go(func() { errs[i] = c.start(m, initial) })
 		}
-		wg.Go(func() { errs[i] = c.start(m, c.initialCluster()) })
 	}
 	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			c.tb.Fatal(err)
-		}
-	}
+	return errors.Join(errs...)
 }
 
 // Running reports whether member i runs.
@@ -283,10 +311,18 @@ func (c *Cluster) Leader() int {
 	return -1
 }
 
-// WaitLeader waits until the running members agree on a raft leader and
-// it serves a linearizable read.
-func (c *Cluster) WaitLeader() int {
-	c.tb.Helper()
+// WaitLeader waits until the running members agree on a raft leader that
+// serves a linearizable read, and returns its index.
+func (c *Cluster) WaitLeader(tb testing.TB) int {
+	tb.Helper()
+	l, err := c.waitLeader()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return l
+}
+
+func (c *Cluster) waitLeader() (int, error) {
 	deadline := time.Now().Add(startTimeout)
 	for time.Now().Before(deadline) {
 		if l := c.Leader(); l >= 0 {
@@ -294,16 +330,17 @@ func (c *Cluster) WaitLeader() int {
 			err := c.members[l].etcd.Server.LinearizableReadNotify(ctx)
 			cancel()
 			if err == nil {
-				return l
+				return l, nil
 			}
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	c.tb.Fatalf("etcd cluster has no leader after %v", startTimeout)
-	return -1
+	return -1, fmt.Errorf("etcd cluster has no leader after %v", startTimeout)
 }
 
-func (c *Cluster) close() {
+// Close closes the clients the cluster handed out, stops every member and
+// removes the data.
+func (c *Cluster) Close() {
 	c.mu.Lock()
 	for _, cl := range c.clients {
 		cl.Close()
@@ -327,4 +364,5 @@ func (c *Cluster) close() {
 	for _, m := range c.members {
 		m.etcd = nil
 	}
+	os.RemoveAll(c.root)
 }

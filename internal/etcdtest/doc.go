@@ -5,9 +5,11 @@
 // freshly generated CA.
 //
 // Invariants tests may rely on:
-//   - Start returns only when every member is ready and the cluster has a
-//     raft leader; it registers a cleanup that stops every member and
-//     closes every client it handed out, so nothing outlives the test.
+//   - Start (and New) return only when every member is ready and the
+//     cluster has a raft leader. Start registers a cleanup, and New's
+//     caller (a TestMain sharing one cluster) calls Close, which stops every
+//     member, closes every client the cluster handed out and removes the
+//     data, so nothing outlives the test.
 //   - A stopped member keeps its data directory and ports: Restart brings
 //     it back as the same member, so stopping two of three loses quorum
 //     and restarting one restores it.

@@ -24,10 +24,10 @@ type Proxy struct {
 }
 
 // Proxies starts one Proxy per member; they close when tb ends.
-func (c *Cluster) Proxies() []*Proxy {
+func (c *Cluster) Proxies(tb testing.TB) []*Proxy {
 	var ps []*Proxy
 	for _, ep := range c.Endpoints() {
-		ps = append(ps, NewProxy(c.tb, ep))
+		ps = append(ps, NewProxy(tb, ep))
 	}
 	return ps
 }
