@@ -94,7 +94,7 @@ func TestTLS(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer cl.Close()
-			prefix := "/tls/" + tt.name
+			prefix := testPrefix("tls-" + tt.name)
 			term := lead(t, newElector(t, cl, prefix, "a", 0))
 			s := openStore(t, cl, prefix, term, Options{})
 			if _, err := s.Load(ctxFor(t)); err != nil {

@@ -48,7 +48,7 @@ func TestNewElectorRejects(t *testing.T) {
 // takes over while the deposed term can no longer write.
 func TestOneLeader(t *testing.T) {
 	c := sharedCluster(t)
-	const prefix = "/one"
+	prefix := testPrefix("one")
 	cla, clb := newClient(t, c), newClient(t, c)
 	a := newElector(t, cla, prefix, "replica-a 10.0.0.1:7443", testTTL)
 	b := newElector(t, clb, prefix, "replica-b 10.0.0.2:7443", testTTL)
@@ -175,7 +175,7 @@ func TestOneLeader(t *testing.T) {
 // revoke (the process died): the standby leads once the lease expires.
 func TestTakeoverWhenLeaderVanishes(t *testing.T) {
 	c := sharedCluster(t)
-	const prefix = "/vanish"
+	prefix := testPrefix("vanish")
 	cla, clb := newClient(t, c), newClient(t, c)
 	ta := lead(t, newElector(t, cla, prefix, "a", testTTL))
 	b := newElector(t, clb, prefix, "b", testTTL)
@@ -212,7 +212,7 @@ func TestTakeoverWhenLeaderVanishes(t *testing.T) {
 // standby can win, and the standby must win.
 func TestPartitionedLeaderStopsFirst(t *testing.T) {
 	c := sharedCluster(t)
-	const prefix = "/partition"
+	prefix := testPrefix("partition")
 	proxies := c.Proxies(t)
 	var eps []string
 	for _, p := range proxies {
@@ -281,7 +281,7 @@ func TestPartitionedLeaderStopsFirst(t *testing.T) {
 // withdraws its candidacy.
 func TestCampaignCancelled(t *testing.T) {
 	c := sharedCluster(t)
-	const prefix = "/cancel"
+	prefix := testPrefix("cancel")
 	cl := newClient(t, c)
 	lead(t, newElector(t, cl, prefix, "a", testTTL))
 	b := newElector(t, newClient(t, c), prefix, "b", testTTL)
@@ -313,7 +313,7 @@ func TestCampaignCancelled(t *testing.T) {
 // term must end promptly.
 func TestZombieIsFenced(t *testing.T) {
 	c := sharedCluster(t)
-	const prefix = "/zombie"
+	prefix := testPrefix("zombie")
 	cmd := exec.Command(os.Args[0], "-test.run=^TestZombieChild$", "-test.v")
 	cmd.Env = append(os.Environ(), "ETCDSTORE_ZOMBIE="+strings.Join(c.Endpoints(), ",")+prefix)
 	out, err := cmd.StdoutPipe()

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -36,6 +37,14 @@ func TestMain(m *testing.M) {
 		shared.Close()
 	}
 	os.Exit(code)
+}
+
+var prefixes atomic.Int64
+
+// testPrefix is a key prefix no other test (nor another -count run) uses
+// on the shared cluster.
+func testPrefix(name string) string {
+	return fmt.Sprintf("/%s-%d", name, prefixes.Add(1))
 }
 
 // testTTL is the election TTL of tests that wait for a lease to expire:

@@ -96,10 +96,12 @@ type Store struct {
 
 	mu       sync.Mutex
 	wake     *sync.Cond
-	queue    []pending
-	err      error // sticky
+	queue    []pending // for the committer
+	late     []pending // committed after Close: they fail with ErrClosed
+	err      error     // sticky
 	closing  bool
-	draining bool // a goroutine fails batches committed after Close
+	exited   bool // the committer returned; late batches go to a drainer
+	draining bool // a drainer runs
 
 	// Owned by the committer goroutine (and Load, which runs before it
 	// has work).
@@ -253,8 +255,9 @@ func (s *Store) load(ctx context.Context) (map[string][]byte, error) {
 
 // Commit queues ops as one batch and returns without waiting. done, if
 // not nil, is called exactly once, never from inside Commit, in Commit
-// order, from the store's committer goroutine (from a drain goroutine for
-// batches committed after Close): nil once etcd committed the batch, or an
+// order, from the store's committer goroutine (batches committed after
+// Close fail with ErrClosed from a drain goroutine that starts once the
+// committer is done): nil once etcd committed the batch, or an
 // error once the batch is not known to be committed. After the first
 // failure every later batch fails too. The store keeps ops' values; the
 // caller must not modify them afterwards.
@@ -262,15 +265,22 @@ func (s *Store) Commit(ops []Op, done func(error)) {
 	p := pending{ops: append([]Op(nil), ops...), done: done}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.queue = append(s.queue, p)
 	if s.closing {
-		if !s.draining {
-			s.draining = true
-			go s.drainClosed()
-		}
+		s.late = append(s.late, p)
+		s.drainLocked()
 		return
 	}
+	s.queue = append(s.queue, p)
 	s.wake.Signal()
+}
+
+// drainLocked starts a drainer for late batches once the committer has
+// returned, so their done callbacks never overlap the committer's.
+func (s *Store) drainLocked() {
+	if s.exited && !s.draining && len(s.late) > 0 {
+		s.draining = true
+		go s.drainLate()
+	}
 }
 
 // Healthy returns the error that stopped the store: ErrNotLeader (wrapped)
@@ -323,11 +333,11 @@ func (s *Store) sticky() error {
 	return s.err
 }
 
-func (s *Store) drainClosed() {
+func (s *Store) drainLate() {
 	for {
 		s.mu.Lock()
-		q := s.queue
-		s.queue = nil
+		q := s.late
+		s.late = nil
 		if len(q) == 0 {
 			s.draining = false
 			s.mu.Unlock()
@@ -354,6 +364,8 @@ func (s *Store) run() {
 		q := s.queue
 		s.queue = nil
 		if len(q) == 0 {
+			s.exited = true
+			s.drainLocked()
 			s.mu.Unlock()
 			return
 		}

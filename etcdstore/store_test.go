@@ -56,7 +56,8 @@ func TestCommitOrderAndGrouping(t *testing.T) {
 					maxBytes.Store(int64(bytes))
 				}
 			}
-			cl, _, s := leader(t, c, "/order", tt.opts)
+			prefix := testPrefix("order")
+			cl, _, s := leader(t, c, prefix, tt.opts)
 
 			const writers, perWriter = 8, 150
 			var (
@@ -118,7 +119,7 @@ func TestCommitOrderAndGrouping(t *testing.T) {
 			if diff := cmp.Diff(want, got); diff != "" {
 				t.Errorf("done order (-want +got):\n%s", diff)
 			}
-			if diff := cmp.Diff(md.snapshot(), dump(t, cl, "/order")); diff != "" {
+			if diff := cmp.Diff(md.snapshot(), dump(t, cl, prefix)); diff != "" {
 				t.Errorf("etcd content (-want +got):\n%s", diff)
 			}
 			if got, want := s.Size(), md.bytes(); got != want {
@@ -162,7 +163,7 @@ func TestSameKeyTwice(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			prefix := "/same/" + tt.name
+			prefix := testPrefix("same-" + tt.name)
 			cl, _, s := leader(t, c, prefix, Options{})
 			done := make(chan error, len(tt.batches))
 			for _, b := range tt.batches {
@@ -189,7 +190,8 @@ func TestSameKeyTwice(t *testing.T) {
 func TestLargeFirstWrite(t *testing.T) {
 	c := sharedCluster(t)
 	var txns atomic.Int64
-	cl, term, s := leader(t, c, "/big", Options{OnCommit: func(int, int, time.Duration) { txns.Add(1) }})
+	prefix := testPrefix("big")
+	cl, term, s := leader(t, c, prefix, Options{OnCommit: func(int, int, time.Duration) { txns.Add(1) }})
 	n := 100_000
 	if raceEnabled {
 		n = 10_000
@@ -209,7 +211,7 @@ func TestLargeFirstWrite(t *testing.T) {
 		t.Errorf("%d txns; %d ops cannot fit in fewer than %d", txns.Load(), n, min)
 	}
 
-	s2 := openStore(t, cl, "/big", term, Options{})
+	s2 := openStore(t, cl, prefix, term, Options{})
 	start = time.Now()
 	got, err := s2.Load(ctxFor(t))
 	if err != nil {
@@ -237,7 +239,8 @@ func TestOversizedBatchAmongOthers(t *testing.T) {
 	limits := etcdtest.Options{MaxTxnOps: 8, MaxRequestBytes: 24 << 10}
 	c := etcdtest.Start(t, limits)
 	var txns atomic.Int64
-	cl, _, s := leader(t, c, "/oversized", Options{
+	prefix := testPrefix("oversized")
+	cl, _, s := leader(t, c, prefix, Options{
 		MaxTxnOps: 8, MaxRequestBytes: 24 << 10, ChunkParallel: 4,
 		OnCommit: func(int, int, time.Duration) { txns.Add(1) },
 	})
@@ -265,7 +268,7 @@ func TestOversizedBatchAmongOthers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if diff := cmp.Diff(md.snapshot(), dump(t, cl, "/oversized")); diff != "" {
+	if diff := cmp.Diff(md.snapshot(), dump(t, cl, prefix)); diff != "" {
 		t.Errorf("etcd content (-want +got):\n%s", diff)
 	}
 	if got, want := s.Size(), md.bytes(); got != want {
@@ -290,7 +293,7 @@ func TestBadBatchStopsStore(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			prefix := "/bad/" + tt.name
+			prefix := testPrefix("bad-" + tt.name)
 			cl, _, s := leader(t, c, prefix, Options{})
 			results := make(chan error, 3)
 			s.Commit([]Op{{Key: "before", Value: []byte("1")}}, func(err error) { results <- err })
@@ -320,7 +323,8 @@ func TestBadBatchStopsStore(t *testing.T) {
 // batches fail with ErrClosed, in order.
 func TestClose(t *testing.T) {
 	c := sharedCluster(t)
-	cl, _, s := leader(t, c, "/close", Options{})
+	prefix := testPrefix("close")
+	cl, _, s := leader(t, c, prefix, Options{})
 	var mu sync.Mutex
 	var got []string
 	rec := func(name string) func(error) {
@@ -358,9 +362,77 @@ func TestClose(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("outcomes (-want +got):\n%s", diff)
 	}
-	if n := len(dump(t, cl, "/close")); n != 20 {
+	if n := len(dump(t, cl, prefix)); n != 20 {
 		t.Errorf("etcd holds %d keys, want 20", n)
 	}
+}
+
+// TestCommitDuringClose commits from a goroutine while Close runs: every
+// done runs once, in order, never two at a time; the committed batches are
+// a prefix of the calls, all in etcd, and the rest fail with ErrClosed.
+func TestCommitDuringClose(t *testing.T) {
+	c := sharedCluster(t)
+	prefix := testPrefix("close-race")
+	cl, _, s := leader(t, c, prefix, Options{})
+	const n = 400
+	var (
+		mu      sync.Mutex
+		got     []string
+		inDone  atomic.Bool
+		overlap atomic.Bool
+		all     sync.WaitGroup
+	)
+	all.Add(n)
+	go func() {
+		for i := range n {
+			s.Commit([]Op{{Key: fmt.Sprintf("%03d", i), Value: []byte("v")}}, func(err error) {
+				if !inDone.CompareAndSwap(false, true) {
+					overlap.Store(true)
+				}
+				mu.Lock()
+				got = append(got, fmt.Sprintf("%03d:%v", i, err))
+				mu.Unlock()
+				inDone.Store(false)
+				all.Done()
+			})
+			if i%50 == 0 {
+				time.Sleep(time.Millisecond)
+			}
+		}
+	}()
+	time.Sleep(5 * time.Millisecond)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	all.Wait()
+	if overlap.Load() {
+		t.Error("done callbacks overlapped")
+	}
+	stored := dump(t, cl, prefix)
+	closed := false
+	for i, g := range got {
+		key, res, _ := strings.Cut(g, ":")
+		if key != fmt.Sprintf("%03d", i) {
+			t.Fatalf("done #%d was for batch %s", i, key)
+		}
+		switch res {
+		case "<nil>":
+			if closed {
+				t.Errorf("batch %s committed after an earlier one failed with ErrClosed", key)
+			}
+			if _, ok := stored[key]; !ok {
+				t.Errorf("batch %s acknowledged but not in etcd", key)
+			}
+		case ErrClosed.Error():
+			closed = true
+			if _, ok := stored[key]; ok {
+				t.Errorf("batch %s failed with ErrClosed but is in etcd", key)
+			}
+		default:
+			t.Errorf("batch %s: %s", key, res)
+		}
+	}
+	t.Logf("%d of %d batches committed before Close", len(stored), n)
 }
 
 // TestRetryFindsItsOwnWrite replays the situation of a txn whose first
@@ -369,7 +441,8 @@ func TestClose(t *testing.T) {
 // key instead of applying twice or failing.
 func TestRetryFindsItsOwnWrite(t *testing.T) {
 	c := sharedCluster(t)
-	cl, _, s := leader(t, c, "/retry", Options{})
+	prefix := testPrefix("retry")
+	cl, _, s := leader(t, c, prefix, Options{})
 	if err := commit(t, s, Op{Key: "a", Value: []byte("1")}); err != nil {
 		t.Fatal(err)
 	}
@@ -387,7 +460,7 @@ func TestRetryFindsItsOwnWrite(t *testing.T) {
 	if s.writerRev != applied {
 		t.Errorf("writer revision after the retry = %d, want the first attempt's %d", s.writerRev, applied)
 	}
-	resp, err := cl.Get(ctxFor(t), "/retry/state/b")
+	resp, err := cl.Get(ctxFor(t), prefix+"/state/b")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -401,7 +474,7 @@ func TestRetryFindsItsOwnWrite(t *testing.T) {
 	}
 	stale, err := cl.Txn(ctxFor(t)).
 		If(clientv3.Compare(clientv3.ModRevision(s.writerKey), "=", before)).
-		Then(clientv3.OpPut("/retry/state/b", "stale")).Commit()
+		Then(clientv3.OpPut(prefix+"/state/b", "stale")).Commit()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -415,8 +488,9 @@ func TestRetryFindsItsOwnWrite(t *testing.T) {
 func TestOpenAndLoadNeedTheTerm(t *testing.T) {
 	c := sharedCluster(t)
 	cl := newClient(t, c)
-	term := lead(t, newElector(t, cl, "/term", "a", 0))
-	s := openStore(t, cl, "/term", term, Options{})
+	prefix := testPrefix("term")
+	term := lead(t, newElector(t, cl, prefix, "a", 0))
+	s := openStore(t, cl, prefix, term, Options{})
 	if err := term.Resign(ctxFor(t)); err != nil {
 		t.Fatal(err)
 	}
@@ -426,7 +500,7 @@ func TestOpenAndLoadNeedTheTerm(t *testing.T) {
 	if err := commit(t, s, Op{Key: "a", Value: []byte("1")}); !errors.Is(err, ErrNotLeader) {
 		t.Errorf("Commit after Resign: %v, want ErrNotLeader", err)
 	}
-	if _, err := Open(ctxFor(t), cl, "/term", term, Options{}); !errors.Is(err, ErrNotLeader) {
+	if _, err := Open(ctxFor(t), cl, prefix, term, Options{}); !errors.Is(err, ErrNotLeader) {
 		t.Errorf("Open after Resign: %v, want ErrNotLeader", err)
 	}
 }
@@ -445,7 +519,8 @@ func TestMemberDownUnderLoad(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := etcdtest.Start(t, etcdtest.Options{})
-			cl, term, s := leader(t, c, "/load", Options{})
+			prefix := testPrefix("load")
+			cl, term, s := leader(t, c, prefix, Options{})
 			var (
 				md       model
 				mu       sync.Mutex
@@ -499,7 +574,7 @@ func TestMemberDownUnderLoad(t *testing.T) {
 			if err := term.Err(); err != nil {
 				t.Errorf("term ended: %v", err)
 			}
-			if diff := cmp.Diff(md.snapshot(), dump(t, cl, "/load")); diff != "" {
+			if diff := cmp.Diff(md.snapshot(), dump(t, cl, prefix)); diff != "" {
 				t.Errorf("etcd content (-want +got):\n%s", diff)
 			}
 		})
@@ -524,8 +599,9 @@ func TestQuorumLost(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			c := etcdtest.Start(t, etcdtest.Options{})
 			cl := newClient(t, c)
-			term := lead(t, newElector(t, cl, "/quorum", "a", tt.ttl))
-			s := openStore(t, cl, "/quorum", term, Options{TxnTimeout: tt.txnTimeout})
+			prefix := testPrefix("quorum")
+			term := lead(t, newElector(t, cl, prefix, "a", tt.ttl))
+			s := openStore(t, cl, prefix, term, Options{TxnTimeout: tt.txnTimeout})
 			if err := commit(t, s, Op{Key: "a", Value: []byte("1")}); err != nil {
 				t.Fatal(err)
 			}
