@@ -100,23 +100,28 @@ func BenchmarkLoad(b *testing.B) {
 }
 
 // BenchmarkFirstWrite measures one batch of 100,000 values of 600 bytes,
-// split across txns: a whole fleet's first write.
+// split across txns of at most 127 puts (etcd's default --max-txn-ops):
+// a whole fleet's first write, with 1, 4 (the default) and 8 chunk txns
+// in flight.
 func BenchmarkFirstWrite(b *testing.B) {
 	c := etcdtest.Start(b, etcdtest.Options{})
 	const n = 100_000
-	b.StopTimer()
-	for i := range b.N {
-		prefix := fmt.Sprintf("/bench-first-%d", i)
-		_, _, s := leader(b, c, prefix, Options{})
-		ops := make([]Op, n)
-		for j := range ops {
-			ops[j] = Op{Key: fmt.Sprintf("m/%06d", j), Value: value(j, 600)}
-		}
-		b.StartTimer()
-		if err := commit(b, s, ops...); err != nil {
-			b.Fatal(err)
-		}
-		b.StopTimer()
+	ops := make([]Op, n)
+	for j := range ops {
+		ops[j] = Op{Key: fmt.Sprintf("m/%06d", j), Value: value(j, 600)}
+	}
+	for _, par := range []int{1, DefaultChunkParallel, 8} {
+		b.Run(fmt.Sprintf("parallel=%d", par), func(b *testing.B) {
+			b.StopTimer()
+			for i := range b.N {
+				_, _, s := leader(b, c, fmt.Sprintf("/bench-first-%d-%d", par, i), Options{ChunkParallel: par})
+				b.StartTimer()
+				if err := commitWithin(b, s, 10*time.Minute, ops...); err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+			}
+		})
 	}
 }
 
@@ -126,19 +131,23 @@ func BenchmarkFirstWrite(b *testing.B) {
 // expire (the leader vanished; its client is closed without a revoke).
 func BenchmarkTakeover(b *testing.B) {
 	c := etcdtest.Start(b, etcdtest.Options{})
-	for _, mode := range []string{"revoke", "expire"} {
-		b.Run(mode, func(b *testing.B) {
+	for _, tc := range []struct {
+		mode string
+		ttl  time.Duration
+	}{{"revoke", testTTL}, {"expire", testTTL}, {"expire", DefaultTTL}} {
+		b.Run(fmt.Sprintf("%s/ttl=%v", tc.mode, tc.ttl), func(b *testing.B) {
+			mode := tc.mode
 			var ds []time.Duration
 			for i := range b.N {
-				prefix := fmt.Sprintf("/bench-takeover-%s-%d", mode, i)
+				prefix := fmt.Sprintf("/bench-takeover-%s-%v-%d", mode, tc.ttl, i)
 				cla := newClient(b, c)
-				a := newElector(b, cla, prefix, "a", testTTL)
+				a := newElector(b, cla, prefix, "a", tc.ttl)
 				ta, err := a.Campaign(context.Background())
 				if err != nil {
 					b.Fatal(err)
 				}
 				clb := newClient(b, c)
-				standby := newElector(b, clb, prefix, "b", testTTL)
+				standby := newElector(b, clb, prefix, "b", tc.ttl)
 				won := make(chan *Term, 1)
 				go func() {
 					tb, err := standby.Campaign(context.Background())

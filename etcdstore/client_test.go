@@ -106,3 +106,26 @@ func TestTLS(t *testing.T) {
 		})
 	}
 }
+
+// TestServerAuthTLS connects with only a CA file to a cluster that does
+// not ask for client certificates.
+func TestServerAuthTLS(t *testing.T) {
+	c := etcdtest.Start(t, etcdtest.Options{Members: 1, TLS: true, NoClientCertAuth: true})
+	cl, err := NewClient(context.Background(), ClientConfig{Endpoints: c.Endpoints(), CAFile: c.Certs.CA})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	prefix := testPrefix("server-auth")
+	term := lead(t, newElector(t, cl, prefix, "a", 0))
+	s := openStore(t, cl, prefix, term, Options{})
+	if _, err := s.Load(ctxFor(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := commit(t, s, Op{Key: "k", Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewClient(context.Background(), ClientConfig{Endpoints: c.Endpoints(), CAFile: c.Certs.OtherCA, DialTimeout: time.Second}); err == nil || !strings.Contains(err.Error(), "unknown authority") {
+		t.Errorf("wrong CA: %v, want an unknown-authority error", err)
+	}
+}

@@ -33,6 +33,9 @@ type Options struct {
 	// TLS serves clients over TLS with client-certificate auth; the
 	// cluster's Certs name the files.
 	TLS bool
+	// NoClientCertAuth, with TLS, accepts clients without a certificate
+	// (server-authenticated TLS only).
+	NoClientCertAuth bool
 	// MaxTxnOps and MaxRequestBytes override etcd's --max-txn-ops and
 	// --max-request-bytes when not zero.
 	MaxTxnOps       uint
@@ -154,8 +157,12 @@ func (c *Cluster) config(m *member, cluster string) *embed.Config {
 	if c.Certs != nil {
 		cfg.ClientTLSInfo.CertFile = c.Certs.ServerCert
 		cfg.ClientTLSInfo.KeyFile = c.Certs.ServerKey
-		cfg.ClientTLSInfo.TrustedCAFile = c.Certs.CA
-		cfg.ClientTLSInfo.ClientCertAuth = true
+		if !c.opts.NoClientCertAuth {
+			// etcd asks for client certificates whenever it has a
+			// trusted CA file.
+			cfg.ClientTLSInfo.TrustedCAFile = c.Certs.CA
+			cfg.ClientTLSInfo.ClientCertAuth = true
+		}
 	}
 	return cfg
 }
