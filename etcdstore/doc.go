@@ -35,8 +35,9 @@
 //     etcd committed the txn holding its last op. done runs exactly once
 //     per Commit, in Commit order, from one goroutine. The first failed txn
 //     stops the store for good (Healthy returns its error and every later
-//     batch fails): the replica steps down and the next leader reloads
-//     from etcd, which is the truth.
+//     batch fails) and ends the term: the replica steps down, its lease is
+//     revoked (fencing anything still in flight), and the next leader
+//     reloads from etcd, which is the truth.
 //   - Group commit. The committer takes everything queued and writes it in
 //     as few txns as etcd's limits allow (Options.MaxTxnOps,
 //     MaxRequestBytes; one op and a reserve per txn are the store's own),
@@ -45,21 +46,34 @@
 //     which is what applying them in order would leave.
 //   - Atomicity per batch, except oversized ones. A batch that fits one
 //     txn applies all together or not at all. Only a batch larger than one
-//     txn (the first write of a whole fleet) is split across consecutive
-//     txns; if one of them fails, the earlier ones stay applied and the
-//     store fails, so such a batch must be one the document can reload
-//     partially (puts of independent keys).
-//   - Retries apply at most once. A txn that fails with Unavailable (a
-//     member down, an etcd leader change, a server timeout) is sent again
+//     txn (the first write of a whole fleet) is split: all but its last
+//     chunk are written Options.ChunkParallel txns at a time, and the last
+//     goes with the next regular txn. If one of them fails, those applied
+//     stay and the store fails, so such a batch must be one the document
+//     can reload partially (puts of independent keys).
+//   - Retries apply at most once. A txn that fails with Unavailable or
+//     Unknown (a member down, an etcd leader change, a server timeout) or
+//     whose attempt outlives Options.AttemptTimeout (2 s) is sent again
 //     until Options.TxnTimeout (5 s by default; a cluster without quorum
 //     therefore fails the store within that time, or sooner when the term
-//     ends). Every txn also compares the mod revision of P/writer with the
-//     one the last txn left and rewrites it, so a retry or a delayed
-//     earlier attempt can apply only once and never after a later txn; a
-//     retry that finds its own writer value reports success.
+//     ends). Every regular txn also compares the mod revision of P/writer
+//     with the one the last txn left and rewrites it, so a retry or a
+//     delayed earlier attempt can apply only once and never after a later
+//     txn; a retry that finds its own writer value reports success. Chunk
+//     txns compare that revision without moving it: they touch distinct
+//     keys, so applying one twice changes nothing, and none can land after
+//     the txn that follows them.
 //   - Consistent load. Load reads P/state/ in pages (Options.LoadPageSize)
 //     at the revision of its first page, which is read in a txn guarded by
 //     the term; it restarts if compaction overtakes that revision.
+//
+// # Standbys
+//
+// Every replica given the same prefix runs an Elector with its own
+// identity. Campaign blocks while another replica leads; meanwhile
+// Elector.Leader (one read) or Elector.Observe (a watch) name the leader
+// for UNAVAILABLE answers. When the Term's Done closes, the holder stops
+// its executor and reconcile loop, closes its Store and campaigns again.
 //
 // # Operating etcd
 //

@@ -318,12 +318,20 @@ func (s *Store) Close() error {
 	return nil
 }
 
+// fail stops the store with err and ends the term: after a txn whose
+// outcome is unknown this replica's view may differ from etcd's, so it
+// must step down and let a leader that reloads take over; ending the term
+// also revokes the lease, which fences any attempt still in flight.
 func (s *Store) fail(err error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.err == nil {
+	first := s.err == nil
+	if first {
 		s.err = err
+	}
+	s.mu.Unlock()
+	if first {
 		s.log.Error("etcd store stopped", "err", err)
+		s.term.end(fmt.Errorf("%w: the etcd store failed: %v", ErrNotLeader, err))
 	}
 }
 

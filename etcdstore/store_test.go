@@ -294,7 +294,7 @@ func TestBadBatchStopsStore(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			prefix := testPrefix("bad-" + tt.name)
-			cl, _, s := leader(t, c, prefix, Options{})
+			cl, term, s := leader(t, c, prefix, Options{})
 			results := make(chan error, 3)
 			s.Commit([]Op{{Key: "before", Value: []byte("1")}}, func(err error) { results <- err })
 			s.Commit([]Op{{Key: "with-bad", Value: []byte("1")}, tt.bad}, func(err error) { results <- err })
@@ -311,6 +311,11 @@ func TestBadBatchStopsStore(t *testing.T) {
 			}
 			if err := s.Healthy(); err == nil {
 				t.Error("Healthy() = nil after a failed batch")
+			}
+			select {
+			case <-term.Done():
+			case <-time.After(wait):
+				t.Error("the term did not end when the store failed")
 			}
 			if diff := cmp.Diff(map[string]string{"before": "1"}, dump(t, cl, prefix)); diff != "" {
 				t.Errorf("etcd content (-want +got):\n%s", diff)
