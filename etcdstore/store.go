@@ -39,6 +39,8 @@ const (
 	txnReserve = 8 << 10
 	// opOverhead bounds the protobuf framing of one put or delete.
 	opOverhead = 32
+	// stateDir holds the document's keys under the prefix.
+	stateDir = "/state/"
 	// loadAttempts bounds how often Load restarts when compaction
 	// overtakes its revision.
 	loadAttempts = 3
@@ -168,7 +170,7 @@ func Open(ctx context.Context, client *clientv3.Client, prefix string, term *Ter
 	s := &Store{
 		client:    client,
 		term:      term,
-		prefix:    prefix + "/state/",
+		prefix:    prefix + stateDir,
 		writerKey: prefix + "/writer",
 		opts:      opts,
 		maxOps:    opts.MaxTxnOps - 1,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -53,6 +54,7 @@ type Provider struct {
 	log     *slog.Logger
 	Metrics *metrics.Metrics
 	cur     atomic.Pointer[term] // the term served; nil on a standby
+	ha      *replica             // set with an etcd state
 	plans   *planCache           // /debug/plan; set when the metrics listener serves
 }
 
@@ -80,6 +82,15 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Provider
 	// zone_up and /readyz read the same live status.
 	p.Metrics.SetZoneHealth(p.zoneHealth)
 
+	if cfg.Etcd != nil {
+		// Replicas of an etcd state build a term only while they lead.
+		r, err := p.newReplica(ctx)
+		if err != nil {
+			return nil, err
+		}
+		p.ha = r
+		return p, nil
+	}
 	var store stateStore
 	if cfg.StatePath != "" {
 		f, err := statefile.Open(cfg.StatePath, statefile.Options{Logger: log, OnCommit: func(records, bytes int, fsync time.Duration) {
@@ -92,7 +103,7 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Provider
 	} else {
 		store = memoryStore{desired.NewMemoryStore(nil)}
 	}
-	t, err := openTerm(ctx, cfg, log, p.Metrics, store)
+	t, err := openTerm(ctx, cfg, log, p.Metrics, store, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -119,6 +130,9 @@ func (p *Provider) zoneHealth() map[string]error {
 func (p *Provider) Document() (*desired.Document, error) {
 	if t := p.cur.Load(); t != nil {
 		return t.doc, nil
+	}
+	if p.ha != nil {
+		return nil, p.ha.standbyError()
 	}
 	return nil, &desired.Error{Code: desired.CodeUnavailable, Msg: "this replica is not serving the desired state"}
 }
@@ -173,10 +187,14 @@ func plannerConfig(cfg *config.Config, installation string) planner.Config {
 // Close releases what the current term holds (the hypervisor, the state
 // store).
 func (p *Provider) Close() error {
+	var errs []error
 	if t := p.cur.Swap(nil); t != nil {
-		return t.close()
+		errs = append(errs, t.close())
 	}
-	return nil
+	if p.ha != nil {
+		errs = append(errs, p.ha.client.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // Serve runs until ctx is done, then shuts down gracefully.
@@ -215,35 +233,51 @@ func (p *Provider) Serve(ctx context.Context) error {
 		return fmt.Errorf("listen on --addr %s: %w", cfg.Addr, err)
 	}
 	var serving atomic.Bool
+	setServing(hs, &serving, false)
 	hsrv, err := p.serveHTTP(ctx, &serving, hs)
 	if err != nil {
 		lis.Close()
 		return err
 	}
 
-	t := p.current()
-	t.start()
 	grpcErr := make(chan error, 1)
 	go func() { grpcErr <- gs.Serve(lis) }()
-	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	hs.SetServingStatus(pb.CapacityProvider_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
-	serving.Store(true)
-	log.Info("serving CapacityProvider", "addr", lis.Addr().String(), "provider", cfg.Provider, "hypervisor", cfg.Hypervisor,
-		"backend", cfg.Backend, "security", security, "machines", t.doc.Len(), "zones", strings.Join(cfg.Zones, ","))
-
 	var serveErr error
-	select {
-	case <-ctx.Done():
-	case serveErr = <-grpcErr:
+	if p.ha != nil {
+		log.Info("serving CapacityProvider as a replica of an etcd state", "addr", lis.Addr().String(), "provider", cfg.Provider,
+			"hypervisor", cfg.Hypervisor, "backend", cfg.Backend, "security", security, "identity", cfg.Etcd.Identity,
+			"zones", strings.Join(cfg.Zones, ","))
+		lctx, stop := context.WithCancel(ctx)
+		leadDone := make(chan struct{})
+		go func() { p.lead(lctx, hs, &serving); close(leadDone) }()
+		select {
+		case <-ctx.Done():
+		case serveErr = <-grpcErr:
+		}
+		log.Info("shutting down")
+		stop()
+		<-leadDone
+		hs.Shutdown()
+	} else {
+		t := p.current()
+		t.start()
+		setServing(hs, &serving, true)
+		log.Info("serving CapacityProvider", "addr", lis.Addr().String(), "provider", cfg.Provider, "hypervisor", cfg.Hypervisor,
+			"backend", cfg.Backend, "security", security, "machines", t.doc.Len(), "zones", strings.Join(cfg.Zones, ","))
+		select {
+		case <-ctx.Done():
+		case serveErr = <-grpcErr:
+		}
+		// A graceful stop: refuse new mutations (UNAVAILABLE) and report
+		// NOT_SERVING, but keep answering reads while the reconciler
+		// finishes the queued and in-flight work; only kill -9 or an
+		// exhausted grace may interrupt a transition (and so fail a
+		// Configure at the next start).
+		log.Info("shutting down")
+		serving.Store(false)
+		hs.Shutdown()
+		t.drain(cfg.ShutdownGrace, "the provider is shutting down")
 	}
-	// A graceful stop: refuse new mutations (UNAVAILABLE) and report
-	// NOT_SERVING, but keep answering reads while the reconciler finishes
-	// the queued and in-flight work; only kill -9 or an exhausted grace may
-	// interrupt a transition (and so fail a Configure at the next start).
-	log.Info("shutting down")
-	serving.Store(false)
-	hs.Shutdown()
-	t.drain(cfg.ShutdownGrace, "the provider is shutting down")
 	stopped := make(chan struct{})
 	go func() { gs.GracefulStop(); close(stopped) }()
 	select {

@@ -37,7 +37,10 @@ type term struct {
 // after a restart), opens the hypervisor (the simulator's world from the
 // same store) and assembles executor and reconciler. Nothing runs yet. On
 // error store is closed.
-func openTerm(ctx context.Context, cfg *config.Config, log *slog.Logger, m *metrics.Metrics, store stateStore) (_ *term, err error) {
+//
+// guard, when set, is asked before every hypervisor step (an etcd
+// leadership term's Err).
+func openTerm(ctx context.Context, cfg *config.Config, log *slog.Logger, m *metrics.Metrics, store stateStore, guard func() error) (_ *term, err error) {
 	t := &term{store: store, log: log}
 	defer func() {
 		if err != nil {
@@ -77,7 +80,7 @@ func openTerm(ctx context.Context, cfg *config.Config, log *slog.Logger, m *metr
 		// A guest command's start is committed before it is sent, so a
 		// transition re-driven after a restart or fail-over never sends it
 		// again (the planner fails it instead).
-		ExecStarting: doc.ExecStarting})
+		ExecStarting: doc.ExecStarting, Guard: guard})
 	capacity := desired.OnDemand
 	if cfg.BareMetal {
 		capacity = desired.BareMetal
