@@ -23,16 +23,11 @@ type Config struct {
 	Zones []ZoneURI
 	// Installation names this provider installation in ownership markers.
 	Installation string
-	// Pool is the storage pool whose bf- volumes Observe lists.
+	// Pool is the storage pool whose bf- volumes Observe lists (a zone's
+	// own pool, ZoneURI.Pool, wins). Everything a VM is built from (image,
+	// network, domain type) comes in the planner's specs, which the flags
+	// fill: the adapter keeps no defaults of its own.
 	Pool string
-	// Image is the golden base image volume in Pool (informational here; the
-	// planner passes it in OverlaySpec).
-	Image string
-	// Network is the default libvirt network for NICs ("" or "user" means a
-	// user-mode NIC).
-	Network string
-	// DomainType is the default domain type, "kvm" or "qemu".
-	DomainType string
 
 	// CallTimeout bounds one libvirt call (default 30s).
 	CallTimeout time.Duration
@@ -87,9 +82,6 @@ func (c *Config) defaults() {
 	if c.MaxOutput <= 0 {
 		c.MaxOutput = 64 << 10
 	}
-	if c.DomainType == "" {
-		c.DomainType = "kvm"
-	}
 }
 
 // Validate reports every configuration problem at once.
@@ -113,11 +105,6 @@ func (c Config) Validate() error {
 		if _, err := ParseURI(z.URI); err != nil {
 			errs = append(errs, fmt.Errorf("zone %q: %w", z.Zone, err))
 		}
-	}
-	switch c.DomainType {
-	case "", "kvm", "qemu":
-	default:
-		errs = append(errs, fmt.Errorf("domain type %q is not kvm or qemu", c.DomainType))
 	}
 	if len(errs) == 0 {
 		return nil

@@ -61,8 +61,7 @@ func newIT(t *testing.T, e itEnv, zones ...ZoneURI) *Hypervisor {
 func newITInst(t *testing.T, e itEnv, inst string, zones ...ZoneURI) *Hypervisor {
 	t.Helper()
 	h, err := New(Config{
-		Zones: zones, Installation: inst, Pool: e.Pool, Image: e.Image,
-		Network: e.Network, DomainType: "qemu", CallTimeout: 30 * time.Second,
+		Zones: zones, Installation: inst, Pool: e.Pool, CallTimeout: 30 * time.Second,
 		MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second,
 	}, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	if err != nil {

@@ -549,7 +549,7 @@ func (h *Hypervisor) DefineDomain(ctx context.Context, zone string, spec hypervi
 	if spec.Marker.Installation != h.cfg.Installation {
 		return fmt.Errorf("define %s on %s: marker names installation %q, not ours: %w", spec.Name, zone, spec.Marker.Installation, hypervisors.ErrInvalid)
 	}
-	def, err := domainDefinition(spec, h.cfg.DomainType, h.cfg.Network)
+	def, err := domainDefinition(spec)
 	if err != nil {
 		return err
 	}

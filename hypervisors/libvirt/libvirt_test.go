@@ -45,7 +45,7 @@ func golden(t *testing.T, name, got string) {
 var testMarker = observed.Marker{Installation: "inst-1", MachineID: "m/1 <&>", OpID: "op-9", InstanceType: "kvm.small"}
 
 func TestDomainDefinitionGolden(t *testing.T) {
-	base := hypervisors.DomainSpec{Name: "bf-inst-1-m-1-abcd-c1", VCPU: 2, MemoryMiB: 4096, Pool: "default",
+	base := hypervisors.DomainSpec{Name: "bf-inst-1-m-1-abcd-c1", VCPU: 2, MemoryMiB: 4096, Pool: "default", DomainType: "kvm", Network: "br-net",
 		Overlay: "bf-inst-1-m-1-abcd-c1-disk.qcow2", Seed: "bf-inst-1-m-1-abcd-c1-cidata.iso", Marker: testMarker}
 	kernel := base
 	kernel.DomainType, kernel.Network = "qemu", "user"
@@ -60,7 +60,7 @@ func TestDomainDefinitionGolden(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := domainDefinition(tc.spec, "kvm", "br-net")
+			got, err := domainDefinition(tc.spec)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -87,7 +87,7 @@ func TestDomainDefinitionGolden(t *testing.T) {
 }
 
 func TestDomainDefinitionInvalid(t *testing.T) {
-	ok := hypervisors.DomainSpec{Name: "bf-x", VCPU: 1, MemoryMiB: 64, Pool: "p", Overlay: "bf-x.qcow2", Marker: testMarker}
+	ok := hypervisors.DomainSpec{Name: "bf-x", VCPU: 1, MemoryMiB: 64, Pool: "p", Overlay: "bf-x.qcow2", DomainType: "kvm", Marker: testMarker}
 	tests := []struct {
 		name string
 		mut  func(*hypervisors.DomainSpec)
@@ -96,13 +96,14 @@ func TestDomainDefinitionInvalid(t *testing.T) {
 		{"no vcpu", func(s *hypervisors.DomainSpec) { s.VCPU = 0 }},
 		{"no overlay", func(s *hypervisors.DomainSpec) { s.Overlay = "" }},
 		{"bad type", func(s *hypervisors.DomainSpec) { s.DomainType = "xen" }},
+		{"no type", func(s *hypervisors.DomainSpec) { s.DomainType = "" }},
 		{"no marker", func(s *hypervisors.DomainSpec) { s.Marker = observed.Marker{} }},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			s := ok
 			tc.mut(&s)
-			if _, err := domainDefinition(s, "kvm", ""); !errors.Is(err, hypervisors.ErrInvalid) {
+			if _, err := domainDefinition(s); !errors.Is(err, hypervisors.ErrInvalid) {
 				t.Errorf("got %v, want ErrInvalid", err)
 			}
 		})
@@ -209,8 +210,8 @@ func TestMarkerRoundTripByteExact(t *testing.T) {
 	}
 	for _, v := range values {
 		m := observed.Marker{Installation: "inst", MachineID: v, OpID: v, InstanceType: v, Cluster: v}
-		spec := hypervisors.DomainSpec{Name: "bf-x", VCPU: 1, MemoryMiB: 64, Pool: "p", Overlay: "bf-x.qcow2", Marker: m}
-		def, err := domainDefinition(spec, "qemu", "")
+		spec := hypervisors.DomainSpec{Name: "bf-x", VCPU: 1, MemoryMiB: 64, Pool: "p", Overlay: "bf-x.qcow2", DomainType: "qemu", Marker: m}
+		def, err := domainDefinition(spec)
 		if err != nil {
 			t.Fatalf("%q: %v", v, err)
 		}
@@ -393,11 +394,11 @@ func TestParseZones(t *testing.T) {
 }
 
 func TestValidateReportsEverything(t *testing.T) {
-	err := Config{Zones: []ZoneURI{{Zone: "a", URI: "qemu+tcp://h/system"}, {Zone: "a", URI: "qemu:///system"}, {URI: "qemu:///system"}}, DomainType: "xen"}.Validate()
+	err := Config{Zones: []ZoneURI{{Zone: "a", URI: "qemu+tcp://h/system"}, {Zone: "a", URI: "qemu:///system"}, {URI: "qemu:///system"}}}.Validate()
 	if !errors.Is(err, hypervisors.ErrInvalid) {
 		t.Fatalf("got %v, want ErrInvalid", err)
 	}
-	for _, want := range []string{"installation is empty", "tcp transport", "listed twice", "has no name", "xen"} {
+	for _, want := range []string{"installation is empty", "tcp transport", "listed twice", "has no name"} {
 		if !bytes.Contains([]byte(err.Error()), []byte(want)) {
 			t.Errorf("error %q lacks %q", err, want)
 		}

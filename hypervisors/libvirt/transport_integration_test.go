@@ -131,7 +131,7 @@ func alive(pid int) bool {
 
 func newTransportIT(t *testing.T, e itEnv, cfg Config) *Hypervisor {
 	t.Helper()
-	cfg.Installation, cfg.Pool, cfg.Image, cfg.Network, cfg.DomainType = "it-"+randHex(4), e.Pool, e.Image, e.Network, "qemu"
+	cfg.Installation, cfg.Pool = "it-"+randHex(4), e.Pool
 	h, err := New(cfg, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	if err != nil {
 		t.Fatalf("New: %v", err)

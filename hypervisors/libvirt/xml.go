@@ -141,10 +141,11 @@ func markerDefinition(m observed.Marker) (string, error) {
 	return "\n" + string(b) + "\n  ", nil
 }
 
-// domainDefinition renders a DomainSpec as libvirt domain XML. defaultType
-// and defaultNetwork apply when the spec leaves them empty. It is a pure
+// domainDefinition renders a DomainSpec as libvirt domain XML. The spec is
+// complete (the planner fills every field from the flags); an empty
+// Network, or "user", means a user-mode NIC. It is a pure
 // function of its arguments.
-func domainDefinition(spec hypervisors.DomainSpec, defaultType, defaultNetwork string) (string, error) {
+func domainDefinition(spec hypervisors.DomainSpec) (string, error) {
 	if spec.Name == "" || spec.VCPU <= 0 || spec.MemoryMiB <= 0 || spec.Pool == "" || spec.Overlay == "" {
 		return "", fmt.Errorf("domain spec %q: name, vcpu, memory, pool and overlay are required: %w", spec.Name, hypervisors.ErrInvalid)
 	}
@@ -152,16 +153,10 @@ func domainDefinition(spec hypervisors.DomainSpec, defaultType, defaultNetwork s
 		return "", fmt.Errorf("domain spec %q: marker needs installation and machine id: %w", spec.Name, hypervisors.ErrInvalid)
 	}
 	typ := spec.DomainType
-	if typ == "" {
-		typ = defaultType
-	}
 	if typ != "kvm" && typ != "qemu" {
 		return "", fmt.Errorf("domain spec %q: domain type %q is not kvm or qemu: %w", spec.Name, typ, hypervisors.ErrInvalid)
 	}
 	network := spec.Network
-	if network == "" {
-		network = defaultNetwork
-	}
 	marker, err := markerDefinition(spec.Marker)
 	if err != nil {
 		return "", err
