@@ -219,16 +219,45 @@ type DeniedError struct {
 
 func (e *DeniedError) Error() string { return fmt.Sprintf("%d %s", e.Code, e.Reason) }
 
+// StatusError is an error answer that go-proxmox would take for success.
+// It returns an error only for 400, 401, 403, 500 and 501 and decodes the
+// body of any other status into the result, so PVE's `{"data":null}` body
+// of a 502, 503, 504 or proxy error (595, 596) became an empty listing or
+// a zero-valued VM. deniedTransport surfaces those statuses as this error.
+type StatusError struct {
+	Code   int
+	Reason string
+}
+
+func (e *StatusError) Error() string { return fmt.Sprintf("%d %s", e.Code, e.Reason) }
+
+// maxReason bounds the reason phrase kept from an error answer.
+const maxReason = 200
+
+// deniedTransport turns the error answers go-proxmox mishandles into
+// errors: 401 and 403 into *DeniedError, and every other status of 400 or
+// more except those go-proxmox reports itself (400, 500, 501) into
+// *StatusError.
 type deniedTransport struct{ http.RoundTripper }
 
 func (t deniedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	res, err := t.RoundTripper.RoundTrip(r)
-	if err != nil || (res.StatusCode != http.StatusUnauthorized && res.StatusCode != http.StatusForbidden) {
+	if err != nil || res.StatusCode < 400 {
 		return res, err
+	}
+	switch res.StatusCode {
+	case http.StatusBadRequest, http.StatusInternalServerError, http.StatusNotImplemented:
+		return res, nil
 	}
 	res.Body.Close()
 	reason := strings.TrimSpace(strings.TrimPrefix(res.Status, strconv.Itoa(res.StatusCode)))
-	return nil, &DeniedError{Code: res.StatusCode, Reason: reason}
+	if len(reason) > maxReason {
+		reason = reason[:maxReason] + "..."
+	}
+	if res.StatusCode == http.StatusUnauthorized || res.StatusCode == http.StatusForbidden {
+		return nil, &DeniedError{Code: res.StatusCode, Reason: reason}
+	}
+	return nil, &StatusError{Code: res.StatusCode, Reason: reason}
 }
 
 func (c *Config) baseURL() string {

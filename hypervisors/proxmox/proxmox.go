@@ -149,6 +149,13 @@ func classify(err error) error {
 	case strings.HasPrefix(msg, "bad request:"):
 		class = hypervisors.ErrInvalid
 	}
+	var se *StatusError
+	if class == nil && errors.As(err, &se) {
+		class = hypervisors.ErrInvalid
+		if se.Code >= 500 {
+			class = hypervisors.ErrTransient
+		}
+	}
 	if class == nil {
 		if m := statusPrefix.FindStringSubmatch(msg); m != nil {
 			if m[1][0] == '5' {

@@ -556,6 +556,45 @@ func TestObserveUnknownOnFailure(t *testing.T) {
 	}
 }
 
+// TestErrorStatusesAreErrors: go-proxmox reports only 400, 401, 403, 500
+// and 501 as errors and decoded the {"data":null} body of any other error
+// status into an empty result, so a 503 from a proxy in front of PVE (or
+// PVE's 595 for an unreachable node) listed the cluster as empty and read
+// a VM as blank. Each must be an error of the right class instead.
+func TestErrorStatusesAreErrors(t *testing.T) {
+	tests := []struct {
+		code  int
+		class error
+	}{
+		{502, hypervisors.ErrTransient},
+		{503, hypervisors.ErrTransient},
+		{504, hypervisors.ErrTransient},
+		{595, hypervisors.ErrTransient},
+		{404, hypervisors.ErrInvalid},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprint(tt.code), func(t *testing.T) {
+			e := newEnv(t, nil, nil)
+			reason := "Errors during connection establishment, proxy handler: " + strings.Repeat("x", 500)
+			e.sim.InjectStatus(pvesim.Match{Path: "/cluster/resources"}, -1, tt.code, reason)
+			z, err := e.a.Observe(ctxT(t, 10*time.Second), "pve1")
+			if !errors.Is(err, tt.class) {
+				t.Errorf("Observe error = %v, want %v", err, tt.class)
+			}
+			if z == nil || z.Status != observed.StatusUnknown || len(z.VMs) != 0 {
+				t.Errorf("zone = %+v, want unknown", z)
+			}
+			if err != nil && len(err.Error()) > 500 {
+				t.Errorf("error echoes the whole reason phrase (%d bytes)", len(err.Error()))
+			}
+			e.sim.InjectStatus(pvesim.Match{Path: "/status/current"}, -1, tt.code, "Service Unavailable")
+			if _, err := e.a.Lookup(ctxT(t, 10*time.Second), hypervisors.Target{Zone: "pve1", VMID: template}); !errors.Is(err, tt.class) {
+				t.Errorf("Lookup error = %v, want %v", err, tt.class)
+			}
+		})
+	}
+}
+
 func TestPreflight(t *testing.T) {
 	tests := []struct {
 		name      string
