@@ -337,6 +337,9 @@ func (s *Server) route(q *request) (any, *apiError) {
 		if !s.hasNode(node) {
 			return nil, errf(500, "hostname lookup '%s' failed - failed to get address info for: %s: Name or service not known", node, node)
 		}
+		if s.nodeDown(node) {
+			return nil, errf(595, "Errors during connection establishment, proxy handler: No route to host")
+		}
 		rest := pt[2:]
 		switch {
 		case get && len(rest) == 1 && rest[0] == "status":
@@ -365,6 +368,22 @@ func (s *Server) hasNode(n string) bool {
 	return false
 }
 
+// nodeDown reports whether a node is not online (see SetNodeStatus).
+func (s *Server) nodeDown(n string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, down := s.down[n]
+	return down
+}
+
+// nodeStatusOf is a node's cluster status; s.mu must be held.
+func (s *Server) nodeStatusOf(n string) string {
+	if st, ok := s.down[n]; ok {
+		return st
+	}
+	return "online"
+}
+
 func (s *Server) clusterStatus(q *request) (any, *apiError) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -374,7 +393,7 @@ func (s *Server) clusterStatus(q *request) (any, *apiError) {
 	out := []map[string]any{{"type": "cluster", "id": "cluster", "name": "pvesim", "version": 3, "quorate": 1, "nodes": len(s.nodes)}}
 	for i, n := range s.nodes {
 		out = append(out, map[string]any{"type": "node", "id": "node/" + n, "name": n, "ip": fmt.Sprintf("10.0.0.%d", i+1),
-			"online": 1, "local": b2i(i == 0), "level": "", "nodeid": i + 1})
+			"online": b2i(s.nodeStatusOf(n) == "online"), "local": b2i(i == 0), "level": "", "nodeid": i + 1})
 	}
 	return out, nil
 }
@@ -409,12 +428,24 @@ func (s *Server) resourceOf(v *vm, withPool bool) map[string]any {
 		r["uptime"] = uint64(time.Since(v.startedAt).Seconds())
 		r["mem"] = uint64(v.memory) << 19
 	}
+	if s.nodeStatusOf(v.node) != "online" {
+		// PVE has no fresh statistics of a VM on a node that is not online.
+		r["status"] = "unknown"
+		for _, k := range []string{"uptime", "mem", "cpu", "disk", "netin", "netout", "diskread", "diskwrite"} {
+			delete(r, k)
+		}
+	}
 	return r
 }
 
 // nodeResource is a node's /cluster/resources entry (cgroup-mode 2: the
-// unified cgroup hierarchy of PVE 7 and later).
-func nodeResource(n string) map[string]any {
+// unified cgroup hierarchy of PVE 7 and later). A node that is not online
+// has no current statistics (PVE::API2Tools::extract_node_stats).
+func nodeResource(n, status string) map[string]any {
+	if status != "online" {
+		return map[string]any{"id": "node/" + n, "type": "node", "node": n, "status": status, "level": "",
+			"cgroup-mode": 2, "maxcpu": 16, "maxmem": uint64(64) << 30, "maxdisk": uint64(1) << 40}
+	}
 	return map[string]any{"id": "node/" + n, "type": "node", "node": n, "status": "online", "level": "",
 		"cgroup-mode": 2, "maxcpu": 16, "cpu": 0.05, "maxmem": uint64(64) << 30, "mem": uint64(8) << 30,
 		"maxdisk": uint64(1) << 40, "disk": uint64(100) << 30, "uptime": 86400}
@@ -444,7 +475,7 @@ func (s *Server) resources(q *request) (any, *apiError) {
 	out := []map[string]any{}
 	if typ == "" || typ == "node" {
 		for _, n := range s.nodes {
-			out = append(out, nodeResource(n))
+			out = append(out, nodeResource(n, s.nodeStatusOf(n)))
 		}
 	}
 	if typ == "" || typ == "vm" {
@@ -495,7 +526,7 @@ func (s *Server) nodeList(q *request) (any, *apiError) {
 	defer s.mu.Unlock()
 	var out []map[string]any
 	for _, n := range s.nodes {
-		out = append(out, map[string]any{"node": n, "status": "online", "type": "node", "id": "node/" + n, "level": "",
+		out = append(out, map[string]any{"node": n, "status": s.nodeStatusOf(n), "type": "node", "id": "node/" + n, "level": "",
 			"maxcpu": 16, "maxmem": uint64(64) << 30, "mem": uint64(8) << 30, "maxdisk": uint64(1) << 40, "disk": uint64(100) << 30,
 			"cpu": 0.05, "uptime": 86400, "ssl_fingerprint": "00:11"})
 	}

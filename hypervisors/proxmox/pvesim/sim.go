@@ -167,8 +167,11 @@ type Server struct {
 	scale float64
 	log   *slog.Logger
 
-	mu       sync.Mutex
-	nodes    []string
+	mu    sync.Mutex
+	nodes []string
+	// down maps a node that is not online to the status the cluster gives
+	// it ("offline", "unknown"); see SetNodeStatus.
+	down     map[string]string
 	vms      map[int]*vm
 	tasks    map[string]*task
 	tokens   map[string]*Token
@@ -211,6 +214,7 @@ func New(opts Options) *Server {
 		scale:    scale,
 		log:      lg,
 		nodes:    append([]string(nil), opts.Nodes...),
+		down:     map[string]string{},
 		vms:      map[int]*vm{},
 		tasks:    map[string]*task{},
 		tokens:   map[string]*Token{},
@@ -404,6 +408,24 @@ func (s *Server) SetPower(vmid int, running bool) {
 			v.status, v.paused = "stopped", false
 		}
 	}
+}
+
+// SetNodeStatus sets the status the cluster reports for a node: "online"
+// (the default) or, as PVE does for a node that left the quorate
+// partition or sends no statistics, "offline" or "unknown". While a node
+// is not online, /cluster/resources lists its VMs with status "unknown"
+// and without statistics, /nodes and /cluster/status show it so, and
+// every request under /nodes/<node>/ fails as pveproxy's proxy to it does
+// (595 "Errors during connection establishment, proxy handler: No route
+// to host").
+func (s *Server) SetNodeStatus(node, status string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if status == "online" {
+		delete(s.down, node)
+		return
+	}
+	s.down[node] = status
 }
 
 // Requests returns how many requests were served, by "METHOD /path".
