@@ -19,6 +19,12 @@ import (
 	"github.com/hashicorp/go-multierror"
 )
 
+// Bounds of Config.PollInterval when the poller is on.
+const (
+	MinPollInterval = 10 * time.Millisecond
+	MaxPollInterval = time.Hour
+)
+
 // Config configures an Adapter.
 type Config struct {
 	// APIURL is the API base, e.g. https://pve1:8006/api2/json ("/api2/json"
@@ -52,6 +58,17 @@ type Config struct {
 	// ListingTTL is how long one /cluster/resources listing serves Observe
 	// calls for other zones (default 2 s).
 	ListingTTL time.Duration
+	// PollInterval is how often the poller lists the cluster (one GET
+	// /cluster/resources) to report VM changes as events and node health
+	// (default 1 s; negative: no poller, no events, and ZoneHealth returns
+	// nil).
+	PollInterval time.Duration
+	// PollTimeout bounds one poll (default 2 s). A poll that fails or times
+	// out shows every node down until a poll answers again.
+	PollTimeout time.Duration
+	// StallAfter is how long a poll may go unanswered before every node
+	// shows down while it is still in flight (default 1 s).
+	StallAfter time.Duration
 	// ConfigTTL forces a config re-read of an unchanged owned VM after this
 	// age, to catch out-of-band description edits (default 10 min).
 	ConfigTTL time.Duration
@@ -79,6 +96,15 @@ func (c *Config) defaults() {
 	}
 	if c.ListingTTL == 0 {
 		c.ListingTTL = 2 * time.Second
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = time.Second
+	}
+	if c.PollTimeout == 0 {
+		c.PollTimeout = 2 * time.Second
+	}
+	if c.StallAfter == 0 {
+		c.StallAfter = time.Second
 	}
 	if c.ConfigTTL == 0 {
 		c.ConfigTTL = 10 * time.Minute
@@ -136,6 +162,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Installation == "" {
 		errs = multierror.Append(errs, errors.New("installation is required"))
+	}
+	if c.PollInterval > 0 && (c.PollInterval < MinPollInterval || c.PollInterval > MaxPollInterval) {
+		errs = multierror.Append(errs, fmt.Errorf("poll interval %s is outside %s..%s (negative: off)", c.PollInterval, MinPollInterval, MaxPollInterval))
+	}
+	if c.PollTimeout < 0 || c.StallAfter < 0 {
+		errs = multierror.Append(errs, fmt.Errorf("poll timeout %s and stall time %s must not be negative", c.PollTimeout, c.StallAfter))
 	}
 	if c.VMIDMin != 0 && c.VMIDMin < 100 {
 		errs = multierror.Append(errs, fmt.Errorf("vmid minimum %d is below 100", c.VMIDMin))
@@ -258,6 +290,14 @@ func (t deniedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		return nil, &DeniedError{Code: res.StatusCode, Reason: reason}
 	}
 	return nil, &StatusError{Code: res.StatusCode, Reason: reason}
+}
+
+// CloseIdleConnections lets http.Client.CloseIdleConnections reach the
+// wrapped transport.
+func (t deniedTransport) CloseIdleConnections() {
+	if c, ok := t.RoundTripper.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
 }
 
 func (c *Config) baseURL() string {

@@ -18,10 +18,30 @@
 //     cloned again.
 //   - A task counts as done only when it stopped with exit status "OK"
 //     (go-proxmox's Wait returns nil for failed tasks).
-//   - Observe costs one /cluster/resources listing per tick (shared by the
-//     zones observed within ListingTTL) plus one config read per owned VM
+//   - Every listing is one GET /cluster/resources without a type filter
+//     (VMs and node statuses at once), decoded by the adapter itself (see
+//     fetch: half the CPU of go-proxmox's decoding) and serialised so
+//     concurrent callers share one. A listing younger than ListingTTL serves Observe, unless
+//     this adapter changed something since it was sent or a later poll
+//     failed. Observe costs that listing plus one config read per owned VM
 //     whose listing fingerprint changed, that this adapter changed, or
-//     whose cached config is older than ConfigTTL.
+//     whose cached config is older than ConfigTTL. A node the cluster does
+//     not list online is observed as unknown.
+//   - The poller (on unless PollInterval < 0; stopped by Close) makes at
+//     most one listing per PollInterval, bounded by PollTimeout, and with
+//     an unchanged cluster pushes no event. It pushes an EventVM (zone =
+//     node, VM = name, MachineID when the adapter knows the marker) for
+//     each VM carrying this installation's ownership tags, before or now,
+//     that appeared, vanished, or changed power, name, tags, size, pool or
+//     node; the first listing is the baseline. VMs on a node that is not
+//     online keep their last state (the node's EventZoneDown covers them).
+//   - ZoneHealth: each node is "connecting" until the first poll ends, up
+//     while the last poll listed it online, and "down since <t>: <reason>"
+//     when the cluster lists it otherwise, when the last poll failed (all
+//     nodes), or while a poll has been unanswered for StallAfter (all
+//     nodes). The reason never names the node nor holds the token secret.
+//     EventZoneUp and EventZoneDown are pushed when a node becomes or
+//     stops being up.
 //   - Every API request is made once: the executor retries steps by error
 //     class, so attempts never multiply. Only progress is polled (tasks, a
 //     clone's lock, a guest process) at Config.PollMin..PollMax.

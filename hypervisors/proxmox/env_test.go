@@ -39,6 +39,9 @@ type env struct {
 // newEnv starts a simulator over TLS with nodes pve1..pve3, a template on
 // pve1, pool "fleet" and a full-access token, and an adapter pinned to the
 // server's fingerprint. opts and mut adjust the simulator and the config.
+// The poller is off (PollInterval -1) unless mut turns it on: the tests of
+// operations count and number the requests they cause, and a poll in
+// between would shift them (poll_test.go tests the poller).
 func newEnv(t testing.TB, opts *pvesim.Options, mut func(*Config)) *env {
 	t.Helper()
 	o := pvesim.Options{Nodes: []string{"pve1", "pve2", "pve3"}, Latencies: pvesim.ZeroLatency()}
@@ -62,6 +65,7 @@ func newEnv(t testing.TB, opts *pvesim.Options, mut func(*Config)) *env {
 		APIURL: srv.URL + "/api2/json", TokenID: testToken, TokenSecret: testSecret,
 		Fingerprint: hex.EncodeToString(sum[:]), Pool: "fleet", Nodes: []string{"pve1", "pve2", "pve3"},
 		Installation: testInst, PollMin: 5 * time.Millisecond, PollMax: 50 * time.Millisecond,
+		PollInterval: -1,
 	}
 	if mut != nil {
 		mut(&cfg)
@@ -73,6 +77,7 @@ func newEnv(t testing.TB, opts *pvesim.Options, mut func(*Config)) *env {
 			t.Fatalf("New: %v", err)
 		}
 		e.a = a
+		t.Cleanup(func() { a.Close() })
 	}
 	return e
 }

@@ -23,49 +23,8 @@ type cfgEntry struct {
 
 // fingerprint is what the listing shows of a VM; a change means the
 // cached config may be stale. (The listing carries no config digest.)
-func fingerprint(r *pxapi.ClusterResource) string {
+func fingerprint(r *resource) string {
 	return fmt.Sprintf("%s|%s|%s|%d|%d|%d|%s", r.Node, r.Name, r.Tags, r.MaxMem, r.MaxCPU, r.Template, r.Pool)
-}
-
-// list returns the cluster VM listing, reusing one younger than ListingTTL
-// unless fresh is set. Concurrent callers share one request.
-func (a *Adapter) list(ctx context.Context, fresh bool) ([]pxapi.ClusterResource, error) {
-	a.listMu.Lock()
-	defer a.listMu.Unlock()
-	now := a.cfg.Now()
-	a.cacheMu.Lock()
-	if !fresh && a.listing != nil && now.Sub(a.listAt) < a.cfg.ListingTTL {
-		rs := a.listing
-		a.cacheMu.Unlock()
-		return rs, nil
-	}
-	a.cacheMu.Unlock()
-	cl := &pxapi.Cluster{}
-	cl = cl.New(a.client)
-	rs, err := cl.Resources(ctx, "vm")
-	if err = classify(err); err != nil {
-		return nil, fmt.Errorf("list cluster vms: %w", err)
-	}
-	out := make([]pxapi.ClusterResource, 0, len(rs))
-	for _, r := range rs {
-		if r != nil && r.Type == "qemu" {
-			out = append(out, *r)
-		}
-	}
-	a.cacheMu.Lock()
-	a.listing, a.listAt = out, now
-	a.cacheMu.Unlock()
-	return out, nil
-}
-
-// invalidate forgets the listing and marks a VM's config as changed by us.
-func (a *Adapter) invalidate(vmid int) {
-	a.cacheMu.Lock()
-	defer a.cacheMu.Unlock()
-	a.listing = nil
-	if vmid != 0 {
-		a.dirty[vmid] = true
-	}
 }
 
 func powerOf(status, qmp string) observed.Power {
@@ -97,7 +56,7 @@ func (a *Adapter) markerFor(tags []string, description string) *observed.Marker 
 // ownedConfig returns the cached config facts of an owned VM, reading the
 // config only when the listing fingerprint changed, we changed the VM, or
 // the entry aged past ConfigTTL.
-func (a *Adapter) ownedConfig(ctx context.Context, r *pxapi.ClusterResource, tags []string) (*cfgEntry, error) {
+func (a *Adapter) ownedConfig(ctx context.Context, r *resource, tags []string) (*cfgEntry, error) {
 	vmid := int(r.VMID)
 	fp := fingerprint(r)
 	now := a.cfg.Now()
@@ -128,11 +87,26 @@ func (a *Adapter) Observe(ctx context.Context, zone string) (*observed.Zone, err
 	}
 	a.observed.Add(1)
 	at := a.cfg.Now()
-	rs, err := a.list(ctx, false)
+	l, err := a.list(ctx, false)
 	if err != nil {
 		err = fmt.Errorf("observe %s: %w", zone, err)
 		return observed.Unknown(zone, err, at), err
 	}
+	// A node that is not online lists its VMs as "unknown": the zone is
+	// unknown, not a zone of VMs in unknown power.
+	switch st := l.nodes[zone]; st {
+	case nodeOnline:
+	case "":
+		err = fmt.Errorf("observe %s: node not in the cluster's node list: %w", zone, hypervisors.ErrUnreachable)
+		return observed.Unknown(zone, err, at), err
+	default:
+		if len(st) > maxDetail {
+			st = st[:maxDetail]
+		}
+		err = fmt.Errorf("observe %s: the cluster reports the node %q: %w", zone, st, hypervisors.ErrUnreachable)
+		return observed.Unknown(zone, err, at), err
+	}
+	rs := l.vms
 	z := &observed.Zone{Name: zone, Status: observed.StatusOK, At: at}
 	seen := map[int]bool{}
 	for i := range rs {
@@ -161,21 +135,27 @@ func (a *Adapter) Observe(ctx context.Context, zone string) (*observed.Zone, err
 		z.VMs = append(z.VMs, v)
 	}
 	sort.Slice(z.VMs, func(i, j int) bool { return z.VMs[i].VMID < z.VMs[j].VMID })
-	a.forget(zone, rs)
+	a.forget(l)
 	return z, nil
 }
 
-// forget drops cache entries of VMs no longer listed anywhere.
-func (a *Adapter) forget(_ string, rs []pxapi.ClusterResource) {
-	live := make(map[int]bool, len(rs))
-	for i := range rs {
-		live[int(rs[i].VMID)] = true
+// forget drops cache entries of VMs no longer listed anywhere, keeping
+// owner notes made after the listing was sent (a clone it cannot show).
+func (a *Adapter) forget(l *listing) {
+	live := make(map[int]bool, len(l.vms))
+	for i := range l.vms {
+		live[int(l.vms[i].VMID)] = true
 	}
 	a.cacheMu.Lock()
 	defer a.cacheMu.Unlock()
 	for id := range a.configs {
 		if !live[id] {
 			delete(a.configs, id)
+		}
+	}
+	for id, o := range a.owners {
+		if !live[id] && o.at.Before(l.at) {
+			delete(a.owners, id)
 		}
 	}
 }

@@ -70,12 +70,12 @@ func (a *Adapter) Preflight(ctx context.Context, templateVMIDs []int) error {
 		}
 	}
 
-	rs, err := a.list(ctx, true)
+	l, err := a.list(ctx, true)
 	if err != nil {
 		errs = multierror.Append(errs, fmt.Errorf("preflight: %w", err))
 	} else {
-		byID := map[int]pxapi.ClusterResource{}
-		for _, r := range rs {
+		byID := map[int]resource{}
+		for _, r := range l.vms {
 			byID[int(r.VMID)] = r
 		}
 		for _, t := range templateVMIDs {

@@ -1,6 +1,7 @@
 package proxmox
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -43,19 +44,60 @@ type Adapter struct {
 	// marker check) instead of duplicated under a new VMID.
 	lost map[string]int
 
-	listMu   sync.Mutex // serialises listings so concurrent zones share one
-	cacheMu  sync.Mutex
-	listing  []pxapi.ClusterResource
-	listAt   time.Time
-	configs  map[int]*cfgEntry
-	dirty    map[int]bool // VMIDs this adapter changed since their last read
-	observed atomic.Int64 // Observe calls
+	// hc, resourcesURL and authHeader serve fetch, the one request made
+	// without go-proxmox. authHeader holds the token secret: never log it.
+	hc           *http.Client
+	resourcesURL string
+	authHeader   string
+
+	// listSem serialises listings so concurrent callers share one; it
+	// also guards listBuf.
+	listSem chan struct{}
+	listBuf bytes.Buffer
+	cacheMu sync.Mutex
+	listing *listing // nil: none, or forgotten by invalidate
+	listGen uint64   // bumped by invalidate
+	configs map[int]*cfgEntry
+	dirty   map[int]bool      // VMIDs this adapter changed since their last read
+	owners  map[int]ownerNote // VMIDs this adapter cloned or marked
+	// observed counts Observe calls; polls counts finished polls.
+	observed atomic.Int64
+	polls    atomic.Int64
+
+	events *hypervisors.EventQueue
+	// Poller state. healthMu guards health, polling and pending*; snap,
+	// spare and baseline belong to the poller goroutine.
+	healthMu  sync.Mutex
+	polling   bool
+	health    map[string]*nodeHealth
+	pending   time.Time // time.Now() when the poll in flight began (zero: none)
+	pendingAt time.Time // the same instant on Config.Now
+	snap      map[int]vmState
+	spare     map[int]vmState
+	baseline  bool
+	// afterPoll, when set before polling starts, is called after each
+	// poll (tests).
+	afterPoll func()
+
+	ctx       context.Context
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	closeOnce sync.Once
 }
 
-var _ hypervisors.Hypervisor = (*Adapter)(nil)
+var (
+	_ hypervisors.Hypervisor     = (*Adapter)(nil)
+	_ hypervisors.HealthReporter = (*Adapter)(nil)
+	_ hypervisors.EventSource    = (*Adapter)(nil)
+)
 
-// New validates cfg and returns an adapter; it makes no API call (see
-// Preflight).
+// userAgent is sent with every request.
+const userAgent = "bigfleet-provider"
+
+// New validates cfg and returns an adapter. Unless PollInterval is
+// negative it starts the cluster poller, whose first listing is requested
+// at once (see ZoneHealth and Events); Close stops it. Preflight checks
+// the cluster.
 func New(cfg Config, logger *slog.Logger) (*Adapter, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("proxmox config: %w", err)
@@ -77,17 +119,33 @@ func New(cfg Config, logger *slog.Logger) (*Adapter, error) {
 		lost:     map[string]int{},
 		configs:  map[int]*cfgEntry{},
 		dirty:    map[int]bool{},
+		owners:   map[int]ownerNote{},
+		hc:       hc,
+		listSem:  make(chan struct{}, 1),
+		events:   hypervisors.NewEventQueue(),
+		health:   map[string]*nodeHealth{},
+		snap:     map[int]vmState{},
+		spare:    map[int]vmState{},
+
+		resourcesURL: cfg.baseURL() + "/cluster/resources",
+		authHeader:   "PVEAPIToken=" + cfg.TokenID + "=" + cfg.TokenSecret,
 	}
+	a.ctx, a.cancel = context.WithCancel(context.Background())
 	for _, n := range cfg.Nodes {
 		a.nodes[n] = true
 		a.cloneSem[n] = make(chan struct{}, cfg.CloneConcurrency)
+		a.health[n] = &nodeHealth{}
 	}
 	a.client = pxapi.NewClient(cfg.baseURL(),
 		pxapi.WithHTTPClient(hc),
 		pxapi.WithAPIToken(cfg.TokenID, cfg.TokenSecret),
-		pxapi.WithUserAgent("bigfleet-provider"),
+		pxapi.WithUserAgent(userAgent),
 		pxapi.WithRequestInterceptor(func(*http.Request) error { a.calls.Add(1); return nil }),
 	)
+	if cfg.PollInterval > 0 {
+		t := time.NewTicker(cfg.PollInterval)
+		a.startPolling(t.C, t.Stop)
+	}
 	return a, nil
 }
 
@@ -97,11 +155,23 @@ func (a *Adapter) Shape() hypervisors.Shape { return hypervisors.ShapeProxmox }
 // Zones lists the configured nodes.
 func (a *Adapter) Zones() []string { return append([]string(nil), a.cfg.Nodes...) }
 
-// Close releases idle connections.
-func (a *Adapter) Close() error { return nil }
+// Close stops the poller (abandoning a poll in flight), closes the event
+// channel and releases idle connections. It is idempotent.
+func (a *Adapter) Close() error {
+	a.closeOnce.Do(func() {
+		a.cancel()
+		a.wg.Wait()
+		a.events.Close()
+		a.hc.CloseIdleConnections()
+	})
+	return nil
+}
 
-// Calls returns the number of API requests made so far.
+// Calls returns the number of API requests made so far, polls included.
 func (a *Adapter) Calls() int64 { return a.calls.Load() }
+
+// Polls returns the number of polls finished so far.
+func (a *Adapter) Polls() int64 { return a.polls.Load() }
 
 // Interrupted is the error class for a context that ended.
 func ctxErr(ctx context.Context) error {

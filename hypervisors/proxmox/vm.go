@@ -43,13 +43,15 @@ func (a *Adapter) CloneVM(ctx context.Context, zone string, spec hypervisors.Clo
 			spec.Marker.Installation, a.cfg.Installation, hypervisors.ErrInvalid)
 	}
 	log := a.log.With("op", "clone", "zone", zone, "machine", mid)
-	rs, err := a.list(ctx, true)
+	l, err := a.list(ctx, true)
 	if err != nil {
 		return 0, fmt.Errorf("clone %s on %s: %w", spec.Name, zone, err)
 	}
+	rs := l.vms
 	if id, ok, err := a.findOwnClone(ctx, rs, spec); err != nil {
 		return 0, fmt.Errorf("clone %s on %s: adoption check: %w", spec.Name, zone, err)
 	} else if ok {
+		a.noteOwner(id, mid)
 		log.Info("adopting existing clone", "vm", id)
 		return id, nil
 	}
@@ -93,6 +95,7 @@ func (a *Adapter) CloneVM(ctx context.Context, zone string, spec hypervisors.Clo
 		a.unreserve(id)
 		a.invalidate(id)
 		if err == nil {
+			a.noteOwner(id, mid)
 			log.Info("cloned", "vm", id, "template", spec.TemplateVMID)
 			return id, nil
 		}
@@ -110,6 +113,7 @@ func (a *Adapter) CloneVM(ctx context.Context, zone string, spec hypervisors.Clo
 		if ok, oerr := a.isOurClone(ctx, id, mid); oerr != nil {
 			return 0, fmt.Errorf("clone %s on %s: check vm %d: %w", spec.Name, zone, id, oerr)
 		} else if ok {
+			a.noteOwner(id, mid)
 			log.Info("adopting clone found on vmid collision", "vm", id)
 			return id, nil
 		}
@@ -178,7 +182,7 @@ func (a *Adapter) unreserve(id int) {
 
 // findOwnClone looks for a VM carrying our marker for the machine, by its
 // deterministic name or machine tag, confirmed by the description marker.
-func (a *Adapter) findOwnClone(ctx context.Context, rs []pxapi.ClusterResource, spec hypervisors.CloneSpec) (int, bool, error) {
+func (a *Adapter) findOwnClone(ctx context.Context, rs []resource, spec hypervisors.CloneSpec) (int, bool, error) {
 	mtag := hypervisors.MachineTag(spec.Marker.MachineID)
 	for _, r := range rs {
 		if r.Template == 1 {
@@ -204,11 +208,11 @@ func (a *Adapter) findOwnClone(ctx context.Context, rs []pxapi.ClusterResource, 
 
 // isOurClone finds the node of vmid and checks its marker.
 func (a *Adapter) isOurClone(ctx context.Context, vmid int, machineID string) (bool, error) {
-	rs, err := a.list(ctx, true)
+	l, err := a.list(ctx, true)
 	if err != nil {
 		return false, err
 	}
-	for _, r := range rs {
+	for _, r := range l.vms {
 		if int(r.VMID) == vmid {
 			return a.isOurCloneOn(ctx, r.Node, vmid, machineID)
 		}
@@ -287,6 +291,7 @@ func (a *Adapter) ConfigureVM(ctx context.Context, t hypervisors.Target, spec hy
 		pxapi.VirtualMachineOption{Name: "onboot", Value: onboot},
 	))
 	a.invalidate(t.VMID)
+	a.noteOwner(t.VMID, spec.Marker.MachineID)
 	if err != nil {
 		return fmt.Errorf("configure vm %d on %s: %w", t.VMID, t.Zone, err)
 	}
@@ -307,6 +312,7 @@ func (a *Adapter) SetMarker(ctx context.Context, t hypervisors.Target, m observe
 		pxapi.VirtualMachineOption{Name: "description", Value: hypervisors.Description(m)},
 	))
 	a.invalidate(t.VMID)
+	a.noteOwner(t.VMID, m.MachineID)
 	if err != nil {
 		return fmt.Errorf("set marker on vm %d: %w", t.VMID, err)
 	}
