@@ -125,6 +125,9 @@ type Proxmox struct {
 	TemplateVMID  int
 	BootstrapPath string
 	BootstrapExec []string
+	// PollInterval is --proxmox-poll-interval: how often the cluster is
+	// listed for drift and node health (0: never).
+	PollInterval time.Duration
 }
 
 // String summarises the configuration for people. It never contains the

@@ -95,7 +95,7 @@ func TestSeedInvocations(t *testing.T) {
 				Proxmox: Proxmox{
 					APIURL: "https://pve1.example.internal:8006/api2/json", TokenID: "bigfleet@pve!autoscaler",
 					TokenSecret: tokenSecret, CAFile: f.pveCA, Pool: "bigfleet", Nodes: []string{"pve1", "pve2", "pve3"},
-					TemplateVMID: 9000, BootstrapPath: "/run/bigfleet-bootstrap", BootstrapExec: []string{"/bin/sh"},
+					TemplateVMID: 9000, BootstrapPath: "/run/bigfleet-bootstrap", BootstrapExec: []string{"/bin/sh"}, PollInterval: time.Second,
 				},
 				MaxConcurrentPerZone: 8, ShutdownGrace: 30 * time.Second,
 			},
@@ -128,7 +128,7 @@ func TestSeedInvocations(t *testing.T) {
 				Timeouts:             Timeouts{Create: 8 * time.Minute, Configure: 8 * time.Minute, Drain: 15 * time.Minute, Delete: 5 * time.Minute},
 				Zones:                []string{"pve-a", "pve-b"},
 				Pricing:              pricing,
-				Proxmox:              Proxmox{TemplateVMID: 9000, BootstrapPath: "/run/bigfleet-bootstrap", BootstrapExec: []string{"/bin/sh"}},
+				Proxmox:              Proxmox{TemplateVMID: 9000, BootstrapPath: "/run/bigfleet-bootstrap", BootstrapExec: []string{"/bin/sh"}, PollInterval: time.Second},
 				MaxConcurrentPerZone: 8, ShutdownGrace: 30 * time.Second,
 			},
 			wantSlots: 32,

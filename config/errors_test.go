@@ -302,6 +302,9 @@ func TestErrors(t *testing.T) {
 			`--bootstrap-path: "run/x" must be an absolute in-guest path, e.g. /run/bigfleet-bootstrap`,
 			`--bootstrap-exec: "" has an empty element at position 0; write the argv as program,arg1,arg2 (arguments cannot contain commas)`,
 		}},
+		{"proxmox poll interval", with(fakeArgs, "--proxmox-poll-interval", "100ms"), []string{
+			"--proxmox-poll-interval: must be 0 (off) or between 250ms and 1m0s, got 100ms; each poll makes PVE build a listing of every VM",
+		}},
 		{"offering on an unknown node", with(realPX, "--offerings", f.pxOfferings), []string{
 			`--offerings: $DIR/offerings-proxmox.json: offerings[1]: zone "pve2" is not one of the configured zones (--nodes: pve1); add it there or place the offering on a configured zone`,
 		}},

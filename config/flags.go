@@ -38,6 +38,7 @@ type Flags struct {
 	tokenSecret, tokenFile, caFile, fingerprint  *string
 	pool, nodes, bootstrapPath, bootstrapExec    *string
 	templateVMID                                 *int
+	pollInterval                                 *time.Duration
 	// Listener and drift-repair flags (config/listener.go).
 	metricsTLS, fakeAdmin *bool
 	driftRepairDelay      *time.Duration
@@ -56,7 +57,7 @@ var (
 	proxmoxOnly = []string{
 		"proxmox-backend", "proxmox-api-url", "proxmox-token-id", "proxmox-token-secret",
 		"proxmox-token-file", "proxmox-ca-file", "proxmox-tls-fingerprint", "proxmox-pool",
-		"nodes", "template-vmid", "bootstrap-path", "bootstrap-exec",
+		"nodes", "template-vmid", "bootstrap-path", "bootstrap-exec", "proxmox-poll-interval",
 	}
 )
 
@@ -103,6 +104,7 @@ func RegisterFlags(fs *flag.FlagSet) *Flags {
 	f.templateVMID = fs.Int("template-vmid", 9000, "Source template VMID of the built-in catalog and of catalog entries without template_vmid.")
 	f.bootstrapPath = fs.String("bootstrap-path", "/run/bigfleet-bootstrap", "In-guest path the bootstrap blob is written to before it runs.")
 	f.bootstrapExec = fs.String("bootstrap-exec", "/bin/sh", "Comma-separated argv that runs the bootstrap; the path is appended as the final argument.")
+	f.pollInterval = fs.Duration("proxmox-poll-interval", time.Second, "How often the cluster is listed (one GET /cluster/resources) to see drift and node health within seconds; 0 = only the periodic pass. Between 250ms and 1m.")
 
 	// Instance types and pricing.
 	f.instanceTypes = fs.String("instance-types", "", "JSON catalog name -> {vcpu, memory_mib[, template_vmid]} replacing the built-in kvm.* / pve.* types.")
@@ -150,7 +152,7 @@ var usageGroups = []struct {
 	{"Core", []string{"hypervisor", "addr", "provider", "installation-id", "default-zone", "state", "use-fake-backend"}},
 	{"High availability (--state etcd://...)", []string{"etcd-ca-file", "etcd-cert-file", "etcd-key-file", "leader-lease", "advertise-addr"}},
 	{"libvirt connection and launch parameters", []string{"libvirt-backend", "connect", "image", "storage-pool", "network", "base-user-data", "capacity-type", "domain-type", "kernel", "initrd", "kernel-cmdline"}},
-	{"Proxmox connection and clone parameters", []string{"proxmox-backend", "proxmox-api-url", "proxmox-token-id", "proxmox-token-secret", "proxmox-token-file", "proxmox-ca-file", "proxmox-tls-fingerprint", "proxmox-pool", "nodes", "template-vmid", "bootstrap-path", "bootstrap-exec"}},
+	{"Proxmox connection and clone parameters", []string{"proxmox-backend", "proxmox-api-url", "proxmox-token-id", "proxmox-token-secret", "proxmox-token-file", "proxmox-ca-file", "proxmox-tls-fingerprint", "proxmox-pool", "nodes", "template-vmid", "bootstrap-path", "bootstrap-exec", "proxmox-poll-interval"}},
 	{"Instance types & pricing", []string{"instance-types", "prices", "price-per-vcpu-hour", "price-per-gib-hour"}},
 	{"Offerings", []string{"offerings", "seed-count"}},
 	{"Lifecycle", []string{"create-timeout", "configure-timeout", "drain-timeout", "delete-timeout", "node-ready-exec", "max-concurrent-per-zone", "shutdown-grace", "reconcile-interval", "drift-repair-delay"}},

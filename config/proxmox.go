@@ -8,6 +8,7 @@ import (
 	"path"
 	"regexp"
 	"strings"
+	"time"
 	"unicode"
 
 	"github.com/bigfleet-vm/provider/inventory"
@@ -15,6 +16,12 @@ import (
 
 // tokenIDRE is the USER@REALM!TOKENID shape of a Proxmox API token id.
 var tokenIDRE = regexp.MustCompile(`^[^\s@!=]+@[^\s@!=]+![^\s@!=]+$`)
+
+// Bounds of --proxmox-poll-interval when it is on.
+const (
+	minPollInterval = 250 * time.Millisecond
+	maxPollInterval = time.Minute
+)
 
 // resolveProxmox fills c.Proxmox. It returns --nodes when the real
 // backend is selected and the nodes parsed cleanly (else nil). The token
@@ -37,6 +44,10 @@ func (f *Flags) resolveProxmox(c *Config, set map[string]bool, real bool, p *pro
 		p.add("bootstrap-exec", "%v", err)
 	} else {
 		x.BootstrapExec = argv
+	}
+	x.PollInterval = *f.pollInterval
+	if x.PollInterval != 0 && (x.PollInterval < minPollInterval || x.PollInterval > maxPollInterval) {
+		p.add("proxmox-poll-interval", "must be 0 (off) or between %s and %s, got %s; each poll makes PVE build a listing of every VM", minPollInterval, maxPollInterval, x.PollInterval)
 	}
 
 	if raw := strings.TrimSpace(*f.apiURL); raw != "" {

@@ -30,7 +30,7 @@ func openProxmox(ctx context.Context, cfg *config.Config, installation string, l
 	x := cfg.Proxmox
 	a, err := proxmox.New(proxmox.Config{APIURL: x.APIURL, TokenID: x.TokenID, TokenSecret: x.TokenSecret.Reveal(),
 		CAFile: x.CAFile, Fingerprint: x.Fingerprint, Pool: x.Pool, Nodes: x.Nodes, Installation: installation,
-		CloneConcurrency: cfg.MaxConcurrentPerZone}, log.With("hypervisor", "proxmox"))
+		CloneConcurrency: cfg.MaxConcurrentPerZone, PollInterval: pollInterval(x.PollInterval)}, log.With("hypervisor", "proxmox"))
 	if err != nil {
 		return nil, err
 	}
@@ -49,4 +49,13 @@ func openProxmox(ctx context.Context, cfg *config.Config, installation string, l
 		return nil, fmt.Errorf("proxmox preflight: %w", err)
 	}
 	return a, nil
+}
+
+// pollInterval maps --proxmox-poll-interval to the adapter's setting, where
+// a negative interval turns the poller off.
+func pollInterval(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
