@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
 // The benchmarks share one provider with 100,000 seeded machines and a
@@ -39,21 +40,21 @@ func benchServer(b *testing.B) *server {
 			b.Fatal(err)
 		}
 		benchDir = dir
-		benchSrv = &server{t: b, args: []string{"--seed-count", strconv.Itoa(benchMachines), "--state", filepath.Join(dir, "state")}}
-		benchSrv.launch()
+		benchSrv = startWith(b, providertest.Options{Detached: true},
+			[]string{"--seed-count", strconv.Itoa(benchMachines), "--state", filepath.Join(dir, "state")})
 		benchPool.ids = ids(listAll(b, benchSrv.c, stSpec))
 	})
 	if benchSrv == nil {
 		b.Fatal("bench server failed to start")
 	}
-	benchSrv.t = b
+	benchSrv.Bind(b)
 	return benchSrv
 }
 
 // stopBench is called by TestMain after the run.
 func stopBench() {
 	if benchSrv != nil {
-		benchSrv.kill()
+		benchSrv.Kill()
 		os.RemoveAll(benchDir)
 	}
 }
@@ -113,17 +114,14 @@ func BenchmarkStartup(b *testing.B) {
 				state := filepath.Join(b.TempDir(), "state")
 				args := []string{"--seed-count", strconv.Itoa(benchMachines), "--state", state}
 				if mode == "warm" {
-					s := &server{t: b, args: args}
-					s.launch()
-					s.terminate()
+					start(b, args...).Terminate()
 				}
 				b.StartTimer()
-				s := &server{t: b, args: args}
-				s.launch()
+				s := start(b, args...)
 				b.StopTimer()
-				ready += s.ready
-				rss = rssKiB(s.pid())
-				s.kill()
+				ready += s.TimeToReady()
+				rss = rssKiB(s.Pid())
+				s.Kill()
 			}
 			b.ReportMetric(ready.Seconds()/float64(b.N), "s/ready")
 			b.ReportMetric(rss/1024, "MiB-RSS")
@@ -157,7 +155,7 @@ func BenchmarkDurableMutations16(b *testing.B) {
 	targets := take(b, b.N)
 	clients := make([]pb.CapacityProviderClient, workers)
 	for i := range clients {
-		clients[i] = s.dial()
+		clients[i] = s.Dial()
 	}
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -197,7 +195,7 @@ func BenchmarkListFull(b *testing.B) {
 	for range b.N {
 		var raw []byte
 		t0 := time.Now()
-		if err := s.conn.Invoke(ctx(b), "/bigfleet.v1alpha1.CapacityProvider/List", &req, &raw, grpc.ForceCodec(rawCodec{})); err != nil {
+		if err := s.Conn().Invoke(ctx(b), "/bigfleet.v1alpha1.CapacityProvider/List", &req, &raw, grpc.ForceCodec(rawCodec{})); err != nil {
 			b.Fatal(err)
 		}
 		t1 := time.Now()
@@ -250,7 +248,7 @@ func BenchmarkWalkToIdle16(b *testing.B) {
 	targets := take(b, b.N)
 	clients := make([]pb.CapacityProviderClient, workers)
 	for i := range clients {
-		clients[i] = s.dial()
+		clients[i] = s.Dial()
 	}
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -297,5 +295,5 @@ func BenchmarkServerRSS(b *testing.B) {
 	for range b.N {
 		get(b, s.c, benchPool.ids[0])
 	}
-	b.ReportMetric(rssKiB(s.pid())/1024, "MiB-RSS")
+	b.ReportMetric(rssKiB(s.Pid())/1024, "MiB-RSS")
 }

@@ -58,7 +58,7 @@ func TestReadmeDriftDemo(t *testing.T) {
 	toIdle(t, s.c, machine)
 
 	s.admin(t, "stop?machine="+machine)
-	out, code := runRaw(t, "plan", "--server", "http://"+s.maddr, "--no-color", "--detailed-exitcode")
+	out, code := runRaw(t, "plan", "--server", s.MetricsURL(), "--no-color", "--detailed-exitcode")
 	if code != 2 || !regexp.MustCompile(`(?m)^  > local-a/\S+/start  \(drift:stopped\)$`).MatchString(out) ||
 		!strings.Contains(out, "1 to repair; 1 drift.") {
 		t.Fatalf("after the stop, `provider plan --server` shows no pending start (exit %d):\n%s", code, out)
@@ -74,7 +74,7 @@ func TestReadmeDriftDemo(t *testing.T) {
 	// Then the repair happens and the plan is empty again.
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
-		out, code = runRaw(t, "plan", "--server", "http://"+s.maddr, "--no-color", "--detailed-exitcode")
+		out, code = runRaw(t, "plan", "--server", s.MetricsURL(), "--no-color", "--detailed-exitcode")
 		if code == 0 && strings.HasSuffix(out, "\nNo changes.\n") {
 			break
 		}

@@ -81,7 +81,7 @@ func TestOversizedIDsAreRefusedAndNotEchoed(t *testing.T) {
 		}
 		return n
 	}
-	before, logBefore := size(), len(s.stderr.String())
+	before, logBefore := size(), len(s.Output())
 	huge := strings.Repeat("x", 9<<20)
 	for i := range 20 {
 		_, err := create(s.c, t, huge+fmt.Sprint(i), tok{"s", 1, 1})
@@ -104,7 +104,7 @@ func TestOversizedIDsAreRefusedAndNotEchoed(t *testing.T) {
 	if grew := size() - before; grew > 64<<10 {
 		t.Errorf("the state grew by %d bytes from refused requests", grew)
 	}
-	if grew := len(s.stderr.String()) - logBefore; grew > 256<<10 {
+	if grew := len(s.Output()) - logBefore; grew > 256<<10 {
 		t.Errorf("the log grew by %d bytes from refused requests", grew)
 	}
 }
@@ -158,7 +158,7 @@ func TestInvalidUTF8GetsInvalidArgumentEverywhere(t *testing.T) {
 	}
 	for _, c := range cases {
 		var resp []byte
-		err := s.conn.Invoke(ctx(t), "/bigfleet.v1alpha1.CapacityProvider/"+c.method, &c.req, &resp, grpc.ForceCodec(rawCodec{}))
+		err := s.Conn().Invoke(ctx(t), "/bigfleet.v1alpha1.CapacityProvider/"+c.method, &c.req, &resp, grpc.ForceCodec(rawCodec{}))
 		if code(err) != codes.InvalidArgument {
 			t.Errorf("%s: %v, want InvalidArgument", c.name, err)
 		}
@@ -199,7 +199,7 @@ func TestDrainGraceIsClampedOverTheWire(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitState(t, s.c, id, stIdle)
-	if strings.Contains(s.stderr.String(), "--timeout=-") {
+	if strings.Contains(s.Output(), "--timeout=-") {
 		t.Error("a negative drain timeout reached the guest")
 	}
 }
@@ -255,7 +255,7 @@ func TestFullDiskChangeIsNeverVisible(t *testing.T) {
 		t.Fatal("no Create was refused on a full disk")
 	}
 	os.Remove(filepath.Join(dir, "filler"))
-	s.restart()
+	s.Restart()
 	for _, id := range ids[1:] {
 		if m := get(t, s.c, id); !committed[id] && m.State != stSpec {
 			t.Errorf("%s after a restart: %v, want SPECULATIVE (its Create never committed)", id, m.State)

@@ -146,9 +146,10 @@ func toConfigured(t testing.TB, c pb.CapacityProviderClient, id, cluster string,
 // metric sums the samples of a Prometheus metric whose label set contains
 // every given label pair (`op="clone_vm"`).
 func (s *server) metric(name string, labels ...string) float64 {
-	s.t.Helper()
+	s.T().Helper()
 	var sum float64
-	for _, line := range strings.Split(s.httpGet("/metrics"), "\n") {
+	_, body := s.HTTPGet("/metrics")
+	for _, line := range strings.Split(body, "\n") {
 		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
 			continue
 		}
@@ -294,5 +295,5 @@ func offeringsFile(t testing.TB, sh shape, capacity string, count int, labels ma
 func sleepPoll() { time.Sleep(15 * time.Millisecond) }
 
 func get2(s *server, id string) (*pb.Machine, error) {
-	return s.c.Get(ctx(s.t), &pb.MachineRef{Id: id})
+	return s.c.Get(ctx(s.T()), &pb.MachineRef{Id: id})
 }

@@ -109,7 +109,7 @@ func TestIdempotentRetries(t *testing.T) {
 func parallel(s *server, n int, f func(c pb.CapacityProviderClient) (*pb.TransitionAck, error)) ([]*pb.TransitionAck, []error) {
 	clients := make([]pb.CapacityProviderClient, n)
 	for i := range clients {
-		clients[i] = s.dial()
+		clients[i] = s.Dial()
 	}
 	acks, errs := make([]*pb.TransitionAck, n), make([]error, n)
 	var wg sync.WaitGroup
@@ -197,7 +197,7 @@ func TestConflictingMutationsRace(t *testing.T) {
 			var wg sync.WaitGroup
 			gate := make(chan struct{})
 			for i := range 6 {
-				c := s.dial()
+				c := s.Dial()
 				wg.Add(1)
 				go func() {
 					defer wg.Done()

@@ -15,7 +15,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -33,41 +32,12 @@ import (
 	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
-// proc is a provider started with exactly the given arguments, for the
-// tests of the metrics listener itself (the harness's start assumes a
-// plain-HTTP listener on a port of its choosing).
-type proc struct {
-	cmd    *exec.Cmd
-	stderr *providertest.SyncBuffer
-	done   chan struct{}
-}
-
-func launchRaw(t *testing.T, args ...string) *proc {
+// launchRaw starts a provider with exactly the given arguments, for the
+// tests of the metrics listener itself (start assumes a plain-HTTP
+// listener on a port of its choosing).
+func launchRaw(t *testing.T, args ...string) *providertest.Process {
 	t.Helper()
-	p := &proc{cmd: exec.Command(binary, args...), stderr: &providertest.SyncBuffer{}, done: make(chan struct{})}
-	p.cmd.Stderr, p.cmd.Stdout = p.stderr, p.stderr
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { p.cmd.Wait(); close(p.done) }()
-	t.Cleanup(func() {
-		select {
-		case <-p.done:
-		default:
-			p.cmd.Process.Signal(syscall.SIGKILL)
-			<-p.done
-		}
-	})
-	return p
-}
-
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
+	return providertest.StartProcess(t, binary, args...)
 }
 
 // grpcHealth asks the provider's gRPC health service about service.
@@ -89,17 +59,17 @@ func grpcHealth(t *testing.T, addr string, creds grpc.DialOption, service string
 
 // waitServing polls the gRPC health service until the overall status is
 // SERVING or the process exits.
-func waitServing(t *testing.T, p *proc, addr string, creds grpc.DialOption) {
+func waitServing(t *testing.T, p *providertest.Process, addr string, creds grpc.DialOption) {
 	t.Helper()
 	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if p.exited() {
-			t.Fatalf("provider exited:\n%s", p.stderr.String())
+		if p.Exited() {
+			t.Fatalf("provider exited:\n%s", p.Output())
 		}
 		if st, err := grpcHealth(t, addr, creds, ""); err == nil && st == healthpb.HealthCheckResponse_SERVING {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("gRPC never served:\n%s", p.stderr.String())
+			t.Fatalf("gRPC never served:\n%s", p.Output())
 		}
 	}
 }
@@ -126,7 +96,7 @@ func TestDefaultMetricsAddrBusy(t *testing.T) {
 	if st, err := grpcHealth(t, addr, plain, "metrics-listener"); err != nil || st != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Errorf("health of metrics-listener: %v, %v; want NOT_SERVING", st, err)
 	}
-	if log := p.stderr.String(); !strings.Contains(log, "level=ERROR") || !strings.Contains(log, "metrics listener is off") || !strings.Contains(log, ":9090") {
+	if log := p.Output(); !strings.Contains(log, "level=ERROR") || !strings.Contains(log, "metrics listener is off") || !strings.Contains(log, ":9090") {
 		t.Errorf("no error log about the metrics listener:\n%s", log)
 	}
 	// The API works without the listener.
@@ -156,7 +126,7 @@ func TestDefaultMetricsAddrBusy(t *testing.T) {
 // service says SERVING when the listener is up.
 func TestMetricsListenerHealthWhenServing(t *testing.T) {
 	s := start(t, "--seed-count", "2")
-	st, err := grpcHealth(t, s.addr, grpc.WithTransportCredentials(insecure.NewCredentials()), "metrics-listener")
+	st, err := grpcHealth(t, s.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()), "metrics-listener")
 	if err != nil || st != healthpb.HealthCheckResponse_SERVING {
 		t.Errorf("health of metrics-listener: %v, %v; want SERVING", st, err)
 	}
@@ -166,7 +136,7 @@ func TestMetricsListenerHealthWhenServing(t *testing.T) {
 // world are off on a plain simulator and on with --fake-admin.
 func TestAdminNeedsOptIn(t *testing.T) {
 	off := start(t, "--seed-count", "2")
-	resp, err := http.Post("http://"+off.maddr+"/admin/unreachable?zone=local-a", "", nil)
+	resp, err := http.Post(off.MetricsURL()+"/admin/unreachable?zone=local-a", "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,7 +154,7 @@ func TestAdminNeedsOptIn(t *testing.T) {
 	waitMetricBelow(t, on, "bigfleet_provider_zone_up", 1, `zone="local-a"`)
 	// A slot without a VM is named clearly, not with a simulator error.
 	ids := speculative(t, on.c, 1)
-	resp, err = http.Post("http://"+on.maddr+"/admin/stop?machine="+ids[0], "", nil)
+	resp, err = http.Post(on.MetricsURL()+"/admin/stop?machine="+ids[0], "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,7 +193,7 @@ func TestDebugPlanCoalesces(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			resp, err := http.Get("http://" + s.maddr + "/debug/plan?max_age=0s")
+			resp, err := http.Get(s.MetricsURL() + "/debug/plan?max_age=0s")
 			if err != nil {
 				t.Error(err)
 				return
@@ -249,7 +219,7 @@ func TestDebugPlanCoalesces(t *testing.T) {
 	}
 	// A stored plan is served with its age when the caller allows it.
 	before = observes()
-	resp, err := http.Get("http://" + s.maddr + "/debug/plan?max_age=1h")
+	resp, err := http.Get(s.MetricsURL() + "/debug/plan?max_age=1h")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,7 +227,7 @@ func TestDebugPlanCoalesces(t *testing.T) {
 	if n := observes() - before; n != 0 {
 		t.Errorf("max_age=1h observed again (%v calls)", n)
 	}
-	resp, err = http.Get("http://" + s.maddr + "/debug/plan?max_age=forever")
+	resp, err = http.Get(s.MetricsURL() + "/debug/plan?max_age=forever")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -290,7 +260,7 @@ func TestMetricsTLS(t *testing.T) {
 		}
 	}
 	if err != nil {
-		t.Fatalf("https /readyz: %v\n%s", err, p.stderr.String())
+		t.Fatalf("https /readyz: %v\n%s", err, p.Output())
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()

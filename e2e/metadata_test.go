@@ -193,7 +193,7 @@ func TestShardMetadataInvalidUTF8(t *testing.T) {
 		req = protowire.AppendTag(req, 7, protowire.BytesType)
 		req = protowire.AppendBytes(req, entry)
 		var resp []byte
-		err := s.conn.Invoke(ctx(t), "/bigfleet.v1alpha1.CapacityProvider/Configure", &req, &resp, grpc.ForceCodec(rawCodec{}))
+		err := s.Conn().Invoke(ctx(t), "/bigfleet.v1alpha1.CapacityProvider/Configure", &req, &resp, grpc.ForceCodec(rawCodec{}))
 		t.Logf("Configure with invalid UTF-8 in shard_metadata: code %v: %v", code(err), err)
 		switch code(err) {
 		case codes.OK:

@@ -82,7 +82,7 @@ func TestPlanAndDriftBlackBox(t *testing.T) {
 	// An unreachable host: unknown, never empty.
 	s.admin(t, "unreachable?zone=local-b&on=true")
 	live := func() planJSON {
-		out, code := runRaw(t, "plan", "--server", "http://"+s.maddr, "--json", "--detailed-exitcode")
+		out, code := runRaw(t, "plan", "--server", s.MetricsURL(), "--json", "--detailed-exitcode")
 		if code == 1 {
 			t.Fatalf("live plan failed:\n%s", out)
 		}
@@ -157,10 +157,10 @@ func waitMetric(t *testing.T, s *server, name string, min float64, labels ...str
 
 // httpPost posts to a path on the metrics listener and returns the body.
 func (s *server) httpPost(path string) string {
-	s.t.Helper()
-	resp, err := http.Post("http://"+s.maddr+path, "text/plain", nil)
+	s.T().Helper()
+	resp, err := http.Post(s.MetricsURL()+path, "text/plain", nil)
 	if err != nil {
-		s.t.Fatal(err)
+		s.T().Fatal(err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)

@@ -24,10 +24,11 @@ type planSummary struct {
 }
 
 func (s *server) plan() planSummary {
-	s.t.Helper()
+	s.T().Helper()
 	var p planSummary
-	if err := json.Unmarshal([]byte(s.httpGet("/debug/plan")), &p); err != nil {
-		s.t.Fatalf("decode /debug/plan: %v", err)
+	_, body := s.HTTPGet("/debug/plan")
+	if err := json.Unmarshal([]byte(body), &p); err != nil {
+		s.T().Fatalf("decode /debug/plan: %v", err)
 	}
 	return p
 }
@@ -85,7 +86,7 @@ func TestRestartKill9(t *testing.T) {
 				t.Logf("note: %s already settled (%v) before the kill", id, m.State)
 			}
 		}
-		s.restart()
+		s.Restart()
 
 		// Inventory: nothing lost or duplicated.
 		after := listAll(t, s.c)
@@ -162,7 +163,7 @@ func TestRestartKill9(t *testing.T) {
 		}
 		// Fresh op ids never repeat pre-restart ones, across a second kill.
 		ops.fresh(t, "post-restart create", must(t, "create")(create(s.c, t, sp[6], tok{})).OperationId)
-		s.restart()
+		s.Restart()
 		ops.fresh(t, "post-2nd-restart create", must(t, "create")(create(s.c, t, sp[7], tok{})).OperationId)
 		ops.fresh(t, "post-2nd-restart delete", must(t, "delete")(del(s.c, t, inCreate, tok{})).OperationId)
 		waitState(t, s.c, sp[6], stIdle)
@@ -181,10 +182,10 @@ func TestSIGTERMFlushes(t *testing.T) {
 		toIdle(t, s.c, sp[1])
 		opIdle := must(t, "create")(create(s.c, t, sp[1], tok{"s", 3, 3})).OperationId
 		before := listAll(t, s.c)
-		if code := s.terminate(); code != 0 {
-			t.Fatalf("SIGTERM exit code %d, want 0\nstderr:\n%s", code, s.stderr.String())
+		if code := s.Terminate(); code != 0 {
+			t.Fatalf("SIGTERM exit code %d, want 0\nstderr:\n%s", code, s.Output())
 		}
-		s.launch()
+		s.Launch()
 		if diff := protoDiff(before, listAll(t, s.c)); diff != "" {
 			// Revision order is part of List; compare as sets by id.
 			t.Errorf("state after graceful restart (-before +after):\n%s", diff)
@@ -209,7 +210,7 @@ func TestKill9RightAfterSettle(t *testing.T) {
 		id := speculative(t, s.c, 1)[0]
 		toIdle(t, s.c, id)
 		host := get(t, s.c, id).Host
-		s.restart()
+		s.Restart()
 		for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
 			m := get(t, s.c, id)
 			if m.State != stIdle || protoDiff(host, m.Host) != "" {
@@ -231,17 +232,17 @@ func TestGuestCommandNeverRunsTwiceAcrossKill9(t *testing.T) {
 		must(t, "drain")(drain(s.c, t, id, tok{}))
 		started := false
 		for end := time.Now().Add(pollDeadline); time.Now().Before(end) && !started; time.Sleep(5 * time.Millisecond) {
-			started = strings.Contains(s.stderr.String(), "guest command starting") && strings.Contains(s.stderr.String(), "exec-drain")
+			started = strings.Contains(s.Output(), "guest command starting") && strings.Contains(s.Output(), "exec-drain")
 		}
 		if !started {
 			t.Fatal("the drain command never started")
 		}
-		s.restart()
+		s.Restart()
 		m := waitSettled(t, s.c, id)
 		if m.State != stFailed || !strings.Contains(m.LastError, "never run twice") {
 			t.Errorf("drain interrupted after its command started ended %v %q, want FAILED and not run again", m.State, m.LastError)
 		}
-		if n := strings.Count(s.stderr.String(), "guest command starting"); n != 0 {
+		if n := strings.Count(s.Output(), "guest command starting"); n != 0 {
 			t.Errorf("the restarted provider started %d guest commands", n)
 		}
 	})

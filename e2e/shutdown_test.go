@@ -33,14 +33,13 @@ func TestGracefulStopFinishesQueuedWork(t *testing.T) {
 			}()
 		}
 		wg.Wait()
-		s.kill()
-		s.args = append(s.args, "--fake-latency", "300ms")
-		s.launch()
+		s.AppendArgs("--fake-latency", "300ms")
+		s.Restart()
 		for _, id := range ids {
 			must(t, "configure")(configure(s.c, t, id, "c1", nil, tok{}))
 		}
 		c := s.c
-		s.cmd.Process.Signal(syscall.SIGTERM)
+		s.Signal(syscall.SIGTERM)
 		// While it drains, mutations are refused, reads still answer.
 		refused := false
 		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && !refused; sleepPoll() {
@@ -62,14 +61,14 @@ func TestGracefulStopFinishesQueuedWork(t *testing.T) {
 			t.Errorf("Get while the provider finishes its work: %v", err)
 		}
 		select {
-		case <-s.done:
+		case <-s.Done():
 		case <-time.After(100 * time.Second):
 			t.Fatal("provider did not exit within the grace")
 		}
-		if code := s.cmd.ProcessState.ExitCode(); code != 0 {
-			t.Errorf("exit code %d\n%s", code, s.stderr.String())
+		if code := s.ExitCode(); code != 0 {
+			t.Errorf("exit code %d\n%s", code, s.Output())
 		}
-		s.launch()
+		s.Launch()
 		failed := 0
 		for _, m := range listAll(t, s.c) {
 			if m.State == pb.MachineState_MACHINE_STATE_FAILED {

@@ -73,10 +73,10 @@ func TestOfferingsShrink(t *testing.T) {
 		b, _ := os.ReadFile(offerings)
 		os.WriteFile(offerings, []byte(strings.Replace(string(b), `"count":4`, `"count":2`, 1)), 0o644)
 		// Graceful: TestKill9RightAfterSettle covers the kill -9 window.
-		if code := s.terminate(); code != 0 {
+		if code := s.Terminate(); code != 0 {
 			t.Fatalf("SIGTERM exit %d", code)
 		}
-		s.launch()
+		s.Launch()
 
 		got := ids(listAll(t, s.c))
 		want := []string{all[0], all[1], kept}

@@ -33,12 +33,12 @@ func TestCrashAfterDefine(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	p.kill()
+	p.Kill()
 	stateAtKill = domState(t, dom)
 	t.Logf("SIGKILLed the provider %s after Create; domain %s was %q", time.Since(t0).Round(time.Millisecond), dom, stateAtKill)
 
 	// The provider had not recorded IDLE: the restart must see CREATING.
-	p.launch()
+	p.Launch()
 	m := p.get(id)
 	t.Logf("state after restart: %s", m.GetState())
 	if m.GetState() != creating && m.GetState() != idle {
@@ -46,7 +46,7 @@ func TestCrashAfterDefine(t *testing.T) {
 	}
 	m = p.waitState(id, idle, 3*time.Minute)
 	t.Logf("MEASURE Create→IDLE across a provider crash: %s", time.Since(t0).Round(time.Millisecond))
-	for _, l := range strings.Split(p.logText(), "\n") {
+	for _, l := range strings.Split(p.Log(), "\n") {
 		if strings.Contains(l, "/resume ") || strings.Contains(l, "/start ") || strings.Contains(l, "/define ") {
 			t.Logf("log: %s", l)
 		}

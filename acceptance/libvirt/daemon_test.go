@@ -67,7 +67,7 @@ func startDaemon(t *testing.T) time.Time {
 
 // zoneLine returns the /readyz detail line of a zone.
 func (p *provider) zoneLine(zone string) string {
-	_, body := p.httpGet("/readyz")
+	_, body := p.HTTPGet("/readyz")
 	for _, l := range strings.Split(body, "\n") {
 		if strings.HasPrefix(l, "zone "+zone+":") {
 			return l

@@ -14,7 +14,7 @@ import (
 
 // zoneUpMetric reads bigfleet_provider_zone_up{zone} (-1 when absent).
 func (p *provider) zoneUpMetric(zone string) float64 {
-	_, body := p.httpGet("/metrics")
+	_, body := p.HTTPGet("/metrics")
 	for _, l := range strings.Split(body, "\n") {
 		if strings.HasPrefix(l, `bigfleet_provider_zone_up{zone="`+zone+`"} `) {
 			var v float64
@@ -27,7 +27,7 @@ func (p *provider) zoneUpMetric(zone string) float64 {
 
 // driftMetric reads bigfleet_provider_drift{zone,kind}.
 func (p *provider) driftMetric(zone, kind string) float64 {
-	_, body := p.httpGet("/metrics")
+	_, body := p.HTTPGet("/metrics")
 	return metricSum(body, "bigfleet_provider_drift", `kind="`+kind+`",zone="`+zone+`"`) +
 		metricSum(body, "bigfleet_provider_drift", `zone="`+zone+`",kind="`+kind+`"`)
 }
@@ -197,7 +197,7 @@ func TestZoneUpAgreesWithReadyz(t *testing.T) {
 	if a.disagree > 0 {
 		t.Errorf("/readyz and zone_up disagreed %d times: %v", a.disagree, a.notes)
 	}
-	if code, _ := p.httpGet("/readyz"); code != http.StatusOK {
+	if code, _ := p.HTTPGet("/readyz"); code != http.StatusOK {
 		t.Errorf("/readyz %d after recovery", code)
 	}
 }

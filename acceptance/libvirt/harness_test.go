@@ -8,21 +8,17 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
 	"github.com/bigfleet-vm/provider/internal/providertest"
@@ -49,20 +45,16 @@ type config struct {
 	extra []string
 }
 
-// provider is the built binary running as a subprocess, plus a gRPC client.
+// provider is the provider run for one installation, plus its stable
+// client.
 type provider struct {
+	*providertest.Provider
 	t     *testing.T
 	cfg   config
 	inst  string
 	state string
 	log   string // path of the log file (all launches appended)
 	dir   string
-
-	cmd   *exec.Cmd
-	done  chan struct{}
-	addr  string
-	maddr string
-	conn  *grpc.ClientConn
 	c     pb.CapacityProviderClient
 }
 
@@ -113,12 +105,18 @@ func startProvider(t *testing.T, cfg config) *provider {
 		}
 	})
 	t.Cleanup(func() {
-		p.kill()
+		if p.Provider != nil {
+			p.Kill()
+		}
 		if t.Failed() {
 			p.dumpLog()
 		}
 	})
-	p.launch()
+	p.Provider = providertest.Start(t, binary, providertest.Options{
+		Args: p.args(), LogFile: p.log, ReadyTimeout: 60 * time.Second,
+		Dial: []grpc.DialOption{grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(64<<20), grpc.MaxCallRecvMsgSize(64<<20))},
+	})
+	p.c = p.Client()
 	return p
 }
 
@@ -129,85 +127,15 @@ func (p *provider) args() []string {
 		"--kernel", sub.Kernel, "--initrd", sub.Initrd, "--kernel-cmdline", guestCmdline,
 		"--instance-types", filepath.Join(p.dir, "types.json"), "--offerings", filepath.Join(p.dir, "offerings.json"),
 		"--state", p.state, "--installation-id", p.inst,
-		"--addr", p.addr, "--metrics-addr", p.maddr,
 		"--reconcile-interval", "2s", "--log-level", "debug",
 	}, p.cfg.extra...)
 }
 
-// launch starts the binary on fresh loopback ports (same state file).
-func (p *provider) launch() {
-	t := p.t
-	t.Helper()
-	for attempt := 0; attempt < 3; attempt++ {
-		p.addr, p.maddr = providertest.FreeAddr(t), providertest.FreeAddr(t)
-		lf, err := os.OpenFile(p.log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-		if err != nil {
-			t.Fatal(err)
-		}
-		fmt.Fprintf(lf, "===== launch %s: %s %s\n", time.Now().Format(time.RFC3339Nano), binary, strings.Join(p.args(), " "))
-		p.cmd = exec.Command(binary, p.args()...)
-		p.cmd.Stdout, p.cmd.Stderr = lf, lf
-		if err := p.cmd.Start(); err != nil {
-			lf.Close()
-			t.Fatalf("start provider: %v", err)
-		}
-		lf.Close()
-		p.done = make(chan struct{})
-		go func(cmd *exec.Cmd, done chan struct{}) { _ = cmd.Wait(); close(done) }(p.cmd, p.done)
-		if err := p.waitReady(60 * time.Second); err != nil {
-			p.kill()
-			if strings.Contains(p.logText(), "address already in use") {
-				continue
-			}
-			p.dumpLog()
-			t.Fatalf("provider did not become ready: %v", err)
-		}
-		conn, err := grpc.NewClient(p.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(64<<20), grpc.MaxCallRecvMsgSize(64<<20)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.conn, p.c = conn, pb.NewCapacityProviderClient(conn)
-		return
-	}
-	t.Fatal("provider never started (ports taken)")
-}
-
-func (p *provider) waitReady(max time.Duration) error {
-	err := providertest.WaitReady(p.maddr, p.done, max)
-	if errors.Is(err, providertest.ErrExited) {
-		return fmt.Errorf("exited: %v", p.cmd.ProcessState)
-	}
-	return err
-}
-
-// kill sends SIGKILL (a crash, no graceful shutdown) and waits for exit.
-func (p *provider) kill() {
-	if p.conn != nil {
-		p.conn.Close()
-		p.conn = nil
-	}
-	if p.cmd == nil || p.cmd.Process == nil {
-		return
-	}
-	select {
-	case <-p.done:
-	default:
-		_ = p.cmd.Process.Signal(syscall.SIGKILL)
-		<-p.done
-	}
-	providertest.NoRace(p.t, "provider", p.logText())
-}
-
-func (p *provider) logText() string {
-	b, _ := os.ReadFile(p.log)
-	return string(b)
-}
-
 // dumpLog prints the tail of the provider log into the test output.
 func (p *provider) dumpLog() {
+	b, _ := os.ReadFile(p.log)
 	var lines []string
-	for _, l := range strings.Split(p.logText(), "\n") {
+	for _, l := range strings.Split(string(b), "\n") {
 		// Get polling is noise.
 		if !strings.Contains(l, "CapacityProvider/Get ") {
 			lines = append(lines, l)
@@ -217,19 +145,6 @@ func (p *provider) dumpLog() {
 		lines = append([]string{fmt.Sprintf("... (%d earlier lines in %s)", len(lines)-400, p.log)}, lines[len(lines)-400:]...)
 	}
 	p.t.Logf("provider log %s:\n%s", p.log, strings.Join(lines, "\n"))
-}
-
-// httpGet fetches a path from the metrics listener.
-func (p *provider) httpGet(path string) (int, string) {
-	p.t.Helper()
-	hc := &http.Client{Timeout: 90 * time.Second}
-	resp, err := hc.Get("http://" + p.maddr + path)
-	if err != nil {
-		p.t.Fatalf("GET %s: %v", path, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
 }
 
 func rpcCtx(t *testing.T) context.Context {
@@ -642,13 +557,13 @@ type plan struct {
 // <metrics> --json` when this build has it, else GET /debug/plan directly.
 func (p *provider) currentPlan() (plan, string) {
 	p.t.Helper()
-	if pl, out, ok := p.runPlan("--server", "http://"+p.maddr, "--json"); ok {
+	if pl, out, ok := p.runPlan("--server", p.MetricsURL(), "--json"); ok {
 		return pl, "provider plan --server --json"
 	} else {
 		p.t.Logf("provider plan --server unusable here (%s); using GET /debug/plan", out)
 	}
 	var pl plan
-	st, body := p.httpGet("/debug/plan")
+	st, body := p.HTTPGet("/debug/plan")
 	if st != http.StatusOK {
 		p.t.Fatalf("/debug/plan: %d %s", st, body)
 	}
@@ -662,7 +577,7 @@ func (p *provider) currentPlan() (plan, string) {
 // flags (read-only planning from the state file and the hosts). ok is false
 // when this build has no usable plan subcommand.
 func (p *provider) offlinePlan() (plan, string, bool) {
-	return p.runPlan(append([]string{"--json"}, p.args()[1:]...)...)
+	return p.runPlan(append([]string{"--json"}, p.Argv()[1:]...)...)
 }
 
 func (p *provider) runPlan(args ...string) (plan, string, bool) {

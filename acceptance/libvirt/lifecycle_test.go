@@ -154,7 +154,7 @@ func TestLifecycle(t *testing.T) {
 		}
 	}
 	checkBinding(t, dom, p.inst, id, "cluster-acc")
-	if strings.Contains(p.logText(), hex.EncodeToString(blob[:32])) {
+	if strings.Contains(p.Log(), hex.EncodeToString(blob[:32])) {
 		t.Errorf("provider log contains blob bytes")
 	}
 
@@ -207,7 +207,7 @@ func TestLifecycle(t *testing.T) {
 	// /metrics counts hypervisor Observe calls (one per zone per full
 	// pass), not libvirt RPCs; the adapter's own per-RPC counter is
 	// in-process only (see hypervisors/libvirt TestIntegrationObserveCalls200).
-	_, body := p.httpGet("/metrics")
+	_, body := p.HTTPGet("/metrics")
 	t.Logf("MEASURE over the test: %v hypervisor observe calls, %v reconcile passes (1 zone)",
 		metricSum(body, "bigfleet_provider_hypervisor_calls_total", `op="observe"`),
 		metricSum(body, "bigfleet_provider_reconciles_total", ""))
@@ -258,7 +258,7 @@ func TestHookFails(t *testing.T) {
 			t.Errorf("last_error lacks %q", want)
 		}
 	}
-	if strings.Contains(le, "BLOB-SECRET") || strings.Contains(p.logText(), "BLOB-SECRET") {
+	if strings.Contains(le, "BLOB-SECRET") || strings.Contains(p.Log(), "BLOB-SECRET") {
 		t.Errorf("the blob leaked into last_error or the log")
 	}
 	// The hook did run with the blob, and the blob was removed afterwards

@@ -70,7 +70,7 @@ func TestUnreachableZone(t *testing.T) {
 	})
 	const good, bad = "a/tiny.1/000", "dead/tiny.1/000"
 
-	code, body := p.httpGet("/readyz")
+	code, body := p.HTTPGet("/readyz")
 	t.Logf("/readyz %d:\n%s", code, body)
 	if code != http.StatusOK {
 		t.Errorf("/readyz = %d, want 200 (one host down does not make the provider unready)", code)

@@ -57,7 +57,7 @@ func TestCrashBetweenCloneAndSizing(t *testing.T) {
 				vm, _ = c.sim.VM(ids[0])
 				return tc.crashed(c, vm)
 			})
-			p.kill()
+			p.Kill()
 			// The crash window really was before sizing and tagging.
 			vm, _ = c.sim.VM(vm.VMID)
 			if vm.Cores != 1 || vm.MemoryMiB != 1024 || vm.Tags != "golden" || vm.OnBoot {
@@ -66,7 +66,7 @@ func TestCrashBetweenCloneAndSizing(t *testing.T) {
 			}
 			c.sim.ClearFaults()
 
-			p.restart()
+			p.Restart()
 			m := p.wait(id, stIdle)
 			if got := vmidOf(t, m); got != vm.VMID {
 				t.Errorf("IDLE on vm %d, want the crashed clone %d adopted", got, vm.VMID)

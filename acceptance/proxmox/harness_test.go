@@ -6,24 +6,18 @@ import (
 	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
-
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvesim"
@@ -207,22 +201,15 @@ type launch struct {
 
 var installSeq atomic.Int64
 
-// provider is one provider subprocess and a gRPC client to it.
+// provider is the provider run against a cluster, plus its stable client.
 type provider struct {
-	t       testing.TB
-	c       *cluster
-	argv    []string
-	cmd     *exec.Cmd
-	done    chan struct{}
-	exitErr error
-	out     *providertest.SyncBuffer
-	addr    string
-	maddr   string
-	conn    *grpc.ClientConn
-	api     pb.CapacityProviderClient
+	*providertest.Provider
+	t   testing.TB
+	c   *cluster
+	api pb.CapacityProviderClient
 }
 
-// flags returns the full argv for l against c (with fresh loopback ports).
+// flags returns the argv for l against c (the harness adds the ports).
 func (c *cluster) flags(t testing.TB, l launch) []string {
 	t.Helper()
 	offs := l.offerings
@@ -270,105 +257,26 @@ func (c *cluster) flags(t testing.TB, l launch) []string {
 // start launches the provider against c and waits until it is ready.
 func (c *cluster) start(t testing.TB, l launch) *provider {
 	t.Helper()
-	p := &provider{t: t, c: c, argv: c.flags(t, l)}
-	p.launch()
+	p := &provider{t: t, c: c, Provider: providertest.Start(t, binary, providertest.Options{Args: c.flags(t, l)})}
+	p.api = p.Client()
 	t.Cleanup(func() {
-		p.kill()
-		if strings.Contains(p.out.String(), c.secret) {
+		p.Kill()
+		if strings.Contains(p.Log(), c.secret) {
 			t.Errorf("the token secret appears in the provider's output")
 		}
 		if t.Failed() {
-			t.Logf("provider output:\n%s", p.out.String())
+			t.Logf("provider output:\n%s", p.Log())
 		}
 	})
 	return p
-}
-
-func (p *provider) launch() {
-	p.t.Helper()
-	for attempt := 0; ; attempt++ {
-		p.addr, p.maddr = providertest.FreeAddr(p.t), providertest.FreeAddr(p.t)
-		argv := append(append([]string(nil), p.argv...), "--addr", p.addr, "--metrics-addr", p.maddr)
-		p.cmd = exec.Command(binary, argv...)
-		if p.out == nil {
-			p.out = &providertest.SyncBuffer{}
-		}
-		p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-		if err := p.cmd.Start(); err != nil {
-			p.t.Fatalf("start provider: %v", err)
-		}
-		p.done = make(chan struct{})
-		go func(cmd *exec.Cmd, done chan struct{}) {
-			p.exitErr = cmd.Wait()
-			close(done)
-		}(p.cmd, p.done)
-		err := p.waitReady(60 * time.Second)
-		if err == nil {
-			break
-		}
-		p.kill()
-		if attempt < 2 && strings.Contains(p.out.String(), "address already in use") {
-			continue
-		}
-		p.t.Fatalf("provider did not become ready: %v\noutput:\n%s", err, p.out.String())
-	}
-	conn, err := grpc.NewClient(p.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	p.conn, p.api = conn, pb.NewCapacityProviderClient(conn)
-}
-
-func (p *provider) waitReady(max time.Duration) error {
-	err := providertest.WaitReady(p.maddr, p.done, max)
-	if errors.Is(err, providertest.ErrExited) {
-		return fmt.Errorf("exited: %v", p.exitErr)
-	}
-	return err
-}
-
-// kill sends SIGKILL (no graceful shutdown) and reaps the process.
-func (p *provider) kill() {
-	if p.conn != nil {
-		p.conn.Close()
-		p.conn = nil
-	}
-	if p.cmd == nil || p.cmd.Process == nil {
-		return
-	}
-	select {
-	case <-p.done:
-	default:
-		p.cmd.Process.Signal(syscall.SIGKILL)
-		<-p.done
-	}
-	providertest.NoRace(p.t, "provider", p.out.String())
-}
-
-// restart kills the process with SIGKILL and starts it again with the
-// same flags (same --state and installation, new ports).
-func (p *provider) restart() {
-	p.t.Helper()
-	p.kill()
-	p.launch()
 }
 
 // runExit runs the binary expecting it to exit on its own (startup
 // refusal) and returns its output and exit code.
 func runExit(t testing.TB, argv []string) (string, int) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
 	argv = append(append([]string(nil), argv...), "--addr", providertest.FreeAddr(t), "--metrics-addr", providertest.FreeAddr(t))
-	cmd := exec.CommandContext(ctx, binary, argv...)
-	out, err := cmd.CombinedOutput()
-	if ctx.Err() != nil {
-		t.Fatalf("provider did not exit on its own:\n%s", out)
-	}
-	if err != nil && cmd.ProcessState == nil {
-		t.Fatalf("run provider: %v", err)
-	}
-	return string(out), cmd.ProcessState.ExitCode()
+	return providertest.Run(t, binary, 60*time.Second, argv...)
 }
 
 // rpcCtx is a per-call context.
