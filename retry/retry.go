@@ -40,7 +40,7 @@ var (
 	// Reconnect paces redialling a lost hypervisor connection: quick at
 	// first, never more than a few seconds apart, so a host that comes
 	// back is used again soon.
-	Reconnect = Policy{Initial: 200 * time.Millisecond, Max: 5 * time.Second}
+	Reconnect = Policy{Initial: 200 * time.Millisecond, Max: 2 * time.Second}
 )
 
 func (p Policy) withDefaults() Policy {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/retry"
 )
 
 // ZoneURI maps a zone (one libvirt host) to its connection URI.
@@ -59,10 +60,10 @@ func (c *Config) defaults() {
 		c.DialTimeout = 15 * time.Second
 	}
 	if c.MinBackoff <= 0 {
-		c.MinBackoff = 200 * time.Millisecond
+		c.MinBackoff = retry.Reconnect.Initial
 	}
 	if c.MaxBackoff <= 0 {
-		c.MaxBackoff = 2 * time.Second
+		c.MaxBackoff = retry.Reconnect.Max
 	}
 	if c.ProbeEvery <= 0 {
 		c.ProbeEvery = time.Second

@@ -10,10 +10,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cenkalti/backoff/v5"
 	golibvirt "github.com/digitalocean/go-libvirt"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/retry"
 )
 
 // zoneConn owns the connection to one zone. The background loop (run)
@@ -66,16 +66,13 @@ func newZoneConn(zone string, u *url.URL, cfg *Config, log *slog.Logger, calls, 
 	}
 }
 
-// newBackoff is the reconnect policy: jittered exponential from
-// MinBackoff, capped at MaxBackoff, reset after every successful dial.
-func newBackoff(cfg *Config) *backoff.ExponentialBackOff {
-	b := backoff.NewExponentialBackOff()
-	b.InitialInterval = cfg.MinBackoff
-	b.MaxInterval = cfg.MaxBackoff
-	b.Multiplier = 2
-	b.RandomizationFactor = 0.5
-	b.Reset()
-	return b
+// newBackoff is the reconnect policy (retry.Reconnect, with the bounds the
+// config may override): jittered exponential, capped low, reset after
+// every successful dial.
+func newBackoff(cfg *Config) *retry.Backoff {
+	p := retry.Reconnect
+	p.Initial, p.Max = cfg.MinBackoff, cfg.MaxBackoff
+	return p.Backoff()
 }
 
 func (z *zoneConn) emit(ev hypervisors.Event) {
@@ -94,7 +91,7 @@ func (z *zoneConn) run(ctx context.Context) {
 			z.setDown(err, false)
 			// ready promises the first dial's outcome is visible.
 			z.once.Do(func() { close(z.ready) })
-			wait := bo.NextBackOff()
+			wait := bo.Next()
 			z.log.Warn("libvirt dial failed", "zone", z.zone, "err", err, "retry_in", wait)
 			select {
 			case <-ctx.Done():
