@@ -19,10 +19,11 @@ func TestDecodeVersionRule(t *testing.T) {
 	tests := []struct {
 		name, in, wantErr string
 	}{
-		{"current", plan("1.0", ""), ""},
+		{"current", plan("1.1", ""), ""},
+		{"older minor", plan("1.0", ""), ""},
 		{"newer minor", plan("1.7", ""), ""},
 		{"newer minor with a field this build does not know", plan("1.7", `,"cost":{"usd":1}`), ""},
-		{"current version with an unknown field", plan("1.0", `,"cost":{"usd":1}`), `unknown field "cost"`},
+		{"current version with an unknown field", plan("1.1", `,"cost":{"usd":1}`), `unknown field "cost"`},
 		{"next major", plan("2.0", ""), "not supported"},
 		{"older major", plan("0.9", ""), "not supported"},
 		{"major only", plan("1", ""), "not MAJOR.MINOR"},
@@ -33,8 +34,8 @@ func TestDecodeVersionRule(t *testing.T) {
 		{"no version", `{"hypervisor":"libvirt"}`, "no format_version"},
 		{"null", `null`, "no format_version"},
 		{"not an object", `[1,2]`, "decode plan"},
-		{"trailing data", plan("1.0", "") + ` {}`, "decode plan"},
-		{"wrong type", strings.Replace(plan("1.0", ""), `"serial":0`, `"serial":"x"`, 1), "decode plan"},
+		{"trailing data", plan("1.1", "") + ` {}`, "decode plan"},
+		{"wrong type", strings.Replace(plan("1.1", ""), `"serial":0`, `"serial":"x"`, 1), "decode plan"},
 		{"long version is not echoed", plan(strings.Repeat("9", 10000), ""), "..."},
 	}
 	for _, tt := range tests {

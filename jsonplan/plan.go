@@ -17,7 +17,7 @@ import (
 // ignore (a new optional field, a new value of an enumerated field) bumps
 // MINOR; anything that changes or removes what an existing field means
 // bumps MAJOR. docs/plan.schema.json describes exactly this version.
-const FormatVersion = "1.0"
+const FormatVersion = "1.1"
 
 // Plan is the document `provider plan --json` prints and /debug/plan
 // serves.

@@ -57,7 +57,7 @@ func TestSchemaIsClosedAndStrict(t *testing.T) {
 		{"unknown top-level field", `"lineage": "golden",`, `"lineage": "golden", "extra": 1,`},
 		{"unknown step field", `"reason": "missing"`, `"reason": "missing", "extra": 1`},
 		{"unknown action", `"action": "define"`, `"action": "teleport"`},
-		{"other version", `"format_version": "1.0"`, `"format_version": "1.1"`},
+		{"other version", `"format_version": "1.1"`, `"format_version": "1.0"`},
 		{"bad timestamp", `"planned_at": "2026-03-01T12:00:00Z"`, `"planned_at": "yesterday"`},
 		{"negative count", `"create": 1`, `"create": -1`},
 	}
