@@ -9,15 +9,6 @@ import (
 	"github.com/bigfleet-vm/provider/observed"
 )
 
-func TestTail(t *testing.T) {
-	if diff := cmp.Diff([]byte("def"), Tail([]byte("abcdef"), 3)); diff != "" {
-		t.Error(diff)
-	}
-	if Tail(nil, 3) != nil {
-		t.Error("Tail(nil) != nil")
-	}
-}
-
 func TestVMName(t *testing.T) {
 	a := VMName("libvirt-dc1", "rack1/kvm.small/007", 1)
 	if len(a) > maxNameLen || !strings.HasPrefix(a, "bf-libvirt-dc1-rack1-kvm-small-007-") || !strings.HasSuffix(a, "-c1") {

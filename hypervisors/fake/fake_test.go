@@ -311,6 +311,21 @@ func TestFaultsOffIgnoresFaultClusters(t *testing.T) {
 	}
 }
 
+// Each simulator offers the steps of its own shape and not the other's,
+// so the executor answers a step of the wrong shape with ErrUnsupported.
+func TestShapeSteps(t *testing.T) {
+	for _, h := range []hypervisors.Hypervisor{NewLibvirt(Options{}), NewProxmox(Options{})} {
+		defer h.Close()
+		_, lv := hypervisors.Find[hypervisors.LibvirtSteps](h)
+		_, px := hypervisors.Find[hypervisors.ProxmoxSteps](h)
+		want := map[hypervisors.Shape]bool{hypervisors.ShapeLibvirt: h.Shape() == hypervisors.ShapeLibvirt, hypervisors.ShapeProxmox: h.Shape() == hypervisors.ShapeProxmox}
+		got := map[hypervisors.Shape]bool{hypervisors.ShapeLibvirt: lv, hypervisors.ShapeProxmox: px}
+		if d := cmp.Diff(want, got); d != "" {
+			t.Errorf("%s simulator: steps offered (-want +got):\n%s", h.Shape(), d)
+		}
+	}
+}
+
 func TestLatencyHonoursContext(t *testing.T) {
 	for _, h := range []hypervisors.Hypervisor{
 		NewLibvirt(Options{Latency: time.Hour}),

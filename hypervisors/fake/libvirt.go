@@ -16,9 +16,9 @@ import (
 )
 
 // Libvirt simulates a set of libvirt hosts (one per zone), each with
-// storage pools, networks and domains, behind hypervisors.Hypervisor.
+// storage pools, networks and domains, behind hypervisors.Hypervisor and
+// hypervisors.LibvirtSteps.
 type Libvirt struct {
-	hypervisors.Unsupported
 	sim
 
 	zones []string
@@ -27,6 +27,7 @@ type Libvirt struct {
 
 var (
 	_ hypervisors.Hypervisor     = (*Libvirt)(nil)
+	_ hypervisors.LibvirtSteps   = (*Libvirt)(nil)
 	_ hypervisors.HealthReporter = (*Libvirt)(nil)
 	_ hypervisors.VolumeReader   = (*Libvirt)(nil)
 )

@@ -198,7 +198,6 @@ func TestLibvirtSemantics(t *testing.T) {
 			func(f *Libvirt) error { return f.AgentPing(ctx, vm) }, hypervisors.ErrAgentNotReady},
 		{"ping missing", nil, func(f *Libvirt) error { return f.AgentPing(ctx, vm) }, hypervisors.ErrNotFound},
 		{"empty argv", running, func(f *Libvirt) error { _, err := f.AgentExec(ctx, vm, nil); return err }, hypervisors.ErrInvalid},
-		{"proxmox method", nil, func(f *Libvirt) error { return f.DeleteVM(ctx, vm) }, hypervisors.ErrUnsupported},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -24,9 +24,9 @@ const maxCloneAttempts = 64
 
 // Proxmox simulates a Proxmox VE cluster (one node per zone) with a
 // cluster-wide VMID space, templates, clone/start/stop/destroy tasks and
-// per-VM config locks, behind hypervisors.Hypervisor.
+// per-VM config locks, behind hypervisors.Hypervisor and
+// hypervisors.ProxmoxSteps.
 type Proxmox struct {
-	hypervisors.Unsupported
 	sim
 
 	zones   []string
@@ -37,6 +37,7 @@ type Proxmox struct {
 
 var (
 	_ hypervisors.Hypervisor     = (*Proxmox)(nil)
+	_ hypervisors.ProxmoxSteps   = (*Proxmox)(nil)
 	_ hypervisors.HealthReporter = (*Proxmox)(nil)
 )
 

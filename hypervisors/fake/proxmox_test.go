@@ -207,7 +207,6 @@ func TestProxmoxSemantics(t *testing.T) {
 			return err
 		}, hypervisors.ErrNotFound, true},
 		{"unknown node", Options{}, nil, func(f *Proxmox) error { _, err := f.Observe(ctx, "mars"); return err }, hypervisors.ErrInvalid, true},
-		{"libvirt method", Options{}, nil, func(f *Proxmox) error { return f.UndefineDomain(ctx, vm) }, hypervisors.ErrUnsupported, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
