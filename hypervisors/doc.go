@@ -4,8 +4,8 @@
 // of each shape (LibvirtSteps, ProxmoxSteps) and their parameters, the
 // optional interfaces an adapter may add (events, direct volume reads,
 // zone health) and the error classes adapters map raw errors to. It also
-// holds, for now, the naming and Proxmox marker rules every adapter
-// shares. The adapters live below it: fake (in-memory simulators of both
+// holds, for now, the Proxmox marker encoding. Names come from package
+// naming. The adapters live below it: fake (in-memory simulators of both
 // shapes), libvirt (go-libvirt) and proxmox (go-proxmox).
 //
 // Where things are: hypervisors.go (Shape, Target, the interfaces the
@@ -18,7 +18,5 @@
 //   - An adapter implements Hypervisor and the steps of exactly its shape;
 //     a step of the other shape is the executor's ErrUnsupported. Wrappers
 //     offer what they wrap, reachable with Find.
-//   - Names are a pure function of (installation, machine id, cycle), so a
-//     re-run after a crash finds the same objects instead of making new ones.
 //   - The marker is the only proof of ownership; a name alone never is.
 package hypervisors

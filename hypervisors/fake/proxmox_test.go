@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 )
 
@@ -29,7 +30,7 @@ func TestProxmoxLifecycle(t *testing.T) {
 	ctx := context.Background()
 	f := NewProxmox(Options{Zones: []string{"pve1", "pve2"}})
 	defer f.Close()
-	name := hypervisors.VMName(inst, "m-1", 0)
+	name := naming.VMName(inst, "m-1", 0)
 	m := marker("m-1", "")
 	bound := marker("m-1", "c-1")
 	vm := hypervisors.Target{Zone: "pve1", Name: name, VMID: FirstVMID}

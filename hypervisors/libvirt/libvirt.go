@@ -15,6 +15,7 @@ import (
 	golibvirt "github.com/digitalocean/go-libvirt"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 )
 
@@ -319,8 +320,8 @@ func (h *Hypervisor) CreateOverlay(ctx context.Context, zone string, spec hyperv
 	if err != nil {
 		return err
 	}
-	if !strings.HasPrefix(spec.Name, hypervisors.VolumePrefix) {
-		return fmt.Errorf("overlay %q lacks prefix %q: %w", spec.Name, hypervisors.VolumePrefix, hypervisors.ErrInvalid)
+	if !strings.HasPrefix(spec.Name, naming.VolumePrefix) {
+		return fmt.Errorf("overlay %q lacks prefix %q: %w", spec.Name, naming.VolumePrefix, hypervisors.ErrInvalid)
 	}
 	p, err := h.lookupPool(ctx, zc, spec.Pool)
 	if err != nil {
@@ -369,8 +370,8 @@ func (h *Hypervisor) CreateSeed(ctx context.Context, zone string, spec hyperviso
 	if err != nil {
 		return err
 	}
-	if !strings.HasPrefix(spec.Name, hypervisors.VolumePrefix) {
-		return fmt.Errorf("seed %q lacks prefix %q: %w", spec.Name, hypervisors.VolumePrefix, hypervisors.ErrInvalid)
+	if !strings.HasPrefix(spec.Name, naming.VolumePrefix) {
+		return fmt.Errorf("seed %q lacks prefix %q: %w", spec.Name, naming.VolumePrefix, hypervisors.ErrInvalid)
 	}
 	img, err := buildSeed(spec)
 	if err != nil {
@@ -505,13 +506,13 @@ func (h *Hypervisor) deleteVol(ctx context.Context, zc *zoneConn, v golibvirt.St
 
 // DeleteVolume implements hypervisors.LibvirtSteps: a missing volume is
 // success, and the volume is verified gone. Only volumes named with
-// hypervisors.VolumePrefix are ever deleted (never a golden image).
+// naming.VolumePrefix are ever deleted (never a golden image).
 func (h *Hypervisor) DeleteVolume(ctx context.Context, zone, pool, name string) error {
 	zc, err := h.zone(zone)
 	if err != nil {
 		return err
 	}
-	if !strings.HasPrefix(name, hypervisors.VolumePrefix) {
+	if !strings.HasPrefix(name, naming.VolumePrefix) {
 		return fmt.Errorf("delete volume %s/%s on %s: %w", pool, name, zone, hypervisors.ErrNotOwned)
 	}
 	p, err := h.lookupPool(ctx, zc, pool)

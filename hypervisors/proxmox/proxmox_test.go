@@ -17,6 +17,7 @@ import (
 	"github.com/bigfleet-vm/provider/executor"
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvesim"
+	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
 )
@@ -493,7 +494,7 @@ func TestOwnershipAndOutOfBand(t *testing.T) {
 	if err := e.a.ConfigureVM(ctx, hypervisors.Target{Zone: "pve1", VMID: id}, hypervisors.SizeSpec{VCPU: 2, MemoryMiB: 2048, Marker: marker("m-1")}); err != nil {
 		t.Fatal(err)
 	}
-	lookalike := hypervisors.VMName(testInst, "m-2", 1)
+	lookalike := naming.VMName(testInst, "m-2", 1)
 	other := observed.Marker{Installation: "someone-else", MachineID: "m-3"}
 	foreign := []pvesim.VMSpec{
 		// our name and tags, but no marker: never adopted

@@ -1,12 +1,10 @@
-package hypervisors
+package naming
 
 import (
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-
-	"github.com/bigfleet-vm/provider/observed"
 )
 
 func TestVMName(t *testing.T) {
@@ -27,16 +25,21 @@ func TestVMName(t *testing.T) {
 	}
 }
 
-func TestDescriptionRoundTrip(t *testing.T) {
-	m := observed.Marker{Installation: "inst", MachineID: "pve1/pve.small/000", OpID: "op-7", InstanceType: "pve.small", Cluster: "c&1 =x"}
-	got := ParseDescription("operator notes\n" + Description(m))
-	if diff := cmp.Diff(&m, got); diff != "" {
-		t.Errorf("(-want +got)\n%s", diff)
+func TestSlug(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"libvirt-dc1", "libvirt-dc1"},
+		{"Rack1/KVM.small/007", "rack1-kvm-small-007"},
+		{"--a__b--", "a-b"},
+		{"ünï", "n"},
+		{"", ""},
+		{"///", ""},
 	}
-	if ParseDescription("bigfleet-marker: machine_id=x") != nil {
-		t.Error("a marker without installation was accepted")
+	got := map[string]string{}
+	want := map[string]string{}
+	for _, tc := range tests {
+		got[tc.in], want[tc.in] = Slug(tc.in), tc.want
 	}
-	if !HasOwnershipTags(Tags(m), "inst") || HasOwnershipTags(Tags(m), "other") || HasOwnershipTags([]string{TagOwned}, "inst") {
-		t.Error("ownership tags")
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("Slug (-want +got):\n%s", d)
 	}
 }
