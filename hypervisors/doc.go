@@ -3,10 +3,10 @@
 // (Hypervisor: observe, look up, power, marker, guest agent), the steps
 // of each shape (LibvirtSteps, ProxmoxSteps) and their parameters, the
 // optional interfaces an adapter may add (events, direct volume reads,
-// zone health) and the error classes adapters map raw errors to. It also
-// holds, for now, the Proxmox marker encoding. Names come from package
-// naming. The adapters live below it: fake (in-memory simulators of both
-// shapes), libvirt (go-libvirt) and proxmox (go-proxmox).
+// zone health) and the error classes adapters map raw errors to. The
+// adapters live below it: fake (in-memory simulators of both shapes),
+// libvirt (go-libvirt) and proxmox (go-proxmox, with its marker encoding
+// in proxmox/pvemarker); names come from package naming.
 //
 // Where things are: hypervisors.go (Shape, Target, the interfaces the
 // executor drives), steps.go (the step vocabulary), exec.go (a guest
@@ -18,5 +18,6 @@
 //   - An adapter implements Hypervisor and the steps of exactly its shape;
 //     a step of the other shape is the executor's ErrUnsupported. Wrappers
 //     offer what they wrap, reachable with Find.
-//   - The marker is the only proof of ownership; a name alone never is.
+//   - The marker (observed.Marker) is the only proof of ownership; a name
+//     alone never is.
 package hypervisors

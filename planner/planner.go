@@ -9,6 +9,7 @@ import (
 
 	"github.com/bigfleet-vm/provider/desired"
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvemarker"
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 )
@@ -388,7 +389,7 @@ func sized(vm *observed.VM, s *hypervisors.SizeSpec, installation string) bool {
 	if vm.Marker == nil || vm.Marker.OpID != s.Marker.OpID {
 		return false
 	}
-	return hypervisors.HasOwnershipTags(vm.Tags, installation)
+	return pvemarker.HasOwnershipTags(vm.Tags, installation)
 }
 
 // stable checks an IDLE or CONFIGURED machine's VM against what it should be.

@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvemarker"
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 )
@@ -34,7 +35,7 @@ func TestProxmoxLifecycle(t *testing.T) {
 	m := marker("m-1", "")
 	bound := marker("m-1", "c-1")
 	vm := hypervisors.Target{Zone: "pve1", Name: name, VMID: FirstVMID}
-	tags := hypervisors.Tags(m)
+	tags := pvemarker.Tags(m)
 	sort.Strings(tags)
 	clone := func(power observed.Power, vcpu, mem int, mk observed.Marker, onboot bool) *observed.VM {
 		return &observed.VM{Zone: "pve1", Name: name, VMID: FirstVMID, Marker: &mk, Power: power,
@@ -236,7 +237,7 @@ func TestProxmoxVMIDs(t *testing.T) {
 	f.AddForeignVM("pve1", 101, "theirs", &other)
 	// Description says ours, but the tags were stripped: not a marker.
 	f.AddForeignVM("pve1", 102, "half", nil)
-	f.oob(hypervisors.Target{Zone: "pve1", VMID: 102}, func(v *pveVM) { v.Description = hypervisors.Description(marker("m-9", "")) })
+	f.oob(hypervisors.Target{Zone: "pve1", VMID: 102}, func(v *pveVM) { v.Description = pvemarker.Description(marker("m-9", "")) })
 
 	var wg sync.WaitGroup
 	ids := make([]int, 6)

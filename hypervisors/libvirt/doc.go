@@ -1,7 +1,8 @@
-// Package libvirt implements hypervisors.Hypervisor (ShapeLibvirt) on
-// libvirt hosts through the pure-Go go-libvirt client: one connection per
-// zone, dialled through go-libvirt's own URI support (qemu:///system,
-// qemu+libssh://, qemu+ssh://, qemu+tls://, test:///default via the daemon).
+// Package libvirt implements hypervisors.Hypervisor and
+// hypervisors.LibvirtSteps (ShapeLibvirt) on libvirt hosts through the
+// pure-Go go-libvirt client: one connection per zone, dialled through
+// go-libvirt's own URI support (qemu:///system, qemu+libssh://,
+// qemu+ssh://, qemu+tls://, test:///default via the daemon).
 //
 // Invariants callers may rely on:
 //   - New never dials: connections are made and re-made in the background

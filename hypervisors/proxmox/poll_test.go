@@ -16,6 +16,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvemarker"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvesim"
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
@@ -73,8 +74,8 @@ func ownedVM(t testing.TB, e *env, vmid int, node, machine string) string {
 	t.Helper()
 	m := marker(machine)
 	name := naming.VMName(testInst, machine, 1)
-	if err := e.sim.AddVM(pvesim.VMSpec{VMID: vmid, Node: node, Name: name, Tags: hypervisors.Tags(m),
-		Description: hypervisors.Description(m), Running: true}); err != nil {
+	if err := e.sim.AddVM(pvesim.VMSpec{VMID: vmid, Node: node, Name: name, Tags: pvemarker.Tags(m),
+		Description: pvemarker.Description(m), Running: true}); err != nil {
 		t.Fatal(err)
 	}
 	return name

@@ -1,4 +1,4 @@
-package hypervisors
+package pvemarker
 
 import (
 	"net/url"
