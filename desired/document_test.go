@@ -10,7 +10,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/statefile"
 )
 
@@ -28,7 +28,7 @@ func slots(n int) []Slot {
 func open(t testing.TB, store Store, s []Slot) *Document {
 	t.Helper()
 	d, _, err := Open(context.Background(), Options{Store: store, DefaultInstallation: "inst", DeleteSupported: true,
-		Now: func() time.Time { return t0 }, VMName: hypervisors.VMName}, s)
+		Now: func() time.Time { return t0 }, VMName: naming.VMName}, s)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/naming"
 )
 
 // Regression tests for issue 8 (fencing edge cases, bounded inputs, durable
@@ -44,7 +44,7 @@ func TestNegativeTokensAreOrdinaryTokens(t *testing.T) {
 
 func TestBareMetalDeleteFencesFirst(t *testing.T) {
 	d, _, err := Open(context.Background(), Options{Store: NewMemoryStore(nil), DefaultInstallation: "inst",
-		Now: func() time.Time { return t0 }, VMName: hypervisors.VMName}, slots(1))
+		Now: func() time.Time { return t0 }, VMName: naming.VMName}, slots(1))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,9 @@
 //     the step. Writing and removing the blob are idempotent and retried.
 //     A readiness probe is re-run only after it ran to a non-zero exit or
 //     provably never started.
+//   - A step of a shape the hypervisor lacks (hypervisors.LibvirtSteps,
+//     hypervisors.ProxmoxSteps, found through wrappers) fails with
+//     ErrUnsupported, terminal; it never reaches the hypervisor.
 //   - A destructive step re-reads the live VM immediately before acting and
 //     refuses unless it carries this installation's marker for the machine.
 //   - The bootstrap blob is read from memory at the moment it is written to

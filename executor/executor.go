@@ -321,16 +321,19 @@ func (e *Executor) apply(ctx context.Context, machine string, s planner.Step) (i
 		}
 	}
 	switch s.Action {
-	case planner.ActionCreateOverlay:
-		return 0, hv.CreateOverlay(ctx, t.Zone, *p.Overlay)
-	case planner.ActionCreateSeed:
-		return 0, hv.CreateSeed(ctx, t.Zone, *p.Seed)
-	case planner.ActionDefine:
-		return 0, hv.DefineDomain(ctx, t.Zone, *p.Domain)
-	case planner.ActionClone:
-		return hv.CloneVM(ctx, t.Zone, *p.Clone)
-	case planner.ActionConfigureVM:
-		return 0, hv.ConfigureVM(ctx, t, *p.Size)
+	case planner.ActionCreateOverlay, planner.ActionCreateSeed, planner.ActionDefine,
+		planner.ActionUndefine, planner.ActionDeleteVolume:
+		lv, err := shapeSteps[hypervisors.LibvirtSteps](hv, s.Action)
+		if err != nil {
+			return 0, err
+		}
+		return 0, libvirtStep(ctx, lv, s)
+	case planner.ActionClone, planner.ActionConfigureVM, planner.ActionDeleteVM:
+		px, err := shapeSteps[hypervisors.ProxmoxSteps](hv, s.Action)
+		if err != nil {
+			return 0, err
+		}
+		return proxmoxStep(ctx, px, s)
 	case planner.ActionStart:
 		return 0, hv.Start(ctx, t)
 	case planner.ActionResume:
@@ -343,14 +346,48 @@ func (e *Executor) apply(ctx context.Context, machine string, s planner.Step) (i
 		return 0, hv.SetMarker(ctx, t, *p.Marker)
 	case planner.ActionStop:
 		return 0, hv.Stop(ctx, t, time.Duration(p.Grace))
-	case planner.ActionUndefine:
-		return 0, hv.UndefineDomain(ctx, t)
-	case planner.ActionDeleteVM:
-		return 0, hv.DeleteVM(ctx, t)
-	case planner.ActionDeleteVolume:
-		return 0, hv.DeleteVolume(ctx, t.Zone, p.Pool, p.Volume)
 	}
 	return 0, fmt.Errorf("%w: unknown action %q", hypervisors.ErrInvalid, s.Action)
+}
+
+// shapeSteps finds hv's steps of one shape (through any wrapper). This is
+// the one place a step of the other shape fails: ErrUnsupported, terminal.
+func shapeSteps[T any](hv hypervisors.Hypervisor, a planner.Action) (T, error) {
+	steps, ok := hypervisors.Find[T](hv)
+	if !ok {
+		return steps, fmt.Errorf("%s on a %s hypervisor: %w", a, hv.Shape(), hypervisors.ErrUnsupported)
+	}
+	return steps, nil
+}
+
+func libvirtStep(ctx context.Context, lv hypervisors.LibvirtSteps, s planner.Step) error {
+	t, p := s.Target, s.Params
+	switch s.Action {
+	case planner.ActionCreateOverlay:
+		return lv.CreateOverlay(ctx, t.Zone, *p.Overlay)
+	case planner.ActionCreateSeed:
+		return lv.CreateSeed(ctx, t.Zone, *p.Seed)
+	case planner.ActionDefine:
+		return lv.DefineDomain(ctx, t.Zone, *p.Domain)
+	case planner.ActionUndefine:
+		return lv.UndefineDomain(ctx, t)
+	case planner.ActionDeleteVolume:
+		return lv.DeleteVolume(ctx, t.Zone, p.Pool, p.Volume)
+	}
+	return fmt.Errorf("%w: %q is not a libvirt step", hypervisors.ErrInvalid, s.Action)
+}
+
+func proxmoxStep(ctx context.Context, px hypervisors.ProxmoxSteps, s planner.Step) (int, error) {
+	t, p := s.Target, s.Params
+	switch s.Action {
+	case planner.ActionClone:
+		return px.CloneVM(ctx, t.Zone, *p.Clone)
+	case planner.ActionConfigureVM:
+		return 0, px.ConfigureVM(ctx, t, *p.Size)
+	case planner.ActionDeleteVM:
+		return 0, px.DeleteVM(ctx, t)
+	}
+	return 0, fmt.Errorf("%w: %q is not a Proxmox step", hypervisors.ErrInvalid, s.Action)
 }
 
 // checkOwned re-reads the live VM before a destructive step. gone is true

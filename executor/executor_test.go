@@ -172,3 +172,70 @@ func TestCloneVMIDFlowsToLaterSteps(t *testing.T) {
 		t.Fatalf("vm: %v %+v", err, vm)
 	}
 }
+
+// bare hides everything of the hypervisor it wraps but the common
+// interface, as a wrapper that does not forward the steps would.
+type bare struct{ hypervisors.Hypervisor }
+
+func (b bare) Unwrap() hypervisors.Hypervisor { return b.Hypervisor }
+
+// A step of the other shape fails with ErrUnsupported (terminal), without
+// reaching the hypervisor; a shape's steps are found through wrappers.
+func TestStepShape(t *testing.T) {
+	mk := observed.Marker{Installation: inst, MachineID: "m"}
+	tg := hypervisors.Target{Zone: "z", Name: "bf-vm"}
+	clone := step(planner.ActionClone, tg, planner.Params{Clone: &hypervisors.CloneSpec{Name: "bf-vm", TemplateVMID: fake.DefaultTemplateVMID, Marker: mk}})
+	overlay := step(planner.ActionCreateOverlay, tg, planner.Params{Overlay: &hypervisors.OverlaySpec{Pool: fake.DefaultPool, Name: "bf-vm-disk.qcow2", BaseImage: fake.DefaultImage}})
+	delVol := step(planner.ActionDeleteVolume, tg, planner.Params{Pool: fake.DefaultPool, Volume: "bf-vm-disk.qcow2"})
+	opts := fake.Options{Zones: []string{"z"}}
+	tests := []struct {
+		name string
+		hv   func() (hypervisors.Hypervisor, func() map[string]int)
+		step planner.Step
+		want error
+	}{
+		{"clone on libvirt", func() (hypervisors.Hypervisor, func() map[string]int) {
+			hv := fake.NewLibvirt(opts)
+			return hv, hv.Calls
+		}, clone, hypervisors.ErrUnsupported},
+		{"overlay on proxmox", func() (hypervisors.Hypervisor, func() map[string]int) {
+			hv := fake.NewProxmox(opts)
+			return hv, hv.Calls
+		}, overlay, hypervisors.ErrUnsupported},
+		{"delete volume on proxmox", func() (hypervisors.Hypervisor, func() map[string]int) {
+			hv := fake.NewProxmox(opts)
+			return hv, hv.Calls
+		}, delVol, hypervisors.ErrUnsupported},
+		{"overlay on wrapped libvirt", func() (hypervisors.Hypervisor, func() map[string]int) {
+			hv := fake.NewLibvirt(opts)
+			return bare{hv}, hv.Calls
+		}, overlay, nil},
+		{"clone on wrapped proxmox", func() (hypervisors.Hypervisor, func() map[string]int) {
+			hv := fake.NewProxmox(opts)
+			return bare{hv}, hv.Calls
+		}, clone, nil},
+		{"clone on wrapped libvirt", func() (hypervisors.Hypervisor, func() map[string]int) {
+			hv := fake.NewLibvirt(opts)
+			return bare{hv}, hv.Calls
+		}, clone, hypervisors.ErrUnsupported},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			hv, calls := tc.hv()
+			defer hv.Close()
+			_, err := newExec(hv, nil).Run(context.Background(), planner.Change{Machine: "m", Steps: []planner.Step{tc.step}}, "op")
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("err = %v, want %v", err, tc.want)
+			}
+			if tc.want == nil {
+				return
+			}
+			if !strings.Contains(err.Error(), string(tc.step.Action)+" on a "+string(hv.Shape())+" hypervisor") {
+				t.Errorf("err = %v, want it to name the step and the shape", err)
+			}
+			if d := cmp.Diff(map[string]int{}, calls()); d != "" {
+				t.Errorf("calls (-want +got):\n%s", d)
+			}
+		})
+	}
+}

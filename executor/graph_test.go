@@ -14,6 +14,7 @@ import (
 
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/fake"
+	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
 )
@@ -23,7 +24,7 @@ import (
 func libvirtCreate(name string) []planner.Step {
 	tg := hypervisors.Target{Zone: "z", Name: name}
 	mk := observed.Marker{Installation: inst, MachineID: "m-" + name}
-	overlay, seed := hypervisors.OverlayVolume(name), hypervisors.SeedVolume(name)
+	overlay, seed := naming.OverlayVolume(name), naming.SeedVolume(name)
 	disk := planner.Step{ID: "z/" + name + "/create-overlay:disk", Action: planner.ActionCreateOverlay, Target: tg,
 		Params: planner.Params{Overlay: &hypervisors.OverlaySpec{Pool: fake.DefaultPool, Name: overlay, BaseImage: fake.DefaultImage}}}
 	cidata := planner.Step{ID: "z/" + name + "/create-seed:cidata", Action: planner.ActionCreateSeed, Target: tg,

@@ -27,6 +27,7 @@ import (
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/fake"
 	"github.com/bigfleet-vm/provider/jsonplan"
+	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
 	"github.com/bigfleet-vm/provider/reconciler"
@@ -301,7 +302,7 @@ func (c *goldenCase) expand(s string) string {
 				return n
 			}
 		}
-		return hypervisors.VMName(c.cfg.Installation, id, 1)
+		return naming.VMName(c.cfg.Installation, id, 1)
 	})
 }
 
@@ -316,7 +317,7 @@ func (c *goldenCase) vmName(m *machineYAML) string {
 	if cycle == 0 {
 		return ""
 	}
-	return hypervisors.VMName(c.cfg.Installation, m.ID, cycle)
+	return naming.VMName(c.cfg.Installation, m.ID, cycle)
 }
 
 func (c *goldenCase) defaultType() string {
@@ -547,7 +548,7 @@ func (c *goldenCase) world(t *testing.T, clk *clock) simulator {
 			case strings.HasSuffix(name, "-cidata.iso") && (how == "" || how == "stale"):
 				spec := hypervisors.SeedSpec{Pool: fake.DefaultPool, Name: name, InstanceID: name, Hostname: name}
 				for id, m := range c.byID {
-					if vm := c.vmName(m); vm != "" && hypervisors.SeedVolume(vm) == name && how == "" {
+					if vm := c.vmName(m); vm != "" && naming.SeedVolume(vm) == name && how == "" {
 						spec.InstanceID, spec.Hostname, spec.UserData = id, vm, c.cfg.Planner.UserData
 					}
 				}
@@ -824,7 +825,7 @@ func (c *goldenCase) document(t *testing.T, clk *clock) *desired.Document {
 	for _, m := range machines {
 		bareMetal = bareMetal && m.Capacity == desired.BareMetal
 	}
-	doc, _, err := desired.Open(ctx, desired.Options{Store: desired.NewMemoryStore(state), Installation: c.cfg.Installation, VMName: hypervisors.VMName,
+	doc, _, err := desired.Open(ctx, desired.Options{Store: desired.NewMemoryStore(state), Installation: c.cfg.Installation, VMName: naming.VMName,
 		DeleteSupported: !bareMetal, Now: clk.Now}, slots)
 	if err != nil {
 		t.Fatalf("open desired document: %v", err)

@@ -1,11 +1,23 @@
-// Package hypervisors defines the narrow interface the executor drives and
-// the error classes adapters map raw errors to, plus the naming and marker
-// rules every adapter shares. The adapters live below it: fake (in-memory
-// simulators of both shapes), libvirt (go-libvirt) and proxmox (go-proxmox).
+// Package hypervisors is the contract between the executor, the
+// reconciler and the hypervisor adapters: a small common interface
+// (Hypervisor: observe, look up, power, marker, guest agent), the steps
+// of each shape (LibvirtSteps, ProxmoxSteps) and their parameters, the
+// optional interfaces an adapter may add (events, direct volume reads,
+// zone health) and the error classes adapters map raw errors to. The
+// adapters live below it: fake (in-memory simulators of both shapes),
+// libvirt (go-libvirt) and proxmox (go-proxmox, with its marker encoding
+// in proxmox/pvemarker); names come from package naming.
+//
+// Where things are: hypervisors.go (Shape, Target, the interfaces the
+// executor drives), steps.go (the step vocabulary), exec.go (a guest
+// command's result), optional.go (optional interfaces and Find), events.go
+// (change events), errors.go (error classes, Retryable).
 //
 // Invariants:
 //   - No go-libvirt or go-proxmox type crosses this package's API.
-//   - Names are a pure function of (installation, machine id, cycle), so a
-//     re-run after a crash finds the same objects instead of making new ones.
-//   - The marker is the only proof of ownership; a name alone never is.
+//   - An adapter implements Hypervisor and the steps of exactly its shape;
+//     a step of the other shape is the executor's ErrUnsupported. Wrappers
+//     offer what they wrap, reachable with Find.
+//   - The marker (observed.Marker) is the only proof of ownership; a name
+//     alone never is.
 package hypervisors

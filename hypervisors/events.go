@@ -1,13 +1,6 @@
 package hypervisors
 
-import (
-	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"sync"
-
-	"github.com/bigfleet-vm/provider/observed"
-)
+import "sync"
 
 // EventKind says what an adapter event reports.
 type EventKind string
@@ -41,50 +34,6 @@ type Event struct {
 // happen. The channel is closed by Close.
 type EventSource interface {
 	Events() <-chan Event
-}
-
-// VolumeReader is implemented by adapters that can read named volumes
-// directly (libvirt), so per-machine work need not wait for a full
-// listing. Missing volumes are simply absent from the result; an error
-// means the answer is unknown.
-type VolumeReader interface {
-	ReadVolumes(ctx context.Context, zone, pool string, names []string) ([]*observed.Volume, error)
-}
-
-// Unwrapper is implemented by wrappers (instrumentation) around an adapter.
-type Unwrapper interface {
-	Unwrap() Hypervisor
-}
-
-// Find returns the first hypervisor in hv's wrapper chain that implements
-// T: how consumers reach an optional interface through instrumentation.
-func Find[T any](hv Hypervisor) (T, bool) {
-	for hv != nil {
-		if t, ok := hv.(T); ok {
-			return t, true
-		}
-		u, ok := hv.(Unwrapper)
-		if !ok {
-			break
-		}
-		hv = u.Unwrap()
-	}
-	var zero T
-	return zero, false
-}
-
-// SeedIdentity is the content identity of the NoCloud seed built from s:
-// a digest of exactly the inputs that shape the ISO (instance id, hostname
-// and user-data; never pool or volume name). Adapters record it with the
-// volume they upload and report it in observed.Volume.Identity; the
-// planner rebuilds a seed whose identity differs from the one it wants.
-func SeedIdentity(s SeedSpec) string {
-	h := sha256.New()
-	for _, f := range []string{s.InstanceID, s.Hostname, s.UserData} {
-		h.Write([]byte(f))
-		h.Write([]byte{0})
-	}
-	return "seed1-" + hex.EncodeToString(h.Sum(nil))[:32]
 }
 
 // EventQueue delivers events without ever blocking the producer and

@@ -10,17 +10,69 @@ import (
 )
 
 // Instrument wraps a hypervisor so every call is counted and timed by
-// operation and outcome.
+// operation and outcome. The wrapper offers the shape steps
+// (hypervisors.LibvirtSteps, hypervisors.ProxmoxSteps) exactly when hv
+// does, instrumented too, so hypervisors.Find reaches them through it; the
+// other optional interfaces (events, volume reads) are reached through
+// Unwrap.
 func Instrument(hv hypervisors.Hypervisor, m *Metrics) hypervisors.Hypervisor {
 	if m == nil {
 		return hv
 	}
-	return &instrumented{hv: hv, m: m}
+	i := &instrumented{hv: hv, m: m}
+	lv, isLibvirt := hypervisors.Find[hypervisors.LibvirtSteps](hv)
+	px, isProxmox := hypervisors.Find[hypervisors.ProxmoxSteps](hv)
+	switch {
+	case isLibvirt && isProxmox:
+		return &instrumentedBoth{i, libvirtSteps{i, lv}, proxmoxSteps{i, px}}
+	case isLibvirt:
+		return &instrumentedLibvirt{i, libvirtSteps{i, lv}}
+	case isProxmox:
+		return &instrumentedProxmox{i, proxmoxSteps{i, px}}
+	}
+	return i
 }
 
+// instrumented wraps the common operations; the instrumented* types add
+// the steps of the shapes the wrapped hypervisor has.
 type instrumented struct {
 	hv hypervisors.Hypervisor
 	m  *Metrics
+}
+
+type instrumentedLibvirt struct {
+	*instrumented
+	libvirtSteps
+}
+
+type instrumentedProxmox struct {
+	*instrumented
+	proxmoxSteps
+}
+
+type instrumentedBoth struct {
+	*instrumented
+	libvirtSteps
+	proxmoxSteps
+}
+
+var (
+	_ hypervisors.LibvirtSteps = (*instrumentedLibvirt)(nil)
+	_ hypervisors.ProxmoxSteps = (*instrumentedProxmox)(nil)
+	_ hypervisors.LibvirtSteps = (*instrumentedBoth)(nil)
+	_ hypervisors.ProxmoxSteps = (*instrumentedBoth)(nil)
+)
+
+// libvirtSteps and proxmoxSteps forward to the steps found behind the
+// wrapped hypervisor, counting them as i's calls.
+type libvirtSteps struct {
+	i  *instrumented
+	lv hypervisors.LibvirtSteps
+}
+
+type proxmoxSteps struct {
+	i  *instrumented
+	px hypervisors.ProxmoxSteps
 }
 
 func (i *instrumented) done(op string, start time.Time, err error) {
@@ -52,54 +104,6 @@ func (i *instrumented) Lookup(ctx context.Context, t hypervisors.Target) (vm *ob
 	start := time.Now()
 	defer func() { i.done("lookup", start, err) }()
 	return i.hv.Lookup(ctx, t)
-}
-
-func (i *instrumented) CreateOverlay(ctx context.Context, zone string, s hypervisors.OverlaySpec) (err error) {
-	start := time.Now()
-	defer func() { i.done("create_overlay", start, err) }()
-	return i.hv.CreateOverlay(ctx, zone, s)
-}
-
-func (i *instrumented) CreateSeed(ctx context.Context, zone string, s hypervisors.SeedSpec) (err error) {
-	start := time.Now()
-	defer func() { i.done("create_seed", start, err) }()
-	return i.hv.CreateSeed(ctx, zone, s)
-}
-
-func (i *instrumented) DefineDomain(ctx context.Context, zone string, s hypervisors.DomainSpec) (err error) {
-	start := time.Now()
-	defer func() { i.done("define_domain", start, err) }()
-	return i.hv.DefineDomain(ctx, zone, s)
-}
-
-func (i *instrumented) UndefineDomain(ctx context.Context, t hypervisors.Target) (err error) {
-	start := time.Now()
-	defer func() { i.done("undefine_domain", start, err) }()
-	return i.hv.UndefineDomain(ctx, t)
-}
-
-func (i *instrumented) DeleteVolume(ctx context.Context, zone, pool, name string) (err error) {
-	start := time.Now()
-	defer func() { i.done("delete_volume", start, err) }()
-	return i.hv.DeleteVolume(ctx, zone, pool, name)
-}
-
-func (i *instrumented) CloneVM(ctx context.Context, zone string, s hypervisors.CloneSpec) (vmid int, err error) {
-	start := time.Now()
-	defer func() { i.done("clone_vm", start, err) }()
-	return i.hv.CloneVM(ctx, zone, s)
-}
-
-func (i *instrumented) ConfigureVM(ctx context.Context, t hypervisors.Target, s hypervisors.SizeSpec) (err error) {
-	start := time.Now()
-	defer func() { i.done("configure_vm", start, err) }()
-	return i.hv.ConfigureVM(ctx, t, s)
-}
-
-func (i *instrumented) DeleteVM(ctx context.Context, t hypervisors.Target) (err error) {
-	start := time.Now()
-	defer func() { i.done("delete_vm", start, err) }()
-	return i.hv.DeleteVM(ctx, t)
 }
 
 func (i *instrumented) Start(ctx context.Context, t hypervisors.Target) (err error) {
@@ -154,4 +158,52 @@ func (i *instrumented) AgentExec(ctx context.Context, t hypervisors.Target, argv
 	start := time.Now()
 	defer func() { i.done("agent_exec", start, err) }()
 	return i.hv.AgentExec(ctx, t, argv)
+}
+
+func (w libvirtSteps) CreateOverlay(ctx context.Context, zone string, s hypervisors.OverlaySpec) (err error) {
+	start := time.Now()
+	defer func() { w.i.done("create_overlay", start, err) }()
+	return w.lv.CreateOverlay(ctx, zone, s)
+}
+
+func (w libvirtSteps) CreateSeed(ctx context.Context, zone string, s hypervisors.SeedSpec) (err error) {
+	start := time.Now()
+	defer func() { w.i.done("create_seed", start, err) }()
+	return w.lv.CreateSeed(ctx, zone, s)
+}
+
+func (w libvirtSteps) DefineDomain(ctx context.Context, zone string, s hypervisors.DomainSpec) (err error) {
+	start := time.Now()
+	defer func() { w.i.done("define_domain", start, err) }()
+	return w.lv.DefineDomain(ctx, zone, s)
+}
+
+func (w libvirtSteps) UndefineDomain(ctx context.Context, t hypervisors.Target) (err error) {
+	start := time.Now()
+	defer func() { w.i.done("undefine_domain", start, err) }()
+	return w.lv.UndefineDomain(ctx, t)
+}
+
+func (w libvirtSteps) DeleteVolume(ctx context.Context, zone, pool, name string) (err error) {
+	start := time.Now()
+	defer func() { w.i.done("delete_volume", start, err) }()
+	return w.lv.DeleteVolume(ctx, zone, pool, name)
+}
+
+func (w proxmoxSteps) CloneVM(ctx context.Context, zone string, s hypervisors.CloneSpec) (vmid int, err error) {
+	start := time.Now()
+	defer func() { w.i.done("clone_vm", start, err) }()
+	return w.px.CloneVM(ctx, zone, s)
+}
+
+func (w proxmoxSteps) ConfigureVM(ctx context.Context, t hypervisors.Target, s hypervisors.SizeSpec) (err error) {
+	start := time.Now()
+	defer func() { w.i.done("configure_vm", start, err) }()
+	return w.px.ConfigureVM(ctx, t, s)
+}
+
+func (w proxmoxSteps) DeleteVM(ctx context.Context, t hypervisors.Target) (err error) {
+	start := time.Now()
+	defer func() { w.i.done("delete_vm", start, err) }()
+	return w.px.DeleteVM(ctx, t)
 }

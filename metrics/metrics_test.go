@@ -22,7 +22,7 @@ import (
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
 	"github.com/bigfleet-vm/provider/config"
-	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/server"
 )
 
@@ -244,7 +244,7 @@ func TestDriftMetrics(t *testing.T) {
 
 	// A foreign domain takes the name m2's VM will get; m2 is created
 	// while its host is unreachable (so it waits), then the host returns.
-	h.admin("add-foreign", url.Values{"zone": {m2.Zone}, "name": {hypervisors.VMName("mt", m2.ID, 1)}})
+	h.admin("add-foreign", url.Values{"zone": {m2.Zone}, "name": {naming.VMName("mt", m2.ID, 1)}})
 	h.create(m2.ID)
 	h.admin("unreachable", url.Values{"zone": {m2.Zone}, "on": {"false"}})
 	h.metricEquals("bigfleet_provider_zone_up", map[string]string{"zone": m2.Zone}, 1)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/bigfleet-vm/provider/desired"
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
 )
@@ -27,7 +28,7 @@ func fleet(n int) ([]*desired.Machine, *observed.Snapshot, planner.Config) {
 		id := fmt.Sprintf("m%06d", i)
 		zone := fmt.Sprintf("host-%02d", i%50)
 		m := &desired.Machine{ID: id, Zone: zone, InstanceType: "kvm.small", Capacity: desired.OnDemand, VCPU: 2, MemoryMiB: 2048,
-			Since: t0.Add(-time.Hour), Cycle: 1, VMName: hypervisors.VMName(inst, id, 1),
+			Since: t0.Add(-time.Hour), Cycle: 1, VMName: naming.VMName(inst, id, 1),
 			Ops: map[desired.Kind]desired.OpRecord{desired.KindCreate: {ID: "op-1"}}}
 		if i%100 == 0 {
 			m.State = desired.Creating
@@ -44,8 +45,8 @@ func fleet(n int) ([]*desired.Machine, *observed.Snapshot, planner.Config) {
 		z := snap.Zones[zone]
 		z.VMs = append(z.VMs, &observed.VM{Zone: zone, Name: m.VMName, Power: power, VCPU: 2, MemoryMiB: 2048, Autostart: true,
 			Marker: &observed.Marker{Installation: inst, MachineID: id, OpID: "op-1", InstanceType: "kvm.small"}})
-		z.Volumes = append(z.Volumes, &observed.Volume{Zone: zone, Pool: "default", Name: hypervisors.OverlayVolume(m.VMName)},
-			&observed.Volume{Zone: zone, Pool: "default", Name: hypervisors.SeedVolume(m.VMName)})
+		z.Volumes = append(z.Volumes, &observed.Volume{Zone: zone, Pool: "default", Name: naming.OverlayVolume(m.VMName)},
+			&observed.Volume{Zone: zone, Pool: "default", Name: naming.SeedVolume(m.VMName)})
 		machines = append(machines, m)
 	}
 	return machines, snap, cfg

@@ -9,6 +9,8 @@ import (
 
 	"github.com/bigfleet-vm/provider/desired"
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvemarker"
+	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 )
 
@@ -340,7 +342,7 @@ func (p *machinePlanner) creating(vm *observed.VM) {
 			p.c.Fail = "cannot create: domain name " + m.VMName + " on " + m.Zone + " is taken by a domain this provider does not own"
 			return
 		}
-		overlay, seed := hypervisors.OverlayVolume(m.VMName), hypervisors.SeedVolume(m.VMName)
+		overlay, seed := naming.OverlayVolume(m.VMName), naming.SeedVolume(m.VMName)
 		t := hypervisors.Target{Zone: m.Zone, Name: m.VMName}
 		var deps []string
 		if p.ix.Volume(m.Zone, overlay) == nil {
@@ -387,7 +389,7 @@ func sized(vm *observed.VM, s *hypervisors.SizeSpec, installation string) bool {
 	if vm.Marker == nil || vm.Marker.OpID != s.Marker.OpID {
 		return false
 	}
-	return hypervisors.HasOwnershipTags(vm.Tags, installation)
+	return pvemarker.HasOwnershipTags(vm.Tags, installation)
 }
 
 // stable checks an IDLE or CONFIGURED machine's VM against what it should be.
@@ -471,7 +473,7 @@ func (p *machinePlanner) destroy(vm *observed.VM, z *observed.Zone, reason strin
 	}
 	authoritative := !z.VolumesAt.IsZero() && !z.VolumesAt.Before(started)
 	t := hypervisors.Target{Zone: m.Zone, Name: m.VMName}
-	for _, vol := range []struct{ name, tag string }{{hypervisors.OverlayVolume(m.VMName), "disk"}, {hypervisors.SeedVolume(m.VMName), "cidata"}} {
+	for _, vol := range []struct{ name, tag string }{{naming.OverlayVolume(m.VMName), "disk"}, {naming.SeedVolume(m.VMName), "cidata"}} {
 		if p.ix.Volume(m.Zone, vol.name) != nil || !authoritative {
 			p.addStep(ActionDeleteVolume, t, vol.tag, Params{Pool: p.pool(), Volume: vol.name}, reason)
 		}
@@ -480,7 +482,7 @@ func (p *machinePlanner) destroy(vm *observed.VM, z *observed.Zone, reason strin
 
 func (p *machinePlanner) destroyFailed(vm *observed.VM, z *observed.Zone) {
 	if vm == nil && (p.cfg.Shape != hypervisors.ShapeLibvirt ||
-		p.ix.Volume(p.m.Zone, hypervisors.OverlayVolume(p.m.VMName)) == nil && p.ix.Volume(p.m.Zone, hypervisors.SeedVolume(p.m.VMName)) == nil) {
+		p.ix.Volume(p.m.Zone, naming.OverlayVolume(p.m.VMName)) == nil && p.ix.Volume(p.m.Zone, naming.SeedVolume(p.m.VMName)) == nil) {
 		return
 	}
 	// Only act on what the listing shows: a FAILED machine has no intent

@@ -13,6 +13,7 @@ import (
 	"github.com/bigfleet-vm/provider/executor"
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/fake"
+	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/planner"
 )
 
@@ -26,7 +27,7 @@ func quietRig(t *testing.T, hv hypervisors.Hypervisor) *Reconciler {
 			VCPU: 2, MemoryMiB: 2048})
 	}
 	doc, _, err := desired.Open(context.Background(), desired.Options{Store: desired.NewMemoryStore(nil), DefaultInstallation: "inst",
-		DeleteSupported: true, VMName: hypervisors.VMName, Timeouts: map[desired.Kind]time.Duration{desired.KindCreate: 10 * time.Second}}, slots)
+		DeleteSupported: true, VMName: naming.VMName, Timeouts: map[desired.Kind]time.Duration{desired.KindCreate: 10 * time.Second}}, slots)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/bigfleet-vm/provider/desired"
 	"github.com/bigfleet-vm/provider/executor"
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
 )
@@ -368,7 +369,7 @@ func (r *Reconciler) view(ctx context.Context, m *desired.Machine) *observed.Sna
 	var prev *observed.VM // the owned VM the last full listing showed
 	direct := false
 	if vr, ok := hypervisors.Find[hypervisors.VolumeReader](r.o.Hypervisor); ok && r.needsVolumes(m) {
-		vols, err := vr.ReadVolumes(lctx, m.Zone, r.pool(m.Zone), []string{hypervisors.OverlayVolume(m.VMName), hypervisors.SeedVolume(m.VMName)})
+		vols, err := vr.ReadVolumes(lctx, m.Zone, r.pool(m.Zone), []string{naming.OverlayVolume(m.VMName), naming.SeedVolume(m.VMName)})
 		if err != nil {
 			snap.Zones[m.Zone] = observed.Unknown(m.Zone, err, now)
 			return snap
@@ -377,7 +378,7 @@ func (r *Reconciler) view(ctx context.Context, m *desired.Machine) *observed.Sna
 	}
 	if last != nil {
 		if lz := last.snap.Zones[m.Zone]; !direct && lz != nil && !lz.VolumesAt.IsZero() && m.VMName != "" {
-			for _, name := range []string{hypervisors.OverlayVolume(m.VMName), hypervisors.SeedVolume(m.VMName)} {
+			for _, name := range []string{naming.OverlayVolume(m.VMName), naming.SeedVolume(m.VMName)} {
 				if v := last.ix.Volume(m.Zone, name); v != nil {
 					z.Volumes = append(z.Volumes, v)
 				}

@@ -11,6 +11,7 @@ import (
 	"github.com/bigfleet-vm/provider/executor"
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/fake"
+	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/planner"
 )
 
@@ -39,7 +40,7 @@ func newRig(t *testing.T, shape hypervisors.Shape, mem *desired.MemoryStore, fo 
 			VCPU: 2, MemoryMiB: 2048, TemplateVMID: 9000})
 	}
 	r := &rig{hv: hv}
-	doc, _, err := desired.Open(context.Background(), desired.Options{Store: mem, DefaultInstallation: "inst", DeleteSupported: true, VMName: hypervisors.VMName,
+	doc, _, err := desired.Open(context.Background(), desired.Options{Store: mem, DefaultInstallation: "inst", DeleteSupported: true, VMName: naming.VMName,
 		Timeouts: map[desired.Kind]time.Duration{desired.KindCreate: 5 * time.Second, desired.KindConfigure: 2 * time.Second,
 			desired.KindDrain: 5 * time.Second, desired.KindDelete: 5 * time.Second},
 		Notify: func(id string) { r.rec.Enqueue(id) }}, slots)

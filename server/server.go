@@ -28,6 +28,7 @@ import (
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/fake"
 	"github.com/bigfleet-vm/provider/metrics"
+	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/planner"
 	"github.com/bigfleet-vm/provider/service"
 	"github.com/bigfleet-vm/provider/statefile"
@@ -146,7 +147,7 @@ func docOptions(cfg *config.Config, store desired.Store) desired.Options {
 		Timeouts: map[desired.Kind]time.Duration{desired.KindCreate: cfg.Timeouts.Create, desired.KindConfigure: cfg.Timeouts.Configure,
 			desired.KindDrain: cfg.Timeouts.Drain, desired.KindDelete: cfg.Timeouts.Delete},
 		DeleteSupported: !cfg.BareMetal,
-		VMName:          hypervisors.VMName,
+		VMName:          naming.VMName,
 	}
 }
 

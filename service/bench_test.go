@@ -10,7 +10,7 @@ import (
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
 	"github.com/bigfleet-vm/provider/desired"
-	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/naming"
 )
 
 func fleet(b testing.TB, n int) *Service {
@@ -22,7 +22,7 @@ func fleet(b testing.TB, n int) *Service {
 			Resources: map[string]string{"cpu": "1", "memory": "2Gi"}, Labels: map[string]string{"team": "batch"}}
 	}
 	d, _, err := desired.Open(context.Background(), desired.Options{Store: desired.NewMemoryStore(nil), DefaultInstallation: "i",
-		DeleteSupported: true, Now: time.Now, VMName: hypervisors.VMName}, slots)
+		DeleteSupported: true, Now: time.Now, VMName: naming.VMName}, slots)
 	if err != nil {
 		b.Fatal(err)
 	}

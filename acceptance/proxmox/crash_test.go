@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvemarker"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvesim"
 )
 
@@ -79,9 +79,9 @@ func TestCrashBetweenCloneAndSizing(t *testing.T) {
 			}
 			after, _ := c.sim.VM(vm.VMID)
 			tags := strings.Split(after.Tags, ";")
-			mk := hypervisors.ParseDescription(after.Description)
+			mk := pvemarker.ParseDescription(after.Description)
 			if after.Cores != 2 || after.MemoryMiB != 4096 || !after.OnBoot || after.Status != "running" ||
-				mk == nil || mk.MachineID != id || !hypervisors.HasOwnershipTags(tags, mk.Installation) || slices.Contains(tags, "golden") {
+				mk == nil || mk.MachineID != id || !pvemarker.HasOwnershipTags(tags, mk.Installation) || slices.Contains(tags, "golden") {
 				t.Errorf("adopted vm %d: %+v; want 2 cores, 4096 MiB, onboot, running, ownership tags only, marker of %s", vm.VMID, after, id)
 			}
 		})

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
-	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvemarker"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvesim"
 )
 
@@ -81,7 +81,7 @@ func TestConcurrentCreatesCollidingNextID(t *testing.T) {
 		}
 		seen[vmid] = id
 		vm, _ := c.sim.VM(vmid)
-		if mk := hypervisors.ParseDescription(vm.Description); mk == nil || mk.MachineID != id {
+		if mk := pvemarker.ParseDescription(vm.Description); mk == nil || mk.MachineID != id {
 			t.Errorf("vm %d of machine %s carries marker %+v", vmid, id, mk)
 		}
 		if vm.Cores != 2 || vm.MemoryMiB != 4096 || vm.Status != "running" {

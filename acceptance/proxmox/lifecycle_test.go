@@ -8,7 +8,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvemarker"
 )
 
 const bootstrapPath = "/run/bigfleet-acc/bootstrap.blob"
@@ -36,7 +36,7 @@ func TestLifecycle(t *testing.T) {
 			if !ok {
 				t.Fatalf("vm %d of host ref %q does not exist", vmid, m.Host.Ref)
 			}
-			mk := hypervisors.ParseDescription(vm.Description)
+			mk := pvemarker.ParseDescription(vm.Description)
 			if mk == nil {
 				t.Fatalf("vm %d description %q carries no marker", vmid, vm.Description)
 			}
@@ -53,7 +53,7 @@ func TestLifecycle(t *testing.T) {
 				t.Errorf("vm %d after Create (-want +got):\n%s", vmid, diff)
 			}
 			tags := strings.Split(vm.Tags, ";")
-			if !hypervisors.HasOwnershipTags(tags, mk.Installation) || !slices.Contains(tags, hypervisors.MachineTag(id)) {
+			if !pvemarker.HasOwnershipTags(tags, mk.Installation) || !slices.Contains(tags, pvemarker.MachineTag(id)) {
 				t.Errorf("vm %d tags %q lack the ownership or machine tag", vmid, vm.Tags)
 			}
 			if slices.Contains(tags, "golden") {
@@ -87,7 +87,7 @@ func TestLifecycle(t *testing.T) {
 			if got := g.Mode(bootstrapPath); got != "0600" {
 				t.Errorf("blob mode = %q, want 0600", got)
 			}
-			if vm, _ := c.sim.VM(vmid); hypervisors.ParseDescription(vm.Description).Cluster != "cluster-a" {
+			if vm, _ := c.sim.VM(vmid); pvemarker.ParseDescription(vm.Description).Cluster != "cluster-a" {
 				t.Errorf("description marker after Configure = %q, want cluster-a bound", vm.Description)
 			}
 

@@ -9,7 +9,9 @@ import (
 
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvemarker"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvesim"
+	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 )
 
@@ -19,8 +21,8 @@ func ownedFleet(t testing.TB, s *pvesim.Server, installation string, n int) {
 	for i := range n {
 		m := observed.Marker{Installation: installation, MachineID: fmt.Sprintf("pve%d/pve.small/%03d", i%2+1, i/2),
 			OpID: "op-1", InstanceType: "pve.small"}
-		err := s.AddVM(pvesim.VMSpec{VMID: 1000 + i, Node: fmt.Sprintf("pve%d", i%2+1), Name: hypervisors.VMName(installation, m.MachineID, 1),
-			Tags: hypervisors.Tags(m), Description: hypervisors.Description(m), Pool: poolName,
+		err := s.AddVM(pvesim.VMSpec{VMID: 1000 + i, Node: fmt.Sprintf("pve%d", i%2+1), Name: naming.VMName(installation, m.MachineID, 1),
+			Tags: pvemarker.Tags(m), Description: pvemarker.Description(m), Pool: poolName,
 			Cores: 2, MemoryMiB: 4096, Running: true, OnBoot: true})
 		if err != nil {
 			t.Fatal(err)

@@ -1,6 +1,7 @@
 // Package fake simulates a libvirt host set (Libvirt) and a Proxmox cluster
-// (Proxmox) in memory behind hypervisors.Hypervisor, for
-// `provider --use-fake-backend`, golden plan tests and unit tests.
+// (Proxmox) in memory behind hypervisors.Hypervisor and the steps of each
+// one's shape, for `provider --use-fake-backend`, golden plan tests and
+// unit tests.
 //
 // The simulators keep a world (hosts, pools, volumes, domains; nodes,
 // templates, VMs, tasks, config locks) and a guest agent per VM, and answer

@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 )
 
@@ -69,7 +70,7 @@ func buildRunning(t *testing.T, shape hypervisors.Shape, opts Options, cluster s
 	t.Helper()
 	ctx := context.Background()
 	m := marker("m-1", "")
-	name := hypervisors.VMName(inst, "m-1", 0)
+	name := naming.VMName(inst, "m-1", 0)
 	var b built
 	switch shape {
 	case hypervisors.ShapeLibvirt:
@@ -107,10 +108,10 @@ func buildRunning(t *testing.T, shape hypervisors.Shape, opts Options, cluster s
 func mustLibvirtCreate(t *testing.T, f *Libvirt, zone, name string, m observed.Marker) {
 	t.Helper()
 	ctx := context.Background()
-	if err := f.CreateOverlay(ctx, zone, hypervisors.OverlaySpec{Pool: DefaultPool, Name: hypervisors.OverlayVolume(name), BaseImage: DefaultImage}); err != nil {
+	if err := f.CreateOverlay(ctx, zone, hypervisors.OverlaySpec{Pool: DefaultPool, Name: naming.OverlayVolume(name), BaseImage: DefaultImage}); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.CreateSeed(ctx, zone, hypervisors.SeedSpec{Pool: DefaultPool, Name: hypervisors.SeedVolume(name), InstanceID: name, Hostname: name}); err != nil {
+	if err := f.CreateSeed(ctx, zone, hypervisors.SeedSpec{Pool: DefaultPool, Name: naming.SeedVolume(name), InstanceID: name, Hostname: name}); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.DefineDomain(ctx, zone, domainSpec(name, m)); err != nil {
@@ -121,7 +122,7 @@ func mustLibvirtCreate(t *testing.T, f *Libvirt, zone, name string, m observed.M
 func domainSpec(name string, m observed.Marker) hypervisors.DomainSpec {
 	return hypervisors.DomainSpec{
 		Name: name, VCPU: 2, MemoryMiB: 4096, DomainType: "kvm", Pool: DefaultPool,
-		Overlay: hypervisors.OverlayVolume(name), Seed: hypervisors.SeedVolume(name), Network: DefaultNetwork, Marker: m,
+		Overlay: naming.OverlayVolume(name), Seed: naming.SeedVolume(name), Network: DefaultNetwork, Marker: m,
 	}
 }
 
@@ -308,6 +309,21 @@ func TestFaultsOffIgnoresFaultClusters(t *testing.T) {
 	errIs(t, "bootstrap", err, nil)
 	if got.Code != 0 {
 		t.Errorf("bootstrap with faults off: %+v", got)
+	}
+}
+
+// Each simulator offers the steps of its own shape and not the other's,
+// so the executor answers a step of the wrong shape with ErrUnsupported.
+func TestShapeSteps(t *testing.T) {
+	for _, h := range []hypervisors.Hypervisor{NewLibvirt(Options{}), NewProxmox(Options{})} {
+		defer h.Close()
+		_, lv := hypervisors.Find[hypervisors.LibvirtSteps](h)
+		_, px := hypervisors.Find[hypervisors.ProxmoxSteps](h)
+		want := map[hypervisors.Shape]bool{hypervisors.ShapeLibvirt: h.Shape() == hypervisors.ShapeLibvirt, hypervisors.ShapeProxmox: h.Shape() == hypervisors.ShapeProxmox}
+		got := map[hypervisors.Shape]bool{hypervisors.ShapeLibvirt: lv, hypervisors.ShapeProxmox: px}
+		if d := cmp.Diff(want, got); d != "" {
+			t.Errorf("%s simulator: steps offered (-want +got):\n%s", h.Shape(), d)
+		}
 	}
 }
 

@@ -12,13 +12,14 @@ import (
 	"time"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 )
 
 // Libvirt simulates a set of libvirt hosts (one per zone), each with
-// storage pools, networks and domains, behind hypervisors.Hypervisor.
+// storage pools, networks and domains, behind hypervisors.Hypervisor and
+// hypervisors.LibvirtSteps.
 type Libvirt struct {
-	hypervisors.Unsupported
 	sim
 
 	zones []string
@@ -27,6 +28,7 @@ type Libvirt struct {
 
 var (
 	_ hypervisors.Hypervisor     = (*Libvirt)(nil)
+	_ hypervisors.LibvirtSteps   = (*Libvirt)(nil)
 	_ hypervisors.HealthReporter = (*Libvirt)(nil)
 	_ hypervisors.VolumeReader   = (*Libvirt)(nil)
 )
@@ -243,7 +245,7 @@ func (d *domain) observe(zone string) *observed.VM {
 }
 
 // Observe lists a host's domains (sorted by name) and the volumes in
-// opts.Pool whose names carry hypervisors.VolumePrefix (so VolumesAt is
+// opts.Pool whose names carry naming.VolumePrefix (so VolumesAt is
 // set).
 func (f *Libvirt) Observe(ctx context.Context, zone string) (*observed.Zone, error) {
 	if err := f.enter(ctx, "Observe", zone, hypervisors.Target{Zone: zone}); err != nil {
@@ -262,7 +264,7 @@ func (f *Libvirt) Observe(ctx context.Context, zone string) (*observed.Zone, err
 	}
 	sort.Slice(z.VMs, func(i, j int) bool { return z.VMs[i].Name < z.VMs[j].Name })
 	for _, v := range h.Pools[f.opts.Pool] {
-		if strings.HasPrefix(v.Name, hypervisors.VolumePrefix) {
+		if strings.HasPrefix(v.Name, naming.VolumePrefix) {
 			z.Volumes = append(z.Volumes, v.observe(zone, f.opts.Pool))
 		}
 	}
@@ -349,7 +351,7 @@ func (f *Libvirt) ensureVolume(zone, poolName string, pool map[string]*volume, w
 		f.saveVolumes(zone, poolName, want.Name)
 		return nil
 	}
-	if !strings.HasPrefix(have.Name, hypervisors.VolumePrefix) {
+	if !strings.HasPrefix(have.Name, naming.VolumePrefix) {
 		return fmt.Errorf("volume %q on %s exists and is not ours: %w", want.Name, zone, hypervisors.ErrExists)
 	}
 	if have.Format != want.Format || have.Backing != want.Backing {
@@ -555,7 +557,7 @@ func (f *Libvirt) DeleteVolume(ctx context.Context, zone, pool, name string) err
 		if p[name] == nil {
 			return nil
 		}
-		if !strings.HasPrefix(name, hypervisors.VolumePrefix) {
+		if !strings.HasPrefix(name, naming.VolumePrefix) {
 			return fmt.Errorf("volume %q is not ours: %w", name, hypervisors.ErrNotOwned)
 		}
 		for _, d := range h.Domains {
@@ -906,8 +908,8 @@ func (f *Libvirt) addVM(zone, name string, m *observed.Marker, power observed.Po
 	overlay := "foreign-" + name + ".qcow2"
 	disks := []string{overlay}
 	if owned {
-		overlay = hypervisors.OverlayVolume(name)
-		disks = []string{overlay, hypervisors.SeedVolume(name)}
+		overlay = naming.OverlayVolume(name)
+		disks = []string{overlay, naming.SeedVolume(name)}
 		pool[disks[1]] = &volume{Name: disks[1], Format: "iso", CapacityGiB: 1, Seed: &seed{InstanceID: name, Hostname: name}}
 	}
 	ov := &volume{Name: overlay, Format: "qcow2", CapacityGiB: f.opts.ImageSizeGiB}

@@ -8,6 +8,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 )
 
@@ -18,7 +19,7 @@ func TestLibvirtLifecycle(t *testing.T) {
 	ctx := context.Background()
 	f := NewLibvirt(Options{Zones: []string{"rack1"}})
 	defer f.Close()
-	name := hypervisors.VMName(inst, "m-1", 0)
+	name := naming.VMName(inst, "m-1", 0)
 	vm := hypervisors.Target{Zone: "rack1", Name: name}
 	m := marker("m-1", "")
 	bound := marker("m-1", "c-1")
@@ -32,9 +33,9 @@ func TestLibvirtLifecycle(t *testing.T) {
 			return err
 		}
 	}
-	overlay := &observed.Volume{Zone: "rack1", Pool: "default", Name: hypervisors.OverlayVolume(name), Format: "qcow2", BackingFormat: "qcow2"}
+	overlay := &observed.Volume{Zone: "rack1", Pool: "default", Name: naming.OverlayVolume(name), Format: "qcow2", BackingFormat: "qcow2"}
 	// The seed observes with the identity of the content it was built from.
-	seedVol := &observed.Volume{Zone: "rack1", Pool: "default", Name: hypervisors.SeedVolume(name), Format: "iso",
+	seedVol := &observed.Volume{Zone: "rack1", Pool: "default", Name: naming.SeedVolume(name), Format: "iso",
 		Identity: hypervisors.SeedIdentity(hypervisors.SeedSpec{InstanceID: name, Hostname: name})}
 	domainVM := func(power observed.Power, mk observed.Marker, autostart bool) *observed.VM {
 		return &observed.VM{Zone: "rack1", Name: name, Marker: &mk, Power: power, VCPU: 2, MemoryMiB: 4096,
@@ -101,7 +102,7 @@ func TestLibvirtLifecycle(t *testing.T) {
 
 func TestLibvirtSemantics(t *testing.T) {
 	ctx := context.Background()
-	name := hypervisors.VMName(inst, "m-1", 0)
+	name := naming.VMName(inst, "m-1", 0)
 	vm := hypervisors.Target{Zone: "fake-a", Name: name}
 	m := marker("m-1", "")
 	build := func(t *testing.T, f *Libvirt) { mustLibvirtCreate(t, f, "fake-a", name, m) }
@@ -128,7 +129,7 @@ func TestLibvirtSemantics(t *testing.T) {
 			return f.CreateOverlay(ctx, "fake-a", hypervisors.OverlaySpec{Pool: "default", Name: DefaultImage, BaseImage: DefaultImage})
 		}, hypervisors.ErrExists},
 		{"overlay over our seed", build, func(f *Libvirt) error {
-			return f.CreateOverlay(ctx, "fake-a", hypervisors.OverlaySpec{Pool: "default", Name: hypervisors.SeedVolume(name), BaseImage: DefaultImage})
+			return f.CreateOverlay(ctx, "fake-a", hypervisors.OverlaySpec{Pool: "default", Name: naming.SeedVolume(name), BaseImage: DefaultImage})
 		}, hypervisors.ErrExists},
 		{"define without volumes", nil, func(f *Libvirt) error { return f.DefineDomain(ctx, "fake-a", domainSpec(name, m)) }, hypervisors.ErrNotFound},
 		{"define over unmarked domain", func(t *testing.T, f *Libvirt) {
@@ -143,8 +144,8 @@ func TestLibvirtSemantics(t *testing.T) {
 			if err := f.AddForeignVM("fake-a", name, nil); err != nil {
 				t.Fatal(err)
 			}
-			f.CreateOverlay(ctx, "fake-a", hypervisors.OverlaySpec{Pool: "default", Name: hypervisors.OverlayVolume(name), BaseImage: DefaultImage})
-			f.CreateSeed(ctx, "fake-a", hypervisors.SeedSpec{Pool: "default", Name: hypervisors.SeedVolume(name)})
+			f.CreateOverlay(ctx, "fake-a", hypervisors.OverlaySpec{Pool: "default", Name: naming.OverlayVolume(name), BaseImage: DefaultImage})
+			f.CreateSeed(ctx, "fake-a", hypervisors.SeedSpec{Pool: "default", Name: naming.SeedVolume(name)})
 		}, func(f *Libvirt) error { return f.DefineDomain(ctx, "fake-a", domainSpec(name, m)) }, hypervisors.ErrExists},
 		{"redefine ours adopts", running, func(f *Libvirt) error {
 			s := domainSpec(name, m)
@@ -175,12 +176,12 @@ func TestLibvirtSemantics(t *testing.T) {
 		{"delete missing volume", nil, func(f *Libvirt) error { return f.DeleteVolume(ctx, "fake-a", "default", "bf-gone") }, nil},
 		{"delete base image", nil, func(f *Libvirt) error { return f.DeleteVolume(ctx, "fake-a", "default", DefaultImage) }, hypervisors.ErrNotOwned},
 		{"delete volume of running domain", running, func(f *Libvirt) error {
-			return f.DeleteVolume(ctx, "fake-a", "default", hypervisors.OverlayVolume(name))
+			return f.DeleteVolume(ctx, "fake-a", "default", naming.OverlayVolume(name))
 		}, hypervisors.ErrInvalid},
 		{"start missing", nil, func(f *Libvirt) error { return f.Start(ctx, vm) }, hypervisors.ErrNotFound},
 		{"start with overlay gone", func(t *testing.T, f *Libvirt) {
 			build(t, f)
-			f.RemoveVolume("fake-a", "default", hypervisors.OverlayVolume(name))
+			f.RemoveVolume("fake-a", "default", naming.OverlayVolume(name))
 		}, func(f *Libvirt) error { return f.Start(ctx, vm) }, hypervisors.ErrNotFound},
 		{"start with base image gone", func(t *testing.T, f *Libvirt) {
 			build(t, f)
@@ -198,7 +199,6 @@ func TestLibvirtSemantics(t *testing.T) {
 			func(f *Libvirt) error { return f.AgentPing(ctx, vm) }, hypervisors.ErrAgentNotReady},
 		{"ping missing", nil, func(f *Libvirt) error { return f.AgentPing(ctx, vm) }, hypervisors.ErrNotFound},
 		{"empty argv", running, func(f *Libvirt) error { _, err := f.AgentExec(ctx, vm, nil); return err }, hypervisors.ErrInvalid},
-		{"proxmox method", nil, func(f *Libvirt) error { return f.DeleteVM(ctx, vm) }, hypervisors.ErrUnsupported},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -222,7 +222,7 @@ func TestLibvirtForeignCollision(t *testing.T) {
 	ctx := context.Background()
 	f := NewLibvirt(Options{Zones: []string{"rack1"}})
 	defer f.Close()
-	name := hypervisors.VMName(inst, "m-1", 0)
+	name := naming.VMName(inst, "m-1", 0)
 	if err := f.AddForeignVM("rack1", name, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -258,10 +258,10 @@ func TestLibvirtForeignCollision(t *testing.T) {
 	mustVolumes := func() {
 		for _, s := range []func() error{
 			func() error {
-				return f.CreateOverlay(ctx, "rack1", hypervisors.OverlaySpec{Pool: "default", Name: hypervisors.OverlayVolume(name), BaseImage: DefaultImage})
+				return f.CreateOverlay(ctx, "rack1", hypervisors.OverlaySpec{Pool: "default", Name: naming.OverlayVolume(name), BaseImage: DefaultImage})
 			},
 			func() error {
-				return f.CreateSeed(ctx, "rack1", hypervisors.SeedSpec{Pool: "default", Name: hypervisors.SeedVolume(name)})
+				return f.CreateSeed(ctx, "rack1", hypervisors.SeedSpec{Pool: "default", Name: naming.SeedVolume(name)})
 			},
 		} {
 			if err := s(); err != nil {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvemarker"
 	"github.com/bigfleet-vm/provider/observed"
 )
 
@@ -24,9 +25,9 @@ const maxCloneAttempts = 64
 
 // Proxmox simulates a Proxmox VE cluster (one node per zone) with a
 // cluster-wide VMID space, templates, clone/start/stop/destroy tasks and
-// per-VM config locks, behind hypervisors.Hypervisor.
+// per-VM config locks, behind hypervisors.Hypervisor and
+// hypervisors.ProxmoxSteps.
 type Proxmox struct {
-	hypervisors.Unsupported
 	sim
 
 	zones   []string
@@ -37,6 +38,7 @@ type Proxmox struct {
 
 var (
 	_ hypervisors.Hypervisor     = (*Proxmox)(nil)
+	_ hypervisors.ProxmoxSteps   = (*Proxmox)(nil)
 	_ hypervisors.HealthReporter = (*Proxmox)(nil)
 )
 
@@ -215,7 +217,7 @@ func (f *Proxmox) machineOf(t hypervisors.Target) (*machine, *observed.Marker, e
 	if err != nil {
 		return nil, nil, err
 	}
-	return &v.machine, hypervisors.ParseDescription(v.Description), nil
+	return &v.machine, pvemarker.ParseDescription(v.Description), nil
 }
 
 func (v *pveVM) observe() *observed.VM {
@@ -229,7 +231,7 @@ func (v *pveVM) observe() *observed.VM {
 	if len(vm.Tags) == 0 {
 		vm.Tags = nil
 	}
-	if m := hypervisors.ParseDescription(v.Description); m != nil && hypervisors.HasOwnershipTags(v.Tags, m.Installation) {
+	if m := pvemarker.ParseDescription(v.Description); m != nil && pvemarker.HasOwnershipTags(v.Tags, m.Installation) {
 		vm.Marker = m
 	}
 	return vm
@@ -344,7 +346,7 @@ func (f *Proxmox) adoptable(zone string, m observed.Marker) (int, error) {
 	sort.Ints(ids)
 	for _, id := range ids {
 		v := f.vms[id]
-		if v.Template || !sameOwner(hypervisors.ParseDescription(v.Description), &m) {
+		if v.Template || !sameOwner(pvemarker.ParseDescription(v.Description), &m) {
 			continue
 		}
 		if v.Node != zone {
@@ -428,11 +430,11 @@ func (f *Proxmox) CloneVM(ctx context.Context, zone string, spec hypervisors.Clo
 			continue // VM <candidate> already exists: allocate again.
 		}
 		tmpl := f.vms[tmplID]
-		tags := hypervisors.Tags(spec.Marker)
+		tags := pvemarker.Tags(spec.Marker)
 		sort.Strings(tags)
 		v := &pveVM{
 			VMID: candidate, Node: zone, Name: spec.Name, Cores: tmpl.Cores, MemoryMiB: tmpl.MemoryMiB,
-			Tags: tags, Description: hypervisors.Description(spec.Marker), Pool: spec.Pool,
+			Tags: tags, Description: pvemarker.Description(spec.Marker), Pool: spec.Pool,
 			machine: machine{Power: observed.PowerStopped},
 		}
 		f.vms[candidate] = v
@@ -498,16 +500,16 @@ func (f *Proxmox) owned(t hypervisors.Target, m observed.Marker) (*pveVM, error)
 	if err := v.unlocked(); err != nil {
 		return nil, err
 	}
-	if !sameOwner(hypervisors.ParseDescription(v.Description), &m) {
+	if !sameOwner(pvemarker.ParseDescription(v.Description), &m) {
 		return nil, fmt.Errorf("VM %d: %w", v.VMID, hypervisors.ErrNotOwned)
 	}
 	return v, nil
 }
 
 func (v *pveVM) setMarker(m observed.Marker) {
-	v.Tags = hypervisors.Tags(m)
+	v.Tags = pvemarker.Tags(m)
 	sort.Strings(v.Tags)
-	v.Description = hypervisors.Description(m)
+	v.Description = pvemarker.Description(m)
 }
 
 // DeleteVM destroys a stopped VM and its disks (purge). A missing VM is

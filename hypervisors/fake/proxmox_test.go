@@ -13,6 +13,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvemarker"
+	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 )
 
@@ -29,11 +31,11 @@ func TestProxmoxLifecycle(t *testing.T) {
 	ctx := context.Background()
 	f := NewProxmox(Options{Zones: []string{"pve1", "pve2"}})
 	defer f.Close()
-	name := hypervisors.VMName(inst, "m-1", 0)
+	name := naming.VMName(inst, "m-1", 0)
 	m := marker("m-1", "")
 	bound := marker("m-1", "c-1")
 	vm := hypervisors.Target{Zone: "pve1", Name: name, VMID: FirstVMID}
-	tags := hypervisors.Tags(m)
+	tags := pvemarker.Tags(m)
 	sort.Strings(tags)
 	clone := func(power observed.Power, vcpu, mem int, mk observed.Marker, onboot bool) *observed.VM {
 		return &observed.VM{Zone: "pve1", Name: name, VMID: FirstVMID, Marker: &mk, Power: power,
@@ -207,7 +209,6 @@ func TestProxmoxSemantics(t *testing.T) {
 			return err
 		}, hypervisors.ErrNotFound, true},
 		{"unknown node", Options{}, nil, func(f *Proxmox) error { _, err := f.Observe(ctx, "mars"); return err }, hypervisors.ErrInvalid, true},
-		{"libvirt method", Options{}, nil, func(f *Proxmox) error { return f.UndefineDomain(ctx, vm) }, hypervisors.ErrUnsupported, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -236,7 +237,7 @@ func TestProxmoxVMIDs(t *testing.T) {
 	f.AddForeignVM("pve1", 101, "theirs", &other)
 	// Description says ours, but the tags were stripped: not a marker.
 	f.AddForeignVM("pve1", 102, "half", nil)
-	f.oob(hypervisors.Target{Zone: "pve1", VMID: 102}, func(v *pveVM) { v.Description = hypervisors.Description(marker("m-9", "")) })
+	f.oob(hypervisors.Target{Zone: "pve1", VMID: 102}, func(v *pveVM) { v.Description = pvemarker.Description(marker("m-9", "")) })
 
 	var wg sync.WaitGroup
 	ids := make([]int, 6)

@@ -1,7 +1,8 @@
-// Package libvirt implements hypervisors.Hypervisor (ShapeLibvirt) on
-// libvirt hosts through the pure-Go go-libvirt client: one connection per
-// zone, dialled through go-libvirt's own URI support (qemu:///system,
-// qemu+libssh://, qemu+ssh://, qemu+tls://, test:///default via the daemon).
+// Package libvirt implements hypervisors.Hypervisor and
+// hypervisors.LibvirtSteps (ShapeLibvirt) on libvirt hosts through the
+// pure-Go go-libvirt client: one connection per zone, dialled through
+// go-libvirt's own URI support (qemu:///system, qemu+libssh://,
+// qemu+ssh://, qemu+tls://, test:///default via the daemon).
 //
 // Invariants callers may rely on:
 //   - New never dials: connections are made and re-made in the background
@@ -15,7 +16,7 @@
 //     written to both the live and the persistent definition. Nothing is
 //     stopped, undefined or adopted unless that element names this
 //     installation (and, for adoption, the machine id); DeleteVolume only
-//     touches volumes named with hypervisors.VolumePrefix.
+//     touches volumes named with naming.VolumePrefix.
 //   - Observe costs O(1 + changed domains) libvirt calls: one stats listing,
 //     one autostart listing and one volume listing per tick, plus one XML read
 //     per domain that is new, changed state or id, was mutated through this

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 )
 
@@ -89,9 +90,9 @@ type machine struct {
 }
 
 func newMachine(h *Hypervisor, id string) machine {
-	name := hypervisors.VMName(h.cfg.Installation, id, 1)
+	name := naming.VMName(h.cfg.Installation, id, 1)
 	return machine{
-		name: name, overlay: hypervisors.OverlayVolume(name), seed: hypervisors.SeedVolume(name),
+		name: name, overlay: naming.OverlayVolume(name), seed: naming.SeedVolume(name),
 		marker: observed.Marker{Installation: h.cfg.Installation, MachineID: id, OpID: "op-1", InstanceType: "tiny"},
 	}
 }

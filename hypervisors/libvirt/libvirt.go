@@ -15,14 +15,13 @@ import (
 	golibvirt "github.com/digitalocean/go-libvirt"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 )
 
 // Hypervisor is the libvirt adapter. Its methods are safe for concurrent
 // use; calls on different zones never wait for each other.
 type Hypervisor struct {
-	hypervisors.Unsupported
-
 	cfg    Config
 	log    *slog.Logger
 	order  []string
@@ -45,6 +44,7 @@ type Hypervisor struct {
 
 var (
 	_ hypervisors.Hypervisor     = (*Hypervisor)(nil)
+	_ hypervisors.LibvirtSteps   = (*Hypervisor)(nil)
 	_ hypervisors.HealthReporter = (*Hypervisor)(nil)
 	_ hypervisors.EventSource    = (*Hypervisor)(nil)
 	_ hypervisors.VolumeReader   = (*Hypervisor)(nil)
@@ -313,15 +313,15 @@ func (h *Hypervisor) volumeXML(ctx context.Context, zc *zoneConn, v golibvirt.St
 	return parseVolume(s)
 }
 
-// CreateOverlay implements hypervisors.Hypervisor. An existing volume of
+// CreateOverlay implements hypervisors.LibvirtSteps. An existing volume of
 // the name is success.
 func (h *Hypervisor) CreateOverlay(ctx context.Context, zone string, spec hypervisors.OverlaySpec) error {
 	zc, err := h.zone(zone)
 	if err != nil {
 		return err
 	}
-	if !strings.HasPrefix(spec.Name, hypervisors.VolumePrefix) {
-		return fmt.Errorf("overlay %q lacks prefix %q: %w", spec.Name, hypervisors.VolumePrefix, hypervisors.ErrInvalid)
+	if !strings.HasPrefix(spec.Name, naming.VolumePrefix) {
+		return fmt.Errorf("overlay %q lacks prefix %q: %w", spec.Name, naming.VolumePrefix, hypervisors.ErrInvalid)
 	}
 	p, err := h.lookupPool(ctx, zc, spec.Pool)
 	if err != nil {
@@ -361,7 +361,7 @@ func (h *Hypervisor) CreateOverlay(ctx context.Context, zone string, spec hyperv
 	return nil
 }
 
-// CreateSeed implements hypervisors.Hypervisor. The seed (ISO plus
+// CreateSeed implements hypervisors.LibvirtSteps. The seed (ISO plus
 // identity trailer) is (re)uploaded even when the volume exists, so a
 // crash between create and upload converges; a volume of the wrong size
 // is replaced.
@@ -370,8 +370,8 @@ func (h *Hypervisor) CreateSeed(ctx context.Context, zone string, spec hyperviso
 	if err != nil {
 		return err
 	}
-	if !strings.HasPrefix(spec.Name, hypervisors.VolumePrefix) {
-		return fmt.Errorf("seed %q lacks prefix %q: %w", spec.Name, hypervisors.VolumePrefix, hypervisors.ErrInvalid)
+	if !strings.HasPrefix(spec.Name, naming.VolumePrefix) {
+		return fmt.Errorf("seed %q lacks prefix %q: %w", spec.Name, naming.VolumePrefix, hypervisors.ErrInvalid)
 	}
 	img, err := buildSeed(spec)
 	if err != nil {
@@ -504,15 +504,15 @@ func (h *Hypervisor) deleteVol(ctx context.Context, zc *zoneConn, v golibvirt.St
 	})
 }
 
-// DeleteVolume implements hypervisors.Hypervisor: a missing volume is
+// DeleteVolume implements hypervisors.LibvirtSteps: a missing volume is
 // success, and the volume is verified gone. Only volumes named with
-// hypervisors.VolumePrefix are ever deleted (never a golden image).
+// naming.VolumePrefix are ever deleted (never a golden image).
 func (h *Hypervisor) DeleteVolume(ctx context.Context, zone, pool, name string) error {
 	zc, err := h.zone(zone)
 	if err != nil {
 		return err
 	}
-	if !strings.HasPrefix(name, hypervisors.VolumePrefix) {
+	if !strings.HasPrefix(name, naming.VolumePrefix) {
 		return fmt.Errorf("delete volume %s/%s on %s: %w", pool, name, zone, hypervisors.ErrNotOwned)
 	}
 	p, err := h.lookupPool(ctx, zc, pool)
@@ -538,7 +538,7 @@ func (h *Hypervisor) DeleteVolume(ctx context.Context, zone, pool, name string) 
 
 // ---- domains ----
 
-// DefineDomain implements hypervisors.Hypervisor. A domain of that name
+// DefineDomain implements hypervisors.LibvirtSteps. A domain of that name
 // carrying our marker for the same machine is success; any other is
 // ErrExists.
 func (h *Hypervisor) DefineDomain(ctx context.Context, zone string, spec hypervisors.DomainSpec) error {
@@ -592,7 +592,7 @@ func (h *Hypervisor) adoptDomain(ctx context.Context, zc *zoneConn, spec hypervi
 	return true, nil
 }
 
-// UndefineDomain implements hypervisors.Hypervisor. A missing domain is
+// UndefineDomain implements hypervisors.LibvirtSteps. A missing domain is
 // success; a domain without our marker is ErrNotOwned. A running domain is
 // powered off first, so no transient domain is left behind.
 func (h *Hypervisor) UndefineDomain(ctx context.Context, t hypervisors.Target) error {

@@ -12,6 +12,7 @@ import (
 	golibvirt "github.com/digitalocean/go-libvirt"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 )
 
@@ -247,7 +248,7 @@ func (h *Hypervisor) observeVolumes(ctx context.Context, zc *zoneConn, cache *zo
 	var out []*observed.Volume
 	seen := map[string]bool{}
 	for _, v := range vols {
-		if !strings.HasPrefix(v.Name, hypervisors.VolumePrefix) {
+		if !strings.HasPrefix(v.Name, naming.VolumePrefix) {
 			continue
 		}
 		key := v.Key + "\x00" + v.Name

@@ -12,6 +12,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/naming"
 )
 
 // seedLabel is the volume label cloud-init's NoCloud datasource looks for.
@@ -123,4 +124,4 @@ func seedIdentity(tail []byte, capacity uint64) string {
 }
 
 // isSeedVolume reports whether a volume name is a seed volume's.
-func isSeedVolume(name string) bool { return strings.HasSuffix(name, hypervisors.SeedVolume("")) }
+func isSeedVolume(name string) bool { return strings.HasSuffix(name, naming.SeedVolume("")) }

@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvemarker"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvesim"
+	"github.com/bigfleet-vm/provider/naming"
 )
 
 // fleet fills a simulator with n owned VMs spread over the three nodes.
@@ -16,7 +18,7 @@ func fleet(t testing.TB, e *env, n int) {
 	for i := range n {
 		m := marker(fmt.Sprintf("m-%04d", i))
 		err := e.sim.AddVM(pvesim.VMSpec{VMID: 1000 + i, Node: []string{"pve1", "pve2", "pve3"}[i%3],
-			Name: hypervisors.VMName(testInst, m.MachineID, 1), Tags: hypervisors.Tags(m), Description: hypervisors.Description(m),
+			Name: naming.VMName(testInst, m.MachineID, 1), Tags: pvemarker.Tags(m), Description: pvemarker.Description(m),
 			Running: i%2 == 0, Cores: 2, MemoryMiB: 2048})
 		if err != nil {
 			t.Fatal(err)

@@ -1,14 +1,16 @@
-// Package proxmox implements hypervisors.Hypervisor (ShapeProxmox) for a
-// Proxmox VE cluster through github.com/luthermonson/go-proxmox: one Adapter
-// per cluster, each configured node a zone.
+// Package proxmox implements hypervisors.Hypervisor and
+// hypervisors.ProxmoxSteps (ShapeProxmox) for a Proxmox VE cluster through
+// github.com/luthermonson/go-proxmox: one Adapter per cluster, each
+// configured node a zone. The marker encoding is in pvemarker, the API
+// simulator for tests and demos in pvesim.
 //
 // Invariants:
 //   - The API is reached over https only, with the server verified by a CA
 //     file and/or a pinned leaf SHA-256 fingerprint (both must pass when
 //     both are set). The token secret and bootstrap data never appear in
 //     logs or errors.
-//   - Ownership is the installation tag set (hypervisors.HasOwnershipTags)
-//     AND a description marker (hypervisors.ParseDescription) naming this
+//   - Ownership is the installation tag set (pvemarker.HasOwnershipTags)
+//     AND a description marker (pvemarker.ParseDescription) naming this
 //     installation. A VM whose name merely looks like ours is foreign.
 //     Stop, DeleteVM, ConfigureVM and SetMarker re-read the live VM and
 //     refuse (ErrNotOwned) to act on anything else.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvesim"
+	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 )
 
@@ -87,7 +88,7 @@ func marker(machine string) observed.Marker {
 }
 
 func cloneSpec(machine string) hypervisors.CloneSpec {
-	return hypervisors.CloneSpec{Name: hypervisors.VMName(testInst, machine, 1), TemplateVMID: template, Marker: marker(machine)}
+	return hypervisors.CloneSpec{Name: naming.VMName(testInst, machine, 1), TemplateVMID: template, Marker: marker(machine)}
 }
 
 func ctxT(t testing.TB, d time.Duration) context.Context {

@@ -10,6 +10,7 @@ import (
 	pxapi "github.com/luthermonson/go-proxmox"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvemarker"
 	"github.com/bigfleet-vm/provider/observed"
 )
 
@@ -43,10 +44,10 @@ func powerOf(status, qmp string) observed.Power {
 // markerFor returns the marker of a VM if it is ours: ownership tags AND
 // a description marker of this installation.
 func (a *Adapter) markerFor(tags []string, description string) *observed.Marker {
-	if !hypervisors.HasOwnershipTags(tags, a.cfg.Installation) {
+	if !pvemarker.HasOwnershipTags(tags, a.cfg.Installation) {
 		return nil
 	}
-	m := hypervisors.ParseDescription(description)
+	m := pvemarker.ParseDescription(description)
 	if m == nil || m.Installation != a.cfg.Installation {
 		return nil
 	}
@@ -120,7 +121,7 @@ func (a *Adapter) Observe(ctx context.Context, zone string) (*observed.Zone, err
 			Zone: zone, Name: r.Name, VMID: int(r.VMID), Power: powerOf(r.Status, ""),
 			VCPU: int(r.MaxCPU), MemoryMiB: int(r.MaxMem >> 20), Template: r.Template == 1, Tags: tags,
 		}
-		if !v.Template && hypervisors.HasOwnershipTags(tags, a.cfg.Installation) {
+		if !v.Template && pvemarker.HasOwnershipTags(tags, a.cfg.Installation) {
 			e, err := a.ownedConfig(ctx, r, tags)
 			if errors.Is(err, hypervisors.ErrNotFound) {
 				continue // destroyed since the listing

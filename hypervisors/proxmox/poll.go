@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvemarker"
 )
 
 // The poller lists the cluster once per PollInterval. Each answer (or
@@ -264,7 +265,7 @@ func (a *Adapter) diff(l *listing) {
 		prev, had := a.snap[id]
 		// The snapshot holds only our VMs: unchanged tags keep a VM ours
 		// without parsing them again.
-		ours := had && prev.tags == r.Tags || hypervisors.HasOwnershipTags(tagList(r.Tags), a.cfg.Installation)
+		ours := had && prev.tags == r.Tags || pvemarker.HasOwnershipTags(tagList(r.Tags), a.cfg.Installation)
 		if !ours && !had {
 			continue
 		}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvesim"
+	"github.com/bigfleet-vm/provider/naming"
 )
 
 // rawGet returns the body pvesim answers to one GET, as sent on the wire.
@@ -209,7 +210,7 @@ func BenchmarkOutOfBandStopToEvent(b *testing.B) {
 	var lat latencies
 	for i := 0; b.Loop(); i++ {
 		vmid := 1000 + 2*(i%500) // running VMs
-		name := hypervisors.VMName(testInst, fmt.Sprintf("m-%04d", vmid-1000), 1)
+		name := naming.VMName(testInst, fmt.Sprintf("m-%04d", vmid-1000), 1)
 		phase(i)
 		e.sim.SetPower(vmid, false)
 		start := time.Now()

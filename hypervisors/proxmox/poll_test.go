@@ -16,7 +16,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvemarker"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvesim"
+	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 )
 
@@ -71,9 +73,9 @@ func isVM(name string) func(hypervisors.Event) bool {
 func ownedVM(t testing.TB, e *env, vmid int, node, machine string) string {
 	t.Helper()
 	m := marker(machine)
-	name := hypervisors.VMName(testInst, machine, 1)
-	if err := e.sim.AddVM(pvesim.VMSpec{VMID: vmid, Node: node, Name: name, Tags: hypervisors.Tags(m),
-		Description: hypervisors.Description(m), Running: true}); err != nil {
+	name := naming.VMName(testInst, machine, 1)
+	if err := e.sim.AddVM(pvesim.VMSpec{VMID: vmid, Node: node, Name: name, Tags: pvemarker.Tags(m),
+		Description: pvemarker.Description(m), Running: true}); err != nil {
 		t.Fatal(err)
 	}
 	return name
@@ -116,7 +118,7 @@ func TestPollReportsOutOfBandChanges(t *testing.T) {
 	}
 	poll := manualPoller(t, e)
 	waitZones(t, e.a, hypervisors.EventZoneUp, nodes3...)
-	newName := hypervisors.VMName(testInst, "m-new", 1)
+	newName := naming.VMName(testInst, "m-new", 1)
 	tests := []struct {
 		name   string
 		change func()
@@ -209,7 +211,7 @@ func TestPollQuietWhenNothingChanges(t *testing.T) {
 	e.sim.SetPower(1001, true)
 	poll()
 	got := nextEvent(t, e.a, "any event", func(hypervisors.Event) bool { return true })
-	want := hypervisors.Event{Zone: "pve2", Kind: hypervisors.EventVM, VM: hypervisors.VMName(testInst, "m-0001", 1), MachineID: "m-0001", Detail: "started"}
+	want := hypervisors.Event{Zone: "pve2", Kind: hypervisors.EventVM, VM: naming.VMName(testInst, "m-0001", 1), MachineID: "m-0001", Detail: "started"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("first event after %d quiet ticks (-want +got):\n%s", quiet, diff)
 	}
@@ -242,7 +244,7 @@ func TestAdapterChangesAreReportedWithTheirMachine(t *testing.T) {
 		hypervisors.SizeSpec{VCPU: 2, MemoryMiB: 2048, Marker: marker("m-7")}); err != nil {
 		t.Fatal(err)
 	}
-	ev := nextEvent(t, e.a, "event of the clone", isVM(hypervisors.VMName(testInst, "m-7", 1)))
+	ev := nextEvent(t, e.a, "event of the clone", isVM(naming.VMName(testInst, "m-7", 1)))
 	if ev.MachineID != "m-7" || ev.Zone != "pve2" {
 		t.Errorf("event = %+v, want machine m-7 on pve2", ev)
 	}
@@ -463,7 +465,7 @@ func TestZoneHealthOfAnOfflineNode(t *testing.T) {
 	// VMs ("unknown" in the listing) pushed none.
 	e.sim.SetPower(501, false)
 	ev = nextEvent(t, e.a, "event", func(hypervisors.Event) bool { return true })
-	if ev.VM != hypervisors.VMName(testInst, "m-1", 1) || ev.Detail != "stopped" {
+	if ev.VM != naming.VMName(testInst, "m-1", 1) || ev.Detail != "stopped" {
 		t.Errorf("next event = %+v, want vm m-1 stopped", ev)
 	}
 	e.sim.SetNodeStatus("pve2", "online")

@@ -24,8 +24,6 @@ import (
 
 // Adapter drives one Proxmox VE cluster. It is safe for concurrent use.
 type Adapter struct {
-	hypervisors.Unsupported
-
 	cfg    Config
 	log    *slog.Logger
 	client *pxapi.Client
@@ -87,6 +85,7 @@ type Adapter struct {
 
 var (
 	_ hypervisors.Hypervisor     = (*Adapter)(nil)
+	_ hypervisors.ProxmoxSteps   = (*Adapter)(nil)
 	_ hypervisors.HealthReporter = (*Adapter)(nil)
 	_ hypervisors.EventSource    = (*Adapter)(nil)
 )

@@ -16,7 +16,9 @@ import (
 
 	"github.com/bigfleet-vm/provider/executor"
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvemarker"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvesim"
+	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
 )
@@ -117,7 +119,7 @@ func TestLifecycle(t *testing.T) {
 	}
 	m := marker("m-1")
 	want := &observed.VM{Zone: "pve2", Name: spec.Name, VMID: id, Marker: &m, Power: observed.PowerRunning, VCPU: 4, MemoryMiB: 8192,
-		Tags: sorted(hypervisors.Tags(m)), Autostart: true}
+		Tags: sorted(pvemarker.Tags(m)), Autostart: true}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("Lookup (-want +got):\n%s", d)
 	}
@@ -211,7 +213,7 @@ func TestConcurrentClonesCollidingNextID(t *testing.T) {
 	}
 	for i, id := range ids {
 		info, ok := e.sim.VM(id)
-		if m := hypervisors.ParseDescription(info.Description); !ok || m == nil || m.MachineID != fmt.Sprintf("m-%02d", i) {
+		if m := pvemarker.ParseDescription(info.Description); !ok || m == nil || m.MachineID != fmt.Sprintf("m-%02d", i) {
 			t.Errorf("VM %d does not carry the marker of m-%02d: %+v", id, i, info)
 		}
 	}
@@ -493,13 +495,13 @@ func TestOwnershipAndOutOfBand(t *testing.T) {
 	if err := e.a.ConfigureVM(ctx, hypervisors.Target{Zone: "pve1", VMID: id}, hypervisors.SizeSpec{VCPU: 2, MemoryMiB: 2048, Marker: marker("m-1")}); err != nil {
 		t.Fatal(err)
 	}
-	lookalike := hypervisors.VMName(testInst, "m-2", 1)
+	lookalike := naming.VMName(testInst, "m-2", 1)
 	other := observed.Marker{Installation: "someone-else", MachineID: "m-3"}
 	foreign := []pvesim.VMSpec{
 		// our name and tags, but no marker: never adopted
-		{VMID: 500, Node: "pve1", Name: lookalike, Tags: hypervisors.Tags(marker("m-2"))},
+		{VMID: 500, Node: "pve1", Name: lookalike, Tags: pvemarker.Tags(marker("m-2"))},
 		// another installation's marker under our tags
-		{VMID: 501, Node: "pve1", Name: "x", Tags: hypervisors.Tags(marker("m-3")), Description: hypervisors.Description(other)},
+		{VMID: 501, Node: "pve1", Name: "x", Tags: pvemarker.Tags(marker("m-3")), Description: pvemarker.Description(other)},
 	}
 	for _, f := range foreign {
 		if err := e.sim.AddVM(f); err != nil {

@@ -11,6 +11,7 @@ import (
 	pxapi "github.com/luthermonson/go-proxmox"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvemarker"
 	"github.com/bigfleet-vm/provider/observed"
 )
 
@@ -20,7 +21,7 @@ const maxCloneAttempts = 64
 // ourDescription reports whether a description carries this
 // installation's marker (and, when machineID is set, that machine's).
 func (a *Adapter) ourDescription(desc, machineID string) (*observed.Marker, bool) {
-	m := hypervisors.ParseDescription(desc)
+	m := pvemarker.ParseDescription(desc)
 	if m == nil || m.Installation != a.cfg.Installation {
 		return m, false
 	}
@@ -84,7 +85,7 @@ func (a *Adapter) CloneVM(ctx context.Context, zone string, spec hypervisors.Clo
 	}
 	opts := pxapi.VirtualMachineCloneOptions{
 		Full: true, Name: spec.Name, Target: zone, Pool: pool, Storage: a.cfg.Storage,
-		Description: hypervisors.Description(spec.Marker),
+		Description: pvemarker.Description(spec.Marker),
 	}
 	for attempt := 0; attempt < maxCloneAttempts; attempt++ {
 		id, err := a.reserve(ctx, used, mid)
@@ -183,7 +184,7 @@ func (a *Adapter) unreserve(id int) {
 // findOwnClone looks for a VM carrying our marker for the machine, by its
 // deterministic name or machine tag, confirmed by the description marker.
 func (a *Adapter) findOwnClone(ctx context.Context, rs []resource, spec hypervisors.CloneSpec) (int, bool, error) {
-	mtag := hypervisors.MachineTag(spec.Marker.MachineID)
+	mtag := pvemarker.MachineTag(spec.Marker.MachineID)
 	for _, r := range rs {
 		if r.Template == 1 {
 			continue
@@ -286,8 +287,8 @@ func (a *Adapter) ConfigureVM(ctx context.Context, t hypervisors.Target, spec hy
 	err = classify(v.ConfigSync(ctx,
 		pxapi.VirtualMachineOption{Name: "cores", Value: spec.VCPU},
 		pxapi.VirtualMachineOption{Name: "memory", Value: spec.MemoryMiB},
-		pxapi.VirtualMachineOption{Name: "tags", Value: strings.Join(hypervisors.Tags(spec.Marker), ";")},
-		pxapi.VirtualMachineOption{Name: "description", Value: hypervisors.Description(spec.Marker)},
+		pxapi.VirtualMachineOption{Name: "tags", Value: strings.Join(pvemarker.Tags(spec.Marker), ";")},
+		pxapi.VirtualMachineOption{Name: "description", Value: pvemarker.Description(spec.Marker)},
 		pxapi.VirtualMachineOption{Name: "onboot", Value: onboot},
 	))
 	a.invalidate(t.VMID)
@@ -308,8 +309,8 @@ func (a *Adapter) SetMarker(ctx context.Context, t hypervisors.Target, m observe
 		return fmt.Errorf("set marker on vm %d: %w", t.VMID, err)
 	}
 	err = classify(v.ConfigSync(ctx,
-		pxapi.VirtualMachineOption{Name: "tags", Value: strings.Join(hypervisors.Tags(m), ";")},
-		pxapi.VirtualMachineOption{Name: "description", Value: hypervisors.Description(m)},
+		pxapi.VirtualMachineOption{Name: "tags", Value: strings.Join(pvemarker.Tags(m), ";")},
+		pxapi.VirtualMachineOption{Name: "description", Value: pvemarker.Description(m)},
 	))
 	a.invalidate(t.VMID)
 	a.noteOwner(t.VMID, m.MachineID)

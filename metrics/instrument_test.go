@@ -1,0 +1,184 @@
+package metrics
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/fake"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvesim"
+)
+
+// hvCalls reads hypervisor_calls_total as "op outcome" -> count.
+func hvCalls(t *testing.T, m *Metrics) map[string]float64 {
+	t.Helper()
+	mfs, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "bigfleet_provider_hypervisor_calls_total" {
+			continue
+		}
+		for _, mt := range mf.GetMetric() {
+			l := map[string]string{}
+			for _, p := range mt.GetLabel() {
+				l[p.GetName()] = p.GetValue()
+			}
+			out[l["op"]+" "+l["outcome"]] = mt.GetCounter().GetValue()
+		}
+	}
+	return out
+}
+
+// newLibvirt is the real libvirt adapter with one zone whose socket does
+// not exist: it is built without a daemon, and its steps fail fast.
+func newLibvirt(t *testing.T) *libvirt.Hypervisor {
+	t.Helper()
+	h, err := libvirt.New(libvirt.Config{Installation: "i", Zones: []libvirt.ZoneURI{
+		{Zone: "dead", URI: "qemu:///system?socket=" + filepath.Join(t.TempDir(), "none.sock")},
+	}, MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return h
+}
+
+// newProxmox is the real Proxmox adapter against the PVE simulator.
+func newProxmox(t *testing.T) *proxmox.Adapter {
+	t.Helper()
+	const token, secret = "bigfleet@pve!ci", "5e1c7c1e-0000-4000-8000-00000000beef"
+	sim := pvesim.New(pvesim.Options{Nodes: []string{"pve1"}, Latencies: pvesim.ZeroLatency()})
+	sim.AddToken(pvesim.Token{ID: token, Secret: secret, ACL: pvesim.FullAccess()})
+	srv := sim.NewTLSServer()
+	t.Cleanup(func() { srv.Close(); sim.Close() })
+	sum := sha256.Sum256(srv.Certificate().Raw)
+	a, err := proxmox.New(proxmox.Config{APIURL: srv.URL + "/api2/json", TokenID: token, TokenSecret: secret,
+		Fingerprint: hex.EncodeToString(sum[:]), Nodes: []string{"pve1"}, Installation: "i", PollInterval: -1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	return a
+}
+
+// bothShapes offers the steps of both shapes (no adapter does today; the
+// wrapper must still forward both).
+type bothShapes struct {
+	*fake.Libvirt
+	hypervisors.ProxmoxSteps
+}
+
+// commonOnly offers only the common interface.
+type commonOnly struct{ hypervisors.Hypervisor }
+
+// An instrumented adapter offers, through hypervisors.Find, exactly the
+// shape steps and optional interfaces the adapter has, and its shape steps
+// are counted: the executor finds them on the wrapper, not behind it.
+func TestInstrumentForwardsShapes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	lv, px := newLibvirt(t), newProxmox(t)
+	fakeLv, fakePx := fake.NewLibvirt(fake.Options{}), fake.NewProxmox(fake.Options{})
+	defer fakeLv.Close()
+	defer fakePx.Close()
+	deleteVolume := func(zone string) func(hypervisors.Hypervisor) {
+		return func(w hypervisors.Hypervisor) {
+			if s, ok := hypervisors.Find[hypervisors.LibvirtSteps](w); ok {
+				_ = s.DeleteVolume(ctx, zone, "default", "bf-gone")
+			}
+		}
+	}
+	deleteVM := func(zone string) func(hypervisors.Hypervisor) {
+		return func(w hypervisors.Hypervisor) {
+			if s, ok := hypervisors.Find[hypervisors.ProxmoxSteps](w); ok {
+				_ = s.DeleteVM(ctx, hypervisors.Target{Zone: zone, VMID: 4242})
+			}
+		}
+	}
+	tests := []struct {
+		name   string
+		hv     hypervisors.Hypervisor
+		offers map[string]bool
+		calls  []func(hypervisors.Hypervisor)
+		// counted lists the op labels the calls must add.
+		counted []string
+	}{
+		{"libvirt adapter", lv,
+			map[string]bool{"libvirt": true, "events": true, "volumes": true, "health": true},
+			[]func(hypervisors.Hypervisor){deleteVolume("dead")}, []string{"delete_volume"}},
+		{"proxmox adapter", px,
+			map[string]bool{"proxmox": true, "events": true, "health": true},
+			[]func(hypervisors.Hypervisor){deleteVM("pve1")}, []string{"delete_vm"}},
+		{"libvirt simulator", fakeLv,
+			map[string]bool{"libvirt": true, "volumes": true, "health": true},
+			[]func(hypervisors.Hypervisor){deleteVolume("fake-a")}, []string{"delete_volume"}},
+		{"proxmox simulator", fakePx,
+			map[string]bool{"proxmox": true, "health": true},
+			[]func(hypervisors.Hypervisor){deleteVM("fake-a")}, []string{"delete_vm"}},
+		{"both shapes", bothShapes{fakeLv, fakePx},
+			map[string]bool{"libvirt": true, "proxmox": true, "volumes": true, "health": true},
+			[]func(hypervisors.Hypervisor){deleteVolume("fake-a"), deleteVM("fake-a")}, []string{"delete_volume", "delete_vm"}},
+		// The wrapper always reports health (nil without a source).
+		{"common interface only", commonOnly{fakeLv}, map[string]bool{"health": true}, nil, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := New(nil, nil)
+			w := Instrument(tc.hv, m)
+			offers := map[string]bool{}
+			for name, ok := range map[string]bool{
+				"libvirt": found[hypervisors.LibvirtSteps](w),
+				"proxmox": found[hypervisors.ProxmoxSteps](w),
+				"events":  found[hypervisors.EventSource](w),
+				"volumes": found[hypervisors.VolumeReader](w),
+				"health":  found[hypervisors.HealthReporter](w),
+			} {
+				if ok {
+					offers[name] = true
+				}
+			}
+			if d := cmp.Diff(tc.offers, offers); d != "" {
+				t.Errorf("interfaces offered (-want +got):\n%s", d)
+			}
+			if es, ok := hypervisors.Find[hypervisors.EventSource](w); ok {
+				raw, _ := tc.hv.(hypervisors.EventSource)
+				if es.Events() != raw.Events() {
+					t.Error("the events found are not the adapter's")
+				}
+			}
+			for _, call := range tc.calls {
+				call(w)
+			}
+			got := map[string]bool{}
+			for k, n := range hvCalls(t, m) {
+				if op, _, _ := strings.Cut(k, " "); n > 0 {
+					got[op] = true
+				}
+			}
+			want := map[string]bool{}
+			for _, op := range tc.counted {
+				want[op] = true
+			}
+			if d := cmp.Diff(want, got); d != "" {
+				t.Errorf("counted calls, by op (-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
+func found[T any](hv hypervisors.Hypervisor) bool {
+	_, ok := hypervisors.Find[T](hv)
+	return ok
+}
