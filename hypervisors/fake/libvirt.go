@@ -372,26 +372,7 @@ func (f *Libvirt) ensureVolume(zone, poolName string, pool map[string]*volume, w
 // CreateOverlay ensures a qcow2 volume backed by the base image, declaring
 // the base image's real format as the backing format.
 func (f *Libvirt) CreateOverlay(ctx context.Context, zone string, spec hypervisors.OverlaySpec) error {
-	if err := f.enter(ctx, "CreateOverlay", zone, hypervisors.Target{Zone: zone, Name: spec.Name}); err != nil {
-		return err
-	}
-	if err := f.writable("CreateOverlay"); err != nil {
-		return err
-	}
-	if spec.Name == "" {
-		return fmt.Errorf("create overlay on %s: empty name: %w", zone, hypervisors.ErrInvalid)
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	err := func() error {
-		h, err := f.host(zone)
-		if err != nil {
-			return err
-		}
-		pool, err := h.pool(zone, spec.Pool)
-		if err != nil {
-			return err
-		}
+	return f.ensureIn(ctx, "CreateOverlay", "create overlay", zone, spec.Pool, spec.Name, func(pool map[string]*volume) error {
 		base := pool[spec.BaseImage]
 		if base == nil {
 			return fmt.Errorf("base image %q not found in pool %s: %w", spec.BaseImage, spec.Pool, hypervisors.ErrNotFound)
@@ -403,44 +384,45 @@ func (f *Libvirt) CreateOverlay(ctx context.Context, zone string, spec hyperviso
 			Backing:       base.Name,
 			BackingFormat: base.Format,
 		})
-	}()
-	if err != nil {
-		return fmt.Errorf("create overlay %s on %s: %w", spec.Name, zone, err)
-	}
-	return nil
+	})
 }
 
 // CreateSeed ensures a NoCloud ISO volume.
 func (f *Libvirt) CreateSeed(ctx context.Context, zone string, spec hypervisors.SeedSpec) error {
-	if err := f.enter(ctx, "CreateSeed", zone, hypervisors.Target{Zone: zone, Name: spec.Name}); err != nil {
-		return err
-	}
-	if err := f.writable("CreateSeed"); err != nil {
-		return err
-	}
-	if spec.Name == "" {
-		return fmt.Errorf("create seed on %s: empty name: %w", zone, hypervisors.ErrInvalid)
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	err := func() error {
-		h, err := f.host(zone)
-		if err != nil {
-			return err
-		}
-		pool, err := h.pool(zone, spec.Pool)
-		if err != nil {
-			return err
-		}
+	return f.ensureIn(ctx, "CreateSeed", "create seed", zone, spec.Pool, spec.Name, func(pool map[string]*volume) error {
 		return f.ensureVolume(zone, spec.Pool, pool, &volume{
 			Name:        spec.Name,
 			Format:      "iso",
 			CapacityGiB: 1,
 			Seed:        &seed{InstanceID: spec.InstanceID, Hostname: spec.Hostname, UserData: spec.UserData},
 		})
-	}()
+	})
+}
+
+// ensureIn runs a volume ensure: it accounts for the call, refuses a
+// read-only world and an empty name, and runs ensure on the zone's pool
+// under the world lock; op names it in errors ("create seed").
+func (f *Libvirt) ensureIn(ctx context.Context, call, op, zone, poolName, name string, ensure func(map[string]*volume) error) error {
+	if err := f.enter(ctx, call, zone, hypervisors.Target{Zone: zone, Name: name}); err != nil {
+		return err
+	}
+	if err := f.writable(call); err != nil {
+		return err
+	}
+	if name == "" {
+		return fmt.Errorf("%s on %s: empty name: %w", op, zone, hypervisors.ErrInvalid)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	h, err := f.host(zone)
+	if err == nil {
+		var pool map[string]*volume
+		if pool, err = h.pool(zone, poolName); err == nil {
+			err = ensure(pool)
+		}
+	}
 	if err != nil {
-		return fmt.Errorf("create seed %s on %s: %w", spec.Name, zone, err)
+		return fmt.Errorf("%s %s on %s: %w", op, name, zone, err)
 	}
 	return nil
 }
