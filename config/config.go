@@ -34,12 +34,14 @@ type Config struct {
 	// MetricsTLS serves the metrics listener over HTTPS with TLS.Cert/Key.
 	MetricsTLS bool
 	// DriftRepairDelay holds back a repair a full pass found.
-	DriftRepairDelay  time.Duration
-	Reflection        bool
-	TLS               TLS
-	LogFormat         string // "text" or "json"
-	LogLevel          slog.Level
-	StatePath         string // "" keeps state in memory only
+	DriftRepairDelay time.Duration
+	Reflection       bool
+	TLS              TLS
+	LogFormat        string // "text" or "json"
+	LogLevel         slog.Level
+	StatePath        string // "" keeps state in memory only
+	// Etcd is set when StatePath is an etcd:// URL (replicas, one leader).
+	Etcd              *Etcd
 	ReconcileInterval time.Duration
 	Timeouts          Timeouts
 	// Zones are the zones this process serves, in order: the --connect

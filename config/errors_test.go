@@ -133,11 +133,19 @@ func TestErrors(t *testing.T) {
 		{"state ends in a slash", with(fakeArgs, "--state", "$DIR/new/"), []string{
 			`--state: "$DIR/new/" ends in '/'; name the state file, not its directory, e.g. "$DIR/new/state"`,
 		}},
-		{"state is an etcd URL", with(fakeArgs, "--state", "etcd://127.0.0.1:2379/x"), []string{
-			`--state: "etcd://127.0.0.1:2379/x": the etcd state store is not supported by this build yet; pass a file path such as /var/lib/bigfleet/state`,
+		{"state is a malformed etcd URL", with(fakeArgs, "--state", "etcd://127.0.0.1:2379"), []string{
+			`--state: etcd state URL "etcd://127.0.0.1:2379": no key prefix (want etcd://HOST:PORT/PREFIX)`,
+		}},
+		{"etcd flags without an etcd state", with(fakeArgs, "--leader-lease", "3s", "--etcd-ca-file", f.clientCA), []string{
+			"--etcd-ca-file: only applies to an etcd state (--state etcd://HOST:PORT[,HOST:PORT...]/PREFIX)",
+			"--leader-lease: only applies to an etcd state (--state etcd://HOST:PORT[,HOST:PORT...]/PREFIX)",
+		}},
+		{"etcd lease and client files", with(fakeArgs, "--state", "etcd://127.0.0.1:2379/bf", "--leader-lease", "2500ms", "--etcd-cert-file", f.serverCert), []string{
+			"--etcd-cert-file: etcd client certificate given without --etcd-key-file",
+			"--leader-lease: must be whole seconds between 2s and 1m0s, got 2.5s",
 		}},
 		{"state is another URL", with(fakeArgs, "--state", "S3://bucket/state"), []string{
-			`--state: "S3://bucket/state" looks like a s3:// URL, which is not a state store this build supports; pass a file path such as /var/lib/bigfleet/state`,
+			`--state: "S3://bucket/state" looks like a s3:// URL, which is not a state store this build supports; pass a file path such as /var/lib/bigfleet/state, or etcd://HOST:PORT/PREFIX`,
 		}},
 		{"seed count", with(fakeArgs, "--seed-count", "0"), []string{
 			"--seed-count: must be > 0, got 0; omit it for the default of 32",

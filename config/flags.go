@@ -41,6 +41,9 @@ type Flags struct {
 	// Listener and drift-repair flags (config/listener.go).
 	metricsTLS, fakeAdmin *bool
 	driftRepairDelay      *time.Duration
+	// etcd state flags (config/etcd.go).
+	etcdCA, etcdCert, etcdKey, advertiseAddr *string
+	leaderLease                              *time.Duration
 }
 
 // Flags that only make sense for one hypervisor; setting any of them
@@ -71,7 +74,8 @@ func RegisterFlags(fs *flag.FlagSet) *Flags {
 	f.installationID = fs.String("installation-id", "", "Ownership namespace stamped on every VM (lowercase letters, digits, '-'). Empty: derived.")
 	f.useFake = fs.Bool("use-fake-backend", false, "Run on the built-in in-memory simulator instead of real hosts (dev and conformance only).")
 	f.defaultZone = fs.String("default-zone", "", "Zone label for a single bare --connect URI, and the seed of the fake backend's two zones <zone>-a, <zone>-b (default local, or pve for Proxmox).")
-	f.state = fs.String("state", "", "Durable state file. Empty: in-memory only (state is lost on restart).")
+	f.state = fs.String("state", "", "Durable state: a file path, or etcd://HOST:PORT[,HOST:PORT...]/PREFIX for replicas that share it and elect a leader. Empty: in-memory only (state is lost on restart).")
+	f.registerEtcd(fs.String, fs.Duration)
 
 	// libvirt.
 	f.libvirtBackend = fs.String("libvirt-backend", "auto", "libvirt, fake or auto (libvirt when --connect is set; otherwise refuse unless --use-fake-backend).")
@@ -144,6 +148,7 @@ var usageGroups = []struct {
 	flags []string
 }{
 	{"Core", []string{"hypervisor", "addr", "provider", "installation-id", "default-zone", "state", "use-fake-backend"}},
+	{"High availability (--state etcd://...)", []string{"etcd-ca-file", "etcd-cert-file", "etcd-key-file", "leader-lease", "advertise-addr"}},
 	{"libvirt connection and launch parameters", []string{"libvirt-backend", "connect", "image", "storage-pool", "network", "base-user-data", "capacity-type", "domain-type", "kernel", "initrd", "kernel-cmdline"}},
 	{"Proxmox connection and clone parameters", []string{"proxmox-backend", "proxmox-api-url", "proxmox-token-id", "proxmox-token-secret", "proxmox-token-file", "proxmox-ca-file", "proxmox-tls-fingerprint", "proxmox-pool", "nodes", "template-vmid", "bootstrap-path", "bootstrap-exec"}},
 	{"Instance types & pricing", []string{"instance-types", "prices", "price-per-vcpu-hour", "price-per-gib-hour"}},

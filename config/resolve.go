@@ -325,6 +325,7 @@ func (f *Flags) resolveCommon(c *Config, set map[string]bool, p *problems) {
 	if err := checkStatePath(c.StatePath); err != nil {
 		p.add("state", "%v", err)
 	}
+	f.resolveEtcd(c, set, p)
 	switch strings.ToLower(*f.logFormat) {
 	case "text", "json":
 		c.LogFormat = strings.ToLower(*f.logFormat)
@@ -389,12 +390,10 @@ var stateURLRE = regexp.MustCompile(`^([A-Za-z][A-Za-z0-9+.-]*)://`)
 // a directory. Empty means in memory and is fine.
 func checkStatePath(path string) error {
 	if m := stateURLRE.FindStringSubmatch(path); m != nil {
-		switch scheme := strings.ToLower(m[1]); scheme {
-		case "etcd":
-			return fmt.Errorf("%q: the etcd state store is not supported by this build yet; pass a file path such as /var/lib/bigfleet/state", clip(path))
-		default:
-			return fmt.Errorf("%q looks like a %s:// URL, which is not a state store this build supports; pass a file path such as /var/lib/bigfleet/state", clip(path), clip(scheme))
+		if strings.ToLower(m[1]) == "etcd" {
+			return nil // resolveEtcd reads it
 		}
+		return fmt.Errorf("%q looks like a %s:// URL, which is not a state store this build supports; pass a file path such as /var/lib/bigfleet/state, or etcd://HOST:PORT/PREFIX", clip(path), clip(strings.ToLower(m[1])))
 	}
 	if strings.HasSuffix(path, "/") {
 		return fmt.Errorf("%q ends in '/'; name the state file, not its directory, e.g. %q", clip(path), clip(path+"state"))

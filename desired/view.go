@@ -13,7 +13,9 @@ type View struct {
 	Installation string
 	Lineage      string
 	// Serial is the stored document's newest revision.
-	Serial   uint64
+	Serial uint64
+	// Fresh is true when nothing was stored: a new installation.
+	Fresh    bool
 	Machines []*Machine // sorted by id
 }
 
@@ -33,7 +35,7 @@ func Inspect(stored map[string][]byte, opts Options, slots []Slot) (*View, error
 	if opts.Now != nil {
 		now = opts.Now()
 	}
-	v := &View{Installation: ld.meta.Installation, Lineage: ld.meta.Lineage, Serial: ld.meta.Rev,
+	v := &View{Installation: ld.meta.Installation, Lineage: ld.meta.Lineage, Serial: ld.meta.Rev, Fresh: ld.fresh,
 		Machines: make([]*Machine, 0, max(len(ld.machines), len(slots)))}
 	known := make(map[string]bool, len(ld.machines))
 	for _, m := range ld.machines {

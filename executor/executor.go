@@ -50,6 +50,10 @@ type Options struct {
 	// call. Readiness probes, read-only checks the gate repeats by design,
 	// do not call it.
 	ExecStarting func(ctx context.Context, machineID, opID, stepID string) error
+	// Guard, when set, is asked right before every step acts on a
+	// hypervisor; a non-nil answer stops the step (a replica that lost its
+	// leadership must not act, even before its timers have told it).
+	Guard func() error
 }
 
 // Executor runs planned changes.
@@ -283,6 +287,11 @@ func (e *Executor) runStep(ctx context.Context, machine, opID string, s planner.
 			defer func() { <-sem }()
 		case <-ctx.Done():
 			return 0, ctx.Err()
+		}
+	}
+	if e.o.Guard != nil {
+		if err := e.o.Guard(); err != nil {
+			return 0, fmt.Errorf("not acting: %w", err)
 		}
 	}
 	switch s.Action {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -21,6 +22,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/bigfleet-vm/provider/config"
 	"github.com/bigfleet-vm/provider/desired"
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/fake"
@@ -78,7 +80,13 @@ func (p *Provider) serveHTTP(ctx context.Context, serving *atomic.Bool, hs *heal
 		hl = tls.NewListener(hl, tc)
 		scheme = "https"
 	}
-	p.plans = newPlanCache(ctx, p.Rec.Plan)
+	p.plans = newPlanCache(ctx, func(ctx context.Context) (*planner.Plan, error) {
+		t := p.current()
+		if t == nil {
+			return nil, errors.New("this replica is not serving the desired state")
+		}
+		return t.rec.Plan(ctx), nil
+	})
 	hsrv := &http.Server{Handler: p.httpHandler(serving), ReadHeaderTimeout: 5 * time.Second,
 		ErrorLog: slog.NewLogLogger(p.log.Handler(), slog.LevelDebug)}
 	go hsrv.Serve(hl)
@@ -90,8 +98,7 @@ func (p *Provider) serveHTTP(ctx context.Context, serving *atomic.Bool, hs *heal
 // adminEnabled reports whether the /admin/ endpoints serve: only on the
 // simulator, and only when --fake-admin asks for them.
 func (p *Provider) adminEnabled() bool {
-	_, sim := p.raw.(simulator)
-	return sim && p.cfg.Fake.Admin
+	return p.cfg.Backend == config.BackendFake && p.cfg.Fake.Admin
 }
 
 // httpHandler serves /metrics, /healthz, /readyz, /debug/plan and, on the
@@ -105,12 +112,17 @@ func (p *Provider) httpHandler(serving *atomic.Bool) http.Handler {
 		if !serving.Load() {
 			problems = append(problems, "gRPC is not serving")
 		}
-		if err := p.Doc.Healthy(); err != nil {
-			problems = append(problems, "state store: "+err.Error())
+		t := p.current()
+		switch {
+		case t == nil:
+			problems = append(problems, "this replica is not serving the desired state")
+		default:
+			if err := t.doc.Healthy(); err != nil {
+				problems = append(problems, "state store: "+err.Error())
+			}
 		}
 		var detail []string
-		if h, ok := p.HV.(hypervisors.HealthReporter); ok {
-			zh := h.ZoneHealth()
+		if zh := p.zoneHealth(); zh != nil {
 			zones := make([]string, 0, len(zh))
 			for z := range zh {
 				zones = append(zones, z)
@@ -138,10 +150,10 @@ func (p *Provider) httpHandler(serving *atomic.Bool) http.Handler {
 		}
 	})
 	mux.HandleFunc("/debug/plan", p.debugPlan)
-	switch sim, ok := p.raw.(simulator); {
-	case ok && p.cfg.Fake.Admin:
-		mux.HandleFunc("/admin/", p.admin(sim))
-	case ok:
+	switch {
+	case p.adminEnabled():
+		mux.HandleFunc("/admin/", p.admin)
+	case p.cfg.Backend == config.BackendFake:
 		mux.HandleFunc("/admin/", func(w http.ResponseWriter, _ *http.Request) {
 			http.Error(w, "the admin endpoints are off: start the simulator with --fake-admin to serve them", http.StatusNotFound)
 		})
@@ -183,7 +195,7 @@ func (p *Provider) debugPlan(w http.ResponseWriter, r *http.Request) {
 // and dropped when the simulated world is changed through /admin/.
 type planCache struct {
 	ctx     context.Context // bounds computations: the listener's lifetime
-	compute func(context.Context) *planner.Plan
+	compute func(context.Context) (*planner.Plan, error)
 
 	mu       sync.Mutex
 	body     []byte    // the newest encoded plan, nil after invalidate
@@ -200,7 +212,7 @@ type planCall struct {
 	err  error
 }
 
-func newPlanCache(ctx context.Context, compute func(context.Context) *planner.Plan) *planCache {
+func newPlanCache(ctx context.Context, compute func(context.Context) (*planner.Plan, error)) *planCache {
 	return &planCache{ctx: ctx, compute: compute}
 }
 
@@ -232,7 +244,11 @@ func (c *planCache) run(call *planCall) {
 	ctx, cancel := context.WithTimeout(c.ctx, planTimeout)
 	defer cancel()
 	at := time.Now()
-	body, err := planner.MarshalJSON(c.compute(ctx))
+	var body []byte
+	plan, err := c.compute(ctx)
+	if err == nil {
+		body, err = planner.MarshalJSON(plan)
+	}
 	c.mu.Lock()
 	call.body, call.at, call.err = body, at, err
 	if err == nil && call.gen == c.gen {
@@ -267,72 +283,81 @@ type simulator interface {
 	SetUnreachable(zone string, on bool)
 }
 
-// admin serves POST /admin/{stop,pause,resize,delete,add-foreign,add-owned,unreachable}.
-// VMs are named by zone plus name (libvirt) or vmid (Proxmox).
-func (p *Provider) admin(sim simulator) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost {
-			http.Error(w, "use POST", http.StatusMethodNotAllowed)
-			return
-		}
-		q := r.URL.Query()
-		t := hypervisors.Target{Zone: q.Get("zone"), Name: q.Get("name")}
-		if v := q.Get("vmid"); v != "" {
-			t.VMID, _ = strconv.Atoi(v)
-		}
-		if m := q.Get("machine"); m != "" {
-			mm := p.Doc.Get(m)
-			switch {
-			case mm == nil:
-				http.Error(w, "unknown machine "+bounded(m, 128), http.StatusNotFound)
-				return
-			case mm.VMName == "" || mm.State == desired.Speculative:
-				http.Error(w, "machine "+bounded(m, 128)+" is "+mm.State.String()+" and has no VM yet; Create it first", http.StatusConflict)
-				return
-			}
-			t = hypervisors.Target{Zone: mm.Zone, Name: mm.VMName, VMID: mm.VMID}
-		}
-		var err error
-		switch action := strings.TrimPrefix(r.URL.Path, "/admin/"); action {
-		case "stop":
-			err = sim.StopVM(t)
-		case "pause":
-			err = sim.PauseVM(t)
-		case "resize":
-			vcpu, _ := strconv.Atoi(q.Get("vcpu"))
-			mem, _ := strconv.Atoi(q.Get("memory_mib"))
-			err = sim.ResizeVM(t, vcpu, mem)
-		case "delete":
-			err = sim.RemoveVM(t)
-		case "add-foreign":
-			switch f := p.raw.(type) {
-			case *fake.Libvirt:
-				err = f.AddForeignVM(t.Zone, t.Name, nil)
-			case *fake.Proxmox:
-				_, err = f.AddForeignVM(t.Zone, t.VMID, t.Name, nil)
-			}
-		case "add-owned":
-			mk := observed.Marker{Installation: p.Doc.Installation(), MachineID: q.Get("id"), InstanceType: q.Get("instance_type")}
-			switch f := p.raw.(type) {
-			case *fake.Libvirt:
-				err = f.AddOwnedVM(t.Zone, t.Name, mk, observed.PowerRunning)
-			case *fake.Proxmox:
-				_, err = f.AddOwnedVM(t.Zone, t.Name, mk, observed.PowerRunning)
-			}
-		case "unreachable":
-			sim.SetUnreachable(t.Zone, q.Get("on") != "false")
-		default:
-			http.Error(w, "unknown admin action "+bounded(action, 64), http.StatusNotFound)
-			return
-		}
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		p.plans.invalidate()
-		p.Rec.Trigger()
-		fmt.Fprintln(w, "ok")
+// admin serves POST /admin/{stop,pause,resize,delete,add-foreign,add-owned,unreachable}
+// on the current term's simulator. VMs are named by zone plus name
+// (libvirt) or vmid (Proxmox).
+func (p *Provider) admin(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		http.Error(w, "use POST", http.StatusMethodNotAllowed)
+		return
 	}
+	tm := p.current()
+	if tm == nil {
+		http.Error(w, "this replica is not serving the desired state", http.StatusServiceUnavailable)
+		return
+	}
+	sim, ok := tm.raw.(simulator)
+	if !ok {
+		http.Error(w, "the admin endpoints drive the simulator only", http.StatusNotFound)
+		return
+	}
+	q := r.URL.Query()
+	t := hypervisors.Target{Zone: q.Get("zone"), Name: q.Get("name")}
+	if v := q.Get("vmid"); v != "" {
+		t.VMID, _ = strconv.Atoi(v)
+	}
+	if m := q.Get("machine"); m != "" {
+		mm := tm.doc.Get(m)
+		switch {
+		case mm == nil:
+			http.Error(w, "unknown machine "+bounded(m, 128), http.StatusNotFound)
+			return
+		case mm.VMName == "" || mm.State == desired.Speculative:
+			http.Error(w, "machine "+bounded(m, 128)+" is "+mm.State.String()+" and has no VM yet; Create it first", http.StatusConflict)
+			return
+		}
+		t = hypervisors.Target{Zone: mm.Zone, Name: mm.VMName, VMID: mm.VMID}
+	}
+	var err error
+	switch action := strings.TrimPrefix(r.URL.Path, "/admin/"); action {
+	case "stop":
+		err = sim.StopVM(t)
+	case "pause":
+		err = sim.PauseVM(t)
+	case "resize":
+		vcpu, _ := strconv.Atoi(q.Get("vcpu"))
+		mem, _ := strconv.Atoi(q.Get("memory_mib"))
+		err = sim.ResizeVM(t, vcpu, mem)
+	case "delete":
+		err = sim.RemoveVM(t)
+	case "add-foreign":
+		switch f := tm.raw.(type) {
+		case *fake.Libvirt:
+			err = f.AddForeignVM(t.Zone, t.Name, nil)
+		case *fake.Proxmox:
+			_, err = f.AddForeignVM(t.Zone, t.VMID, t.Name, nil)
+		}
+	case "add-owned":
+		mk := observed.Marker{Installation: tm.doc.Installation(), MachineID: q.Get("id"), InstanceType: q.Get("instance_type")}
+		switch f := tm.raw.(type) {
+		case *fake.Libvirt:
+			err = f.AddOwnedVM(t.Zone, t.Name, mk, observed.PowerRunning)
+		case *fake.Proxmox:
+			_, err = f.AddOwnedVM(t.Zone, t.Name, mk, observed.PowerRunning)
+		}
+	case "unreachable":
+		sim.SetUnreachable(t.Zone, q.Get("on") != "false")
+	default:
+		http.Error(w, "unknown admin action "+bounded(action, 64), http.StatusNotFound)
+		return
+	}
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	p.plans.invalidate()
+	tm.rec.Trigger()
+	fmt.Fprintln(w, "ok")
 }
 
 // bounded cuts s to n bytes for a message.

@@ -17,11 +17,11 @@ type blockingPlanner struct {
 	release chan struct{}
 }
 
-func (b *blockingPlanner) plan(ctx context.Context) *planner.Plan {
+func (b *blockingPlanner) plan(ctx context.Context) (*planner.Plan, error) {
 	b.calls.Add(1)
 	b.started <- struct{}{}
 	<-b.release
-	return &planner.Plan{Installation: "i"}
+	return &planner.Plan{Installation: "i"}, nil
 }
 
 // TestPlanCacheCoalesces sends 20 requests while a computation runs and

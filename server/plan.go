@@ -3,12 +3,14 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"time"
 
 	"github.com/bigfleet-vm/provider/config"
 	"github.com/bigfleet-vm/provider/desired"
+	"github.com/bigfleet-vm/provider/etcdstore"
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/planner"
 	"github.com/bigfleet-vm/provider/reconciler"
@@ -29,7 +31,18 @@ import (
 // add them. With no state file the inventory is the offerings' slots.
 func OfflinePlan(ctx context.Context, cfg *config.Config) (*planner.Plan, error) {
 	stored := map[string][]byte{}
-	if cfg.StatePath != "" {
+	switch {
+	case cfg.Etcd != nil:
+		// Read what the leader committed, without campaigning or writing.
+		client, err := etcdstore.NewClient(ctx, cfg.Etcd.Client())
+		if err != nil {
+			return nil, fmt.Errorf("--state %s: %w", cfg.StatePath, err)
+		}
+		defer client.Close()
+		if stored, err = etcdstore.ReadOnly(ctx, client, cfg.Etcd.Prefix, 0); err != nil {
+			return nil, fmt.Errorf("--state %s: %w", cfg.StatePath, err)
+		}
+	case cfg.StatePath != "":
 		s, err := statefile.ReadOnly(cfg.StatePath)
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
@@ -45,6 +58,11 @@ func OfflinePlan(ctx context.Context, cfg *config.Config) (*planner.Plan, error)
 	view, err := desired.Inspect(stored, docOptions(cfg, nil), desiredSlots(cfg))
 	if err != nil {
 		return nil, err
+	}
+	if cfg.Etcd != nil && view.Fresh {
+		// As with a missing state file: a typo in the prefix must not look
+		// like the clean plan of a fresh installation.
+		return nil, fmt.Errorf("--state %s: no desired state under prefix %s (a provider writes it when it first leads); check the prefix", cfg.StatePath, cfg.Etcd.Prefix)
 	}
 
 	hv, err := openReadOnly(ctx, cfg, view.Installation, stored)

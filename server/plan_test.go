@@ -56,11 +56,11 @@ func TestOfflinePlanReadOnly(t *testing.T) {
 			}
 			defer p.Close()
 			id := cfg.Slots[0].ID
-			if _, err := p.Doc.Mutate(ctx, desired.Request{Kind: desired.KindCreate, MachineID: id}); err != nil {
+			if _, err := p.current().doc.Mutate(ctx, desired.Request{Kind: desired.KindCreate, MachineID: id}); err != nil {
 				t.Fatal(err)
 			}
 			mk := observed.Marker{Installation: "plan-test", MachineID: "orphan-1", InstanceType: cfg.Slots[0].Type.Name}
-			switch f := p.raw.(type) {
+			switch f := p.current().raw.(type) {
 			case *fake.Libvirt:
 				err = f.AddOwnedVM(cfg.Zones[0], "bf-plan-test-orphan-1", mk, observed.PowerRunning)
 			case *fake.Proxmox:
@@ -72,7 +72,7 @@ func TestOfflinePlanReadOnly(t *testing.T) {
 			// The simulator journals into the state store: wait until the
 			// orphan is on disk.
 			flushed := make(chan error, 1)
-			p.store.Commit(nil, func(err error) { flushed <- err }) // a barrier: done runs in commit order
+			p.current().store.Commit(nil, func(err error) { flushed <- err }) // a barrier: done runs in commit order
 			if err := <-flushed; err != nil {
 				t.Fatal(err)
 			}

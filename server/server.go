@@ -25,12 +25,10 @@ import (
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
 	"github.com/bigfleet-vm/provider/config"
 	"github.com/bigfleet-vm/provider/desired"
-	"github.com/bigfleet-vm/provider/executor"
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/fake"
 	"github.com/bigfleet-vm/provider/metrics"
 	"github.com/bigfleet-vm/provider/planner"
-	"github.com/bigfleet-vm/provider/reconciler"
 	"github.com/bigfleet-vm/provider/service"
 	"github.com/bigfleet-vm/provider/statefile"
 )
@@ -47,105 +45,96 @@ func Logger(cfg *config.Config, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
-// Provider is an assembled, not yet serving provider.
+// Provider is an assembled, not yet serving provider. What acts on the
+// desired state lives in a term (term.go): a single replica has one for
+// its life; a replica of an etcd state has one while it leads and none
+// while it stands by.
 type Provider struct {
 	cfg     *config.Config
 	log     *slog.Logger
-	store   stateStore
-	Doc     *desired.Document
-	HV      hypervisors.Hypervisor
-	raw     hypervisors.Hypervisor // before instrumentation (admin endpoints)
 	Metrics *metrics.Metrics
-	Rec     *reconciler.Reconciler
-	Planner planner.Config
-	plans   *planCache // /debug/plan; set when the metrics listener serves
+	cur     atomic.Pointer[term] // the term served; nil on a standby
+	ha      *replica             // set with an etcd state
+	plans   *planCache           // /debug/plan; set when the metrics listener serves
 }
 
 // Build assembles the provider. Nothing listens yet.
 func Build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Provider, error) {
 	p := &Provider{cfg: cfg, log: log}
-	var err error
+	p.Metrics = metrics.New(func() map[[3]string]int {
+		if t := p.cur.Load(); t != nil {
+			return t.doc.Counts()
+		}
+		return nil
+	}, func() float64 {
+		if t := p.cur.Load(); t != nil {
+			return float64(t.store.Size())
+		}
+		return 0
+	})
+	p.Metrics.ReconcileInterval(cfg.ReconcileInterval)
+	p.Metrics.StateHealth(func() error {
+		if t := p.cur.Load(); t != nil {
+			return t.doc.Healthy()
+		}
+		return nil
+	})
+	// zone_up and /readyz read the same live status.
+	p.Metrics.SetZoneHealth(p.zoneHealth)
+
+	if cfg.Etcd != nil {
+		// Replicas of an etcd state build a term only while they lead.
+		r, err := p.newReplica(ctx)
+		if err != nil {
+			return nil, err
+		}
+		p.ha = r
+		return p, nil
+	}
+	var store stateStore
 	if cfg.StatePath != "" {
-		var f *statefile.File
-		f, err = statefile.Open(cfg.StatePath, statefile.Options{Logger: log, OnCommit: func(records, bytes int, fsync time.Duration) {
+		f, err := statefile.Open(cfg.StatePath, statefile.Options{Logger: log, OnCommit: func(records, bytes int, fsync time.Duration) {
 			p.Metrics.Commit(records, bytes, fsync)
 		}})
 		if err != nil {
 			return nil, err
 		}
-		p.store = fileStore{f}
+		store = fileStore{f}
 	} else {
-		p.store = memoryStore{desired.NewMemoryStore(nil)}
+		store = memoryStore{desired.NewMemoryStore(nil)}
 	}
-	p.Metrics = metrics.New(func() map[[3]string]int {
-		if p.Doc == nil {
-			return nil
-		}
-		return p.Doc.Counts()
-	}, func() float64 { return float64(p.store.Size()) })
-	p.Metrics.ReconcileInterval(cfg.ReconcileInterval)
-	p.Metrics.StateHealth(func() error {
-		if p.Doc == nil {
-			return nil
-		}
-		return p.Doc.Healthy()
-	})
-
-	var rec *reconciler.Reconciler
-	opts := docOptions(cfg, p.store)
-	opts.Notify = func(id string) {
-		if rec != nil {
-			rec.Enqueue(id)
-		}
-	}
-	doc, rep, err := desired.Open(ctx, opts, desiredSlots(cfg))
+	t, err := openTerm(ctx, cfg, log, p.Metrics, store, nil)
 	if err != nil {
-		p.store.Close()
 		return nil, err
 	}
-	p.Doc = doc
-	log.Info("state loaded", "machines", doc.Len(), "added", rep.Added, "removed", rep.Removed, "slotless", rep.Slotless,
-		"redriven", rep.Redriven, "failed_configure", rep.FailedConfigure, "installation", doc.Installation())
-
-	world := simWorld{}
-	if cfg.StatePath != "" {
-		state, err := p.store.Load(ctx)
-		if err != nil {
-			p.store.Close()
-			return nil, err
-		}
-		world = simWorld{state: state, store: p.store}
-	}
-	p.raw, err = openHypervisor(ctx, cfg, doc.Installation(), log, world)
-	if err != nil {
-		p.store.Close()
-		return nil, err
-	}
-	p.HV = metrics.Instrument(p.raw, p.Metrics)
-	if h, ok := p.raw.(hypervisors.HealthReporter); ok {
-		// zone_up and /readyz read the same live status.
-		p.Metrics.SetZoneHealth(h.ZoneHealth)
-	}
-	p.Planner = plannerConfig(cfg, doc.Installation())
-	exec := executor.New(executor.Options{Hypervisor: p.HV, Installation: doc.Installation(), Blob: doc.Blob,
-		PerZone: cfg.MaxConcurrentPerZone, Logger: log, Observer: p.Metrics,
-		// A guest command's start is committed before it is sent, so a
-		// transition re-driven after a restart or fail-over never sends it
-		// again (the planner fails it instead).
-		ExecStarting: doc.ExecStarting})
-	capacity := desired.OnDemand
-	if cfg.BareMetal {
-		capacity = desired.BareMetal
-	}
-	rec = reconciler.New(reconciler.Options{Doc: doc, Hypervisor: p.HV, Executor: exec, Planner: p.Planner,
-		Interval: cfg.ReconcileInterval, Capacity: capacity, Logger: log, Metrics: p.Metrics, QueueMetrics: p.Metrics.QueueMetrics(),
-		RepairDelay: cfg.DriftRepairDelay,
-		Types: func(name string) (int, int, bool) {
-			it, ok := cfg.Catalog[name]
-			return it.VCPU, it.MemoryMiB, ok
-		}})
-	p.Rec = rec
+	p.cur.Store(t)
 	return p, nil
+}
+
+// current returns the term this replica serves, or nil on a standby.
+func (p *Provider) current() *term { return p.cur.Load() }
+
+// zoneHealth is the current hypervisor's live zone status (nil without
+// one).
+func (p *Provider) zoneHealth() map[string]error {
+	if t := p.cur.Load(); t != nil {
+		if h, ok := t.raw.(hypervisors.HealthReporter); ok {
+			return h.ZoneHealth()
+		}
+	}
+	return nil
+}
+
+// Document is the service's source: the current term's document, or an
+// Unavailable error on a replica that serves none.
+func (p *Provider) Document() (*desired.Document, error) {
+	if t := p.cur.Load(); t != nil {
+		return t.doc, nil
+	}
+	if p.ha != nil {
+		return nil, p.ha.standbyError()
+	}
+	return nil, &desired.Error{Code: desired.CodeUnavailable, Msg: "this replica is not serving the desired state"}
 }
 
 // docOptions configures the desired document from the flags.
@@ -195,15 +184,23 @@ func plannerConfig(cfg *config.Config, installation string) planner.Config {
 	return pc
 }
 
-// Close releases the hypervisor and flushes the state store.
+// Close releases what the current term holds (the hypervisor, the state
+// store).
 func (p *Provider) Close() error {
-	return errors.Join(p.HV.Close(), p.store.Close())
+	var errs []error
+	if t := p.cur.Swap(nil); t != nil {
+		errs = append(errs, t.close())
+	}
+	if p.ha != nil {
+		errs = append(errs, p.ha.client.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // Serve runs until ctx is done, then shuts down gracefully.
 func (p *Provider) Serve(ctx context.Context) error {
 	cfg, log := p.cfg, p.log
-	svc := service.New(p.Doc, cfg.Provider)
+	svc := service.New(p, cfg.Provider)
 	gopts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(maxRecvBytes),
 		grpc.ForceServerCodecV2(svc.Codec()),
@@ -236,49 +233,51 @@ func (p *Provider) Serve(ctx context.Context) error {
 		return fmt.Errorf("listen on --addr %s: %w", cfg.Addr, err)
 	}
 	var serving atomic.Bool
+	setServing(hs, &serving, false)
 	hsrv, err := p.serveHTTP(ctx, &serving, hs)
 	if err != nil {
 		lis.Close()
 		return err
 	}
 
-	loopCtx, stopLoop := context.WithCancel(context.Background())
-	workCtx, cancelWork := context.WithCancel(context.Background())
-	loopDone := make(chan struct{})
-	go func() {
-		p.Rec.Run(loopCtx, workCtx)
-		close(loopDone)
-	}()
-
 	grpcErr := make(chan error, 1)
 	go func() { grpcErr <- gs.Serve(lis) }()
-	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	hs.SetServingStatus(pb.CapacityProvider_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
-	serving.Store(true)
-	log.Info("serving CapacityProvider", "addr", lis.Addr().String(), "provider", cfg.Provider, "hypervisor", cfg.Hypervisor,
-		"backend", cfg.Backend, "security", security, "machines", p.Doc.Len(), "zones", strings.Join(cfg.Zones, ","))
-
 	var serveErr error
-	select {
-	case <-ctx.Done():
-	case serveErr = <-grpcErr:
+	if p.ha != nil {
+		log.Info("serving CapacityProvider as a replica of an etcd state", "addr", lis.Addr().String(), "provider", cfg.Provider,
+			"hypervisor", cfg.Hypervisor, "backend", cfg.Backend, "security", security, "identity", cfg.Etcd.Identity,
+			"zones", strings.Join(cfg.Zones, ","))
+		lctx, stop := context.WithCancel(ctx)
+		leadDone := make(chan struct{})
+		go func() { p.lead(lctx, hs, &serving); close(leadDone) }()
+		select {
+		case <-ctx.Done():
+		case serveErr = <-grpcErr:
+		}
+		log.Info("shutting down")
+		stop()
+		<-leadDone
+		hs.Shutdown()
+	} else {
+		t := p.current()
+		t.start()
+		setServing(hs, &serving, true)
+		log.Info("serving CapacityProvider", "addr", lis.Addr().String(), "provider", cfg.Provider, "hypervisor", cfg.Hypervisor,
+			"backend", cfg.Backend, "security", security, "machines", t.doc.Len(), "zones", strings.Join(cfg.Zones, ","))
+		select {
+		case <-ctx.Done():
+		case serveErr = <-grpcErr:
+		}
+		// A graceful stop: refuse new mutations (UNAVAILABLE) and report
+		// NOT_SERVING, but keep answering reads while the reconciler
+		// finishes the queued and in-flight work; only kill -9 or an
+		// exhausted grace may interrupt a transition (and so fail a
+		// Configure at the next start).
+		log.Info("shutting down")
+		serving.Store(false)
+		hs.Shutdown()
+		t.drain(cfg.ShutdownGrace, "the provider is shutting down")
 	}
-	// A graceful stop: refuse new mutations (UNAVAILABLE) and report
-	// NOT_SERVING, but keep answering reads while the reconciler finishes
-	// the queued and in-flight work; only kill -9 or an exhausted grace may
-	// interrupt a transition (and so fail a Configure at the next start).
-	log.Info("shutting down: finishing queued and in-flight work", "grace", cfg.ShutdownGrace, "queued", p.Rec.Depth())
-	p.Doc.Refuse("the provider is shutting down")
-	serving.Store(false)
-	hs.Shutdown()
-	stopLoop()
-	select {
-	case <-loopDone:
-	case <-time.After(cfg.ShutdownGrace):
-		log.Warn("queued and in-flight work did not finish within the shutdown grace; it is interrupted now and re-driven at the next start (an interrupted Configure fails)")
-	}
-	cancelWork()
-	<-loopDone
 	stopped := make(chan struct{})
 	go func() { gs.GracefulStop(); close(stopped) }()
 	select {

@@ -26,7 +26,7 @@ func fleet(b testing.TB, n int) *Service {
 	if err != nil {
 		b.Fatal(err)
 	}
-	return New(d, "libvirt")
+	return New(Fixed{d}, "libvirt")
 }
 
 // BenchmarkListFull100k is the server's share of a full List of 100,000

@@ -12,22 +12,38 @@ import (
 	"github.com/bigfleet-vm/provider/desired"
 )
 
+// Documents hands the service the document to serve, or the error to
+// answer instead (a standby replica: Unavailable, naming the leader).
+type Documents interface {
+	Document() (*desired.Document, error)
+}
+
+// Fixed serves one document for good.
+type Fixed struct{ Doc *desired.Document }
+
+// Document returns the document.
+func (f Fixed) Document() (*desired.Document, error) { return f.Doc, nil }
+
 // Service implements pb.CapacityProviderServer.
 type Service struct {
 	pb.UnimplementedCapacityProviderServer
-	doc      *desired.Document
+	docs     Documents
 	provider string
 	frames   *frames
 	shapes   sync.Map // [vcpu, memory MiB] → allocatable map
 }
 
 // New returns the service. provider is the label stamped on HostRef.
-func New(doc *desired.Document, provider string) *Service {
-	return &Service{doc: doc, provider: provider, frames: newFrames()}
+func New(docs Documents, provider string) *Service {
+	return &Service{docs: docs, provider: provider, frames: newFrames()}
 }
 
 func (s *Service) mutate(ctx context.Context, r desired.Request) (*pb.TransitionAck, error) {
-	ack, err := s.doc.Mutate(ctx, r)
+	doc, err := s.docs.Document()
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	ack, err := doc.Mutate(ctx, r)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -68,7 +84,11 @@ func (s *Service) Get(_ context.Context, r *pb.MachineRef) (*pb.Machine, error) 
 	if err := desired.CheckID("id", r.GetId()); err != nil {
 		return nil, toStatus(err)
 	}
-	m := s.doc.Get(r.GetId())
+	doc, err := s.docs.Document()
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	m := doc.Get(r.GetId())
 	if m == nil {
 		return nil, status.Errorf(codes.NotFound, "machine %s not found", desired.Clip(r.GetId(), 64))
 	}
@@ -85,7 +105,11 @@ func (s *Service) List(_ context.Context, f *pb.ListFilter) (*pb.MachineList, er
 			states[desired.State(st)] = true
 		}
 	}
-	ms, next := s.doc.List(states, max(int(f.GetMaxResults()), 0), f.GetSinceRevision())
+	doc, err := s.docs.Document()
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	ms, next := doc.List(states, max(int(f.GetMaxResults()), 0), f.GetSinceRevision())
 	out := &pb.MachineList{Machines: make([]*pb.Machine, len(ms)), Revision: next}
 	ws := make([]*wireMachine, len(ms))
 	for i, m := range ms {

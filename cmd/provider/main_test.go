@@ -89,7 +89,11 @@ func makeState(t *testing.T, state string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.Doc.Mutate(ctx, desired.Request{Kind: desired.KindCreate, MachineID: cfg.Slots[0].ID}); err != nil {
+	doc, err := p.Document()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := doc.Mutate(ctx, desired.Request{Kind: desired.KindCreate, MachineID: cfg.Slots[0].ID}); err != nil {
 		t.Fatal(err)
 	}
 	if err := p.Close(); err != nil {

@@ -61,7 +61,7 @@ func plan(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "provider plan: invalid configuration:\n%v\n", err)
 			return 1
 		}
-		if err := stateExists(cfg.StatePath); err != nil {
+		if err := stateExists(cfg); err != nil {
 			fmt.Fprintf(stderr, "provider plan: %v\n", err)
 			return 1
 		}
@@ -98,7 +98,11 @@ func plan(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // stateExists refuses a --state that names no state: planning it would
 // print the plan of a fresh installation and exit 0, so a typo in the
 // path would look like a clean plan.
-func stateExists(path string) error {
+func stateExists(cfg *config.Config) error {
+	path := cfg.StatePath
+	if cfg.Etcd != nil {
+		return nil // an empty prefix is a fresh installation; OfflinePlan reads it
+	}
 	if path == "" {
 		return nil
 	}

@@ -1,0 +1,5 @@
+//go:build race
+
+package etcdstore
+
+const raceEnabled = true

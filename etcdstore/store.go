@@ -1,0 +1,762 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Op is one change: a put of Value under Key, or a delete of Key. It has
+// the shape of the desired package's Op.
+type Op struct {
+	Key    string
+	Value  []byte
+	Delete bool
+}
+
+// Store defaults. The limits are etcd's server defaults; raise them only
+// together with the cluster's --max-txn-ops and --max-request-bytes.
+const (
+	DefaultMaxTxnOps       = 128
+	DefaultMaxRequestBytes = 1536 * 1024 // 1.5 MiB
+	DefaultTxnTimeout      = 5 * time.Second
+	DefaultAttemptTimeout  = 2 * time.Second
+	DefaultLoadPageSize    = 4096
+	DefaultChunkParallel   = 4
+	// MaxKeyBytes caps an Op's key.
+	MaxKeyBytes = 4096
+	// txnReserve is the part of a request kept for the compares, the
+	// writer key, the Else reads and the raft request header.
+	txnReserve = 8 << 10
+	// opOverhead bounds the protobuf framing of one put or delete.
+	opOverhead = 32
+	// stateDir holds the document's keys under the prefix.
+	stateDir = "/state/"
+	// loadAttempts bounds how often Load restarts when compaction
+	// overtakes its revision.
+	loadAttempts = 3
+)
+
+var (
+	// ErrClosed fails batches committed after Close.
+	ErrClosed = errors.New("etcd store is closed")
+)
+
+// Options tune a Store. The zero value is production-ready against an
+// etcd cluster with default limits.
+type Options struct {
+	// MaxTxnOps is the cluster's --max-txn-ops; one op of every txn is
+	// the store's own writer key. Zero means DefaultMaxTxnOps.
+	MaxTxnOps int
+	// MaxRequestBytes is the cluster's --max-request-bytes. Zero means
+	// DefaultMaxRequestBytes.
+	MaxRequestBytes int
+	// TxnTimeout bounds one txn, retries included, so a cluster without
+	// quorum fails the store instead of hanging. Zero means
+	// DefaultTxnTimeout. The term ending cuts it short.
+	TxnTimeout time.Duration
+	// AttemptTimeout bounds one attempt of a txn: an attempt stuck on a
+	// member that stopped serving is abandoned and the txn sent again
+	// (safely, see the package documentation). Zero means
+	// DefaultAttemptTimeout.
+	AttemptTimeout time.Duration
+	// LoadPageSize is how many keys Load reads per request. Zero means
+	// DefaultLoadPageSize.
+	LoadPageSize int
+	// ChunkParallel is how many txns of one oversized batch (see
+	// Commit) may be in flight at once. Zero means DefaultChunkParallel.
+	ChunkParallel int
+	// Logger receives failures; nil discards them.
+	Logger *slog.Logger
+	// OnCommit, if set, is called after every successful txn with the
+	// number of ops and request bytes it carried and how long it took. It
+	// runs on the committer goroutine and must return quickly.
+	OnCommit func(ops, bytes int, took time.Duration)
+}
+
+// Store keeps the desired document's key/value pairs in etcd for one
+// leadership term. See the package documentation for its invariants.
+type Store struct {
+	client    *clientv3.Client
+	term      *Term
+	prefix    string // data keys are prefix + Op.Key
+	writerKey string
+	opts      Options
+	maxOps    int // per txn, without the writer key
+	maxBytes  int // per txn, without txnReserve
+	log       *slog.Logger
+	stopWatch func() bool
+
+	mu       sync.Mutex
+	wake     *sync.Cond
+	queue    []pending // for the committer
+	late     []pending // committed after Close: they fail with ErrClosed
+	err      error     // sticky
+	closing  bool
+	exited   bool // the committer returned; late batches go to a drainer
+	draining bool // a drainer runs
+
+	// Owned by the committer goroutine (and Load, which runs before it
+	// has work).
+	writerRev int64          // mod revision of writerKey after our last txn
+	seq       uint64         // txns sent in this term
+	sizes     map[string]int // committed key → len(key)+len(value)
+
+	size    atomic.Int64
+	stopped chan struct{}
+}
+
+type pending struct {
+	ops  []Op
+	done func(error)
+}
+
+// Open starts the store for term under prefix (data keys live under
+// prefix + "/state/"). It reads the writer key through a guarded txn, so
+// it fails with ErrNotLeader if the term is already over. The store never
+// closes client and never ends term.
+func Open(ctx context.Context, client *clientv3.Client, prefix string, term *Term, opts Options) (*Store, error) {
+	if client == nil || term == nil {
+		return nil, errors.New("open etcd store: nil client or term")
+	}
+	if err := checkPrefix(prefix); err != nil {
+		return nil, fmt.Errorf("open etcd store: %w", err)
+	}
+	if opts.MaxTxnOps == 0 {
+		opts.MaxTxnOps = DefaultMaxTxnOps
+	}
+	if opts.MaxRequestBytes == 0 {
+		opts.MaxRequestBytes = DefaultMaxRequestBytes
+	}
+	if opts.TxnTimeout == 0 {
+		opts.TxnTimeout = DefaultTxnTimeout
+	}
+	if opts.AttemptTimeout == 0 {
+		opts.AttemptTimeout = DefaultAttemptTimeout
+	}
+	if opts.LoadPageSize == 0 {
+		opts.LoadPageSize = DefaultLoadPageSize
+	}
+	if opts.ChunkParallel == 0 {
+		opts.ChunkParallel = DefaultChunkParallel
+	}
+	switch {
+	case opts.MaxTxnOps < 2:
+		return nil, fmt.Errorf("open etcd store: MaxTxnOps %d is below 2", opts.MaxTxnOps)
+	case opts.MaxRequestBytes < 2*txnReserve:
+		return nil, fmt.Errorf("open etcd store: MaxRequestBytes %d is below %d", opts.MaxRequestBytes, 2*txnReserve)
+	case opts.MaxRequestBytes > clientSendLimit:
+		return nil, fmt.Errorf("open etcd store: MaxRequestBytes %d is above the client's %d", opts.MaxRequestBytes, clientSendLimit)
+	case opts.TxnTimeout < 0 || opts.AttemptTimeout < 0:
+		return nil, fmt.Errorf("open etcd store: negative TxnTimeout %v or AttemptTimeout %v", opts.TxnTimeout, opts.AttemptTimeout)
+	case opts.LoadPageSize < 1:
+		return nil, fmt.Errorf("open etcd store: LoadPageSize %d is below 1", opts.LoadPageSize)
+	case opts.ChunkParallel < 1:
+		return nil, fmt.Errorf("open etcd store: ChunkParallel %d is below 1", opts.ChunkParallel)
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Store{
+		client:    client,
+		term:      term,
+		prefix:    prefix + stateDir,
+		writerKey: prefix + "/writer",
+		opts:      opts,
+		maxOps:    opts.MaxTxnOps - 1,
+		maxBytes:  opts.MaxRequestBytes - txnReserve,
+		log:       log,
+		sizes:     make(map[string]int),
+		stopped:   make(chan struct{}),
+	}
+	s.wake = sync.NewCond(&s.mu)
+	resp, err := client.Txn(ctx).If(term.Guard()).Then(clientv3.OpGet(s.writerKey)).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("open etcd store: read %s: %w", s.writerKey, err)
+	}
+	if !resp.Succeeded {
+		return nil, fmt.Errorf("open etcd store: %w: election key %s is gone", ErrNotLeader, term.Key())
+	}
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+		s.writerRev = kvs[0].ModRevision
+	}
+	s.stopWatch = context.AfterFunc(term.Context(), func() { s.fail(context.Cause(term.Context())) })
+	go s.run()
+	return s, nil
+}
+
+// Load returns every key/value pair under the store's prefix, read in
+// pages at one revision; the first page is a txn guarded by the term, so
+// everything the previous leader committed is included and nothing it
+// could still send is. Call it once, before the first Commit.
+func (s *Store) Load(ctx context.Context) (map[string][]byte, error) {
+	var err error
+	for range loadAttempts {
+		var m map[string][]byte
+		m, err = s.load(ctx)
+		if err == nil {
+			return m, nil
+		}
+		if !errors.Is(err, rpctypes.ErrCompacted) {
+			return nil, err
+		}
+		s.log.Warn("etcd compacted the revision a load was reading; reading again", "err", err)
+	}
+	return nil, err
+}
+
+func (s *Store) load(ctx context.Context) (map[string][]byte, error) {
+	end := clientv3.GetPrefixRangeEnd(s.prefix)
+	page := int64(s.opts.LoadPageSize)
+	resp, err := s.client.Txn(ctx).If(s.term.Guard()).
+		Then(clientv3.OpGet(s.prefix, clientv3.WithRange(end), clientv3.WithLimit(page))).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", s.prefix, err)
+	}
+	if !resp.Succeeded {
+		return nil, fmt.Errorf("load %s: %w: election key %s is gone", s.prefix, ErrNotLeader, s.term.Key())
+	}
+	rev := resp.Header.Revision
+	rr := resp.Responses[0].GetResponseRange()
+	m := make(map[string][]byte, rr.Count)
+	sizes := make(map[string]int, rr.Count)
+	var total int64
+	for {
+		for _, kv := range rr.Kvs {
+			k := string(kv.Key[len(s.prefix):])
+			m[k] = kv.Value
+			sizes[k] = len(k) + len(kv.Value)
+			total += int64(len(k) + len(kv.Value))
+		}
+		if !rr.More || len(rr.Kvs) == 0 {
+			break
+		}
+		next := string(rr.Kvs[len(rr.Kvs)-1].Key) + "\x00"
+		g, err := s.client.Get(ctx, next, clientv3.WithRange(end), clientv3.WithLimit(page), clientv3.WithRev(rev))
+		if err != nil {
+			return nil, fmt.Errorf("load %s at revision %d after %d keys: %w", s.prefix, rev, len(m), err)
+		}
+		rr.Kvs, rr.More = g.Kvs, g.More
+	}
+	s.mu.Lock()
+	s.sizes = sizes
+	s.mu.Unlock()
+	s.size.Store(total)
+	return m, nil
+}
+
+// Commit queues ops as one batch and returns without waiting. done, if
+// not nil, is called exactly once, never from inside Commit, in Commit
+// order, from the store's committer goroutine (batches committed after
+// Close fail with ErrClosed from a drain goroutine that starts once the
+// committer is done): nil once etcd committed the batch, or an
+// error once the batch is not known to be committed. After the first
+// failure every later batch fails too. The store keeps ops' values; the
+// caller must not modify them afterwards.
+func (s *Store) Commit(ops []Op, done func(error)) {
+	p := pending{ops: append([]Op(nil), ops...), done: done}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		s.late = append(s.late, p)
+		s.drainLocked()
+		return
+	}
+	s.queue = append(s.queue, p)
+	s.wake.Signal()
+}
+
+// drainLocked starts a drainer for late batches once the committer has
+// returned, so their done callbacks never overlap the committer's.
+func (s *Store) drainLocked() {
+	if s.exited && !s.draining && len(s.late) > 0 {
+		s.draining = true
+		go s.drainLate()
+	}
+}
+
+// Healthy returns the error that stopped the store: ErrNotLeader (wrapped)
+// once the term ended, or the first failed txn. It checks the term's lease
+// deadline itself, so a process that slept through its lease sees the
+// failure on the first call after waking.
+func (s *Store) Healthy() error {
+	if err := s.term.Err(); err != nil {
+		s.fail(err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// Size is the number of key and value bytes the store holds: what Load
+// found plus every committed change since.
+func (s *Store) Size() int64 { return s.size.Load() }
+
+// Close commits what is queued (or fails it, if the store failed) and
+// stops the committer. Batches committed after Close fail with ErrClosed.
+// It neither closes the client nor ends the term.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		<-s.stopped
+		return nil
+	}
+	s.closing = true
+	s.wake.Signal()
+	s.mu.Unlock()
+	<-s.stopped
+	s.stopWatch()
+	return nil
+}
+
+// fail stops the store with err and ends the term: after a txn whose
+// outcome is unknown this replica's view may differ from etcd's, so it
+// must step down and let a leader that reloads take over; ending the term
+// also revokes the lease, which fences any attempt still in flight.
+func (s *Store) fail(err error) {
+	s.mu.Lock()
+	first := s.err == nil
+	if first {
+		s.err = err
+	}
+	s.mu.Unlock()
+	if first {
+		s.log.Error("etcd store stopped", "err", err)
+		s.term.end(fmt.Errorf("%w: the etcd store failed: %v", ErrNotLeader, err))
+	}
+}
+
+func (s *Store) sticky() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+func (s *Store) drainLate() {
+	for {
+		s.mu.Lock()
+		q := s.late
+		s.late = nil
+		if len(q) == 0 {
+			s.draining = false
+			s.mu.Unlock()
+			return
+		}
+		s.mu.Unlock()
+		for _, p := range q {
+			if p.done != nil {
+				p.done(ErrClosed)
+			}
+		}
+	}
+}
+
+// run is the committer: it takes every queued batch at once and writes
+// them in as few txns as the limits allow, one txn in flight at a time.
+func (s *Store) run() {
+	defer close(s.stopped)
+	for {
+		s.mu.Lock()
+		for len(s.queue) == 0 && !s.closing {
+			s.wake.Wait()
+		}
+		q := s.queue
+		s.queue = nil
+		if len(q) == 0 {
+			s.exited = true
+			s.drainLocked()
+			s.mu.Unlock()
+			return
+		}
+		s.mu.Unlock()
+		s.process(q)
+	}
+}
+
+// txnBuf collects the ops of one txn, one per key (last wins).
+type txnBuf struct {
+	ops   []Op
+	index map[string]int
+	bytes int
+}
+
+func (b *txnBuf) reset() {
+	b.ops = b.ops[:0]
+	clear(b.index)
+	b.bytes = 0
+}
+
+func opBytes(prefix string, op Op) int {
+	return len(prefix) + len(op.Key) + len(op.Value) + opOverhead
+}
+
+// fits reports whether ops can join the txn: the keys it does not hold
+// yet stay within maxOps and the bytes (counted as if nothing were
+// replaced) within maxBytes.
+func (s *Store) fits(b *txnBuf, ops []Op) bool {
+	n, bytes := len(b.ops), b.bytes
+	for _, op := range ops {
+		if _, ok := b.index[op.Key]; !ok {
+			n++
+		}
+		bytes += opBytes(s.prefix, op)
+	}
+	return n <= s.maxOps && bytes <= s.maxBytes
+}
+
+func (s *Store) add(b *txnBuf, op Op) {
+	if i, ok := b.index[op.Key]; ok {
+		b.bytes -= opBytes(s.prefix, b.ops[i])
+		b.ops[i] = op
+	} else {
+		b.index[op.Key] = len(b.ops)
+		b.ops = append(b.ops, op)
+	}
+	b.bytes += opBytes(s.prefix, op)
+}
+
+// dedupe keeps the last op of every key, in the order keys first appear.
+func dedupe(ops []Op) []Op {
+	if len(ops) < 2 {
+		return ops
+	}
+	idx := make(map[string]int, len(ops))
+	out := make([]Op, 0, len(ops))
+	for _, op := range ops {
+		if i, ok := idx[op.Key]; ok {
+			out[i] = op
+			continue
+		}
+		idx[op.Key] = len(out)
+		out = append(out, op)
+	}
+	return out
+}
+
+func (s *Store) checkOp(op Op) error {
+	switch {
+	case op.Key == "":
+		return errors.New("commit: empty key")
+	case len(op.Key) > MaxKeyBytes:
+		return fmt.Errorf("commit: key %s is %d bytes, more than the %d allowed", quote(op.Key), len(op.Key), MaxKeyBytes)
+	case opBytes(s.prefix, op) > s.maxBytes:
+		return fmt.Errorf("commit: value of key %s is %d bytes; one etcd request carries at most %d (--max-request-bytes %d)", quote(op.Key), len(op.Value), s.maxBytes, s.opts.MaxRequestBytes)
+	}
+	return nil
+}
+
+// process writes batches in order. Batches that fit together share a txn;
+// a batch that fits no txn alone is split across consecutive txns. A
+// batch's done runs after the txn holding its last op succeeded.
+func (s *Store) process(q []pending) {
+	buf := &txnBuf{index: make(map[string]int)}
+	var waiting []pending
+	for _, p := range q {
+		ops := dedupe(p.ops)
+		var bad error
+		for _, op := range ops {
+			if bad = s.checkOp(op); bad != nil {
+				break
+			}
+		}
+		if bad != nil {
+			s.flush(buf, waiting)
+			waiting = nil
+			s.fail(bad)
+			s.finish([]pending{p}, bad)
+			continue
+		}
+		if s.fits(buf, ops) {
+			for _, op := range ops {
+				s.add(buf, op)
+			}
+			waiting = append(waiting, p)
+			continue
+		}
+		s.flush(buf, waiting)
+		waiting = nil
+		if !s.fits(buf, ops) {
+			chunks := s.split(ops)
+			s.sendChunks(chunks[:len(chunks)-1])
+			ops = chunks[len(chunks)-1]
+		}
+		for _, op := range ops {
+			s.add(buf, op)
+		}
+		waiting = append(waiting, p)
+	}
+	s.flush(buf, waiting)
+}
+
+// split cuts deduplicated ops into runs that each fit one txn.
+func (s *Store) split(ops []Op) [][]Op {
+	var chunks [][]Op
+	start, n, bytes := 0, 0, 0
+	for i, op := range ops {
+		b := opBytes(s.prefix, op)
+		if n+1 > s.maxOps || bytes+b > s.maxBytes {
+			chunks = append(chunks, ops[start:i])
+			start, n, bytes = i, 0, 0
+		}
+		n++
+		bytes += b
+	}
+	return append(chunks, ops[start:])
+}
+
+type chunkResult struct {
+	ops, bytes int
+	took       time.Duration
+}
+
+// sendChunks writes all but the last chunk of an oversized batch,
+// ChunkParallel txns at a time; the last chunk goes with the txn that
+// follows, which moves the writer key. Chunk txns compare the writer key's
+// mod revision but do not move it, so they apply in any order, and a
+// chunk applied twice (a retry) leaves what one application leaves since
+// the keys of one batch are distinct; once the following txn moved the
+// writer key, no late chunk attempt can apply.
+func (s *Store) sendChunks(chunks [][]Op) {
+	if len(chunks) == 0 || s.sticky() != nil {
+		return
+	}
+	sem := make(chan struct{}, s.opts.ChunkParallel)
+	results := make([]chunkResult, len(chunks))
+	var wg sync.WaitGroup
+	for i, ops := range chunks {
+		if s.sticky() != nil {
+			break
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			start := time.Now()
+			bytes, err := s.sendChunk(ops)
+			if err != nil {
+				s.fail(err)
+				return
+			}
+			s.account(ops)
+			results[i] = chunkResult{ops: len(ops), bytes: bytes, took: time.Since(start)}
+		})
+	}
+	wg.Wait()
+	if s.opts.OnCommit != nil {
+		for _, r := range results {
+			if r.ops > 0 {
+				s.opts.OnCommit(r.ops, r.bytes, r.took)
+			}
+		}
+	}
+}
+
+// sendChunk writes one chunk guarded by the term and the writer key's
+// current mod revision, retrying like send.
+func (s *Store) sendChunk(ops []Op) (int, error) {
+	then := make([]clientv3.Op, 0, len(ops))
+	bytes := 0
+	for _, op := range ops {
+		bytes += opBytes(s.prefix, op)
+		if op.Delete {
+			then = append(then, clientv3.OpDelete(s.prefix+op.Key))
+		} else {
+			then = append(then, clientv3.OpPut(s.prefix+op.Key, string(op.Value)))
+		}
+	}
+	rev := s.writerRev
+	resp, err := s.retry(len(ops), func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		return s.client.Txn(ctx).
+			If(s.term.Guard(), clientv3.Compare(clientv3.ModRevision(s.writerKey), "=", rev)).
+			Then(then...).
+			Else(clientv3.OpGet(s.term.Key())).
+			Commit()
+	})
+	if err != nil {
+		return 0, err
+	}
+	if !resp.Succeeded {
+		election := resp.Responses[0].GetResponseRange().Kvs
+		if len(election) == 0 || election[0].CreateRevision != s.term.Revision() {
+			return 0, fmt.Errorf("commit %d ops: %w: the election key was gone at revision %d", len(ops), ErrNotLeader, resp.Header.Revision)
+		}
+		return 0, fmt.Errorf("commit %d ops: %s was changed behind this leader's back (expected revision %d)", len(ops), s.writerKey, rev)
+	}
+	return bytes, nil
+}
+
+// flush sends the txn in buf (if any) and then settles waiting.
+func (s *Store) flush(buf *txnBuf, waiting []pending) {
+	err := s.sticky()
+	if err == nil && len(buf.ops) > 0 {
+		if err = s.send(buf); err != nil {
+			s.fail(err)
+		}
+	}
+	buf.reset()
+	if err != nil {
+		err = s.sticky()
+	}
+	s.finish(waiting, err)
+}
+
+func (s *Store) finish(ps []pending, err error) {
+	for _, p := range ps {
+		if p.done != nil {
+			p.done(err)
+		}
+	}
+}
+
+// send writes one txn guarded by the term and by the writer key's mod
+// revision, and moves the writer key. The writer compare makes a retry,
+// or a delayed earlier attempt, apply at most once and never after a
+// later txn, and the Else branch tells a retry whether an earlier attempt
+// already applied.
+func (s *Store) send(buf *txnBuf) error {
+	start := time.Now()
+	s.seq++
+	id := fmt.Sprintf("%x/%d", int64(s.term.Lease()), s.seq)
+	then := make([]clientv3.Op, 0, len(buf.ops)+1)
+	for _, op := range buf.ops {
+		if op.Delete {
+			then = append(then, clientv3.OpDelete(s.prefix+op.Key))
+		} else {
+			then = append(then, clientv3.OpPut(s.prefix+op.Key, string(op.Value)))
+		}
+	}
+	then = append(then, clientv3.OpPut(s.writerKey, id))
+	resp, err := s.retry(len(buf.ops), func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		return s.client.Txn(ctx).
+			If(s.term.Guard(), clientv3.Compare(clientv3.ModRevision(s.writerKey), "=", s.writerRev)).
+			Then(then...).
+			Else(clientv3.OpGet(s.writerKey), clientv3.OpGet(s.term.Key())).
+			Commit()
+	})
+	if err != nil {
+		return err
+	}
+	if resp.Succeeded {
+		s.committed(buf, resp.Header.Revision, start)
+		return nil
+	}
+	return s.refused(buf, resp, id, start)
+}
+
+// retry runs txn until it returns a response, retrying Unavailable errors
+// (a member down, an etcd leader change, a server-side timeout) and
+// attempts that outlive AttemptTimeout, for at most TxnTimeout and only
+// while the term lasts. Callers make their txns safe to apply twice.
+func (s *Store) retry(n int, txn func(context.Context) (*clientv3.TxnResponse, error)) (*clientv3.TxnResponse, error) {
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(s.term.Context()), s.opts.TxnTimeout)
+	defer cancel()
+	backoff := 25 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		if err := s.term.Err(); err != nil {
+			if attempt > 1 {
+				return nil, fmt.Errorf("commit %d ops (outcome unknown): %w", n, err)
+			}
+			return nil, fmt.Errorf("commit %d ops: %w", n, err)
+		}
+		actx, acancel := context.WithTimeout(ctx, s.opts.AttemptTimeout)
+		resp, err := txn(actx)
+		timedOut := actx.Err() != nil && ctx.Err() == nil
+		acancel()
+		if err == nil {
+			return resp, nil
+		}
+		if cause := context.Cause(s.term.Context()); cause != nil {
+			return nil, fmt.Errorf("commit %d ops: leadership ended with the txn in flight, outcome unknown: %w", n, cause)
+		}
+		if ctx.Err() != nil || !(timedOut || retryable(err)) {
+			return nil, fmt.Errorf("commit %d ops (attempt %d, %v after the first; outcome unknown): %w", n, attempt, time.Since(start).Round(time.Millisecond), err)
+		}
+		s.log.Debug("etcd txn failed; retrying", "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 500*time.Millisecond)
+	}
+}
+
+// refused explains a txn whose compares failed: an earlier attempt of the
+// same txn already applied (success), the term is over (ErrNotLeader), or
+// someone else wrote the writer key.
+func (s *Store) refused(buf *txnBuf, resp *clientv3.TxnResponse, id string, start time.Time) error {
+	writer := resp.Responses[0].GetResponseRange().Kvs
+	if len(writer) == 1 && string(writer[0].Value) == id {
+		s.committed(buf, writer[0].ModRevision, start)
+		return nil
+	}
+	election := resp.Responses[1].GetResponseRange().Kvs
+	if len(election) == 0 || election[0].CreateRevision != s.term.Revision() {
+		return fmt.Errorf("commit %d ops: %w: the election key was gone at revision %d", len(buf.ops), ErrNotLeader, resp.Header.Revision)
+	}
+	var got string
+	if len(writer) == 1 {
+		got = string(writer[0].Value)
+	}
+	return fmt.Errorf("commit %d ops: %s was changed behind this leader's back (now %s at revision %d, expected revision %d)", len(buf.ops), s.writerKey, quote(got), resp.Header.Revision, s.writerRev)
+}
+
+func (s *Store) committed(buf *txnBuf, rev int64, start time.Time) {
+	s.writerRev = rev
+	s.account(buf.ops)
+	if s.opts.OnCommit != nil {
+		s.opts.OnCommit(len(buf.ops), buf.bytes, time.Since(start))
+	}
+}
+
+// account adds committed ops to Size.
+func (s *Store) account(ops []Op) {
+	var delta int64
+	s.mu.Lock()
+	for _, op := range ops {
+		old, had := s.sizes[op.Key]
+		if had {
+			delta -= int64(old)
+		}
+		if op.Delete {
+			delete(s.sizes, op.Key)
+			continue
+		}
+		n := len(op.Key) + len(op.Value)
+		s.sizes[op.Key] = n
+		delta += int64(n)
+	}
+	s.mu.Unlock()
+	s.size.Add(delta)
+}
+
+// retryable reports whether err is one etcd reports for a request that
+// may succeed when sent again: Unavailable (no leader, leader changed, a
+// server timeout, a closing connection) or Unknown (an unmapped server
+// error such as "raft: stopped" from a member that is going down). Every
+// txn the store sends is safe to apply twice, so an error that leaves the
+// outcome open is retried rather than failing the store; requests etcd
+// refuses for good (too large, too many ops, no space, permission) carry
+// other codes and are not.
+func retryable(err error) bool {
+	var code codes.Code
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		code = ee.Code()
+	} else if st, ok := status.FromError(err); ok {
+		code = st.Code()
+	} else {
+		return false
+	}
+	return code == codes.Unavailable || code == codes.Unknown
+}

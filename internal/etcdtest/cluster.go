@@ -1,0 +1,375 @@
+package etcdtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+)
+
+// CompactionRetention is the periodic auto-compaction retention members
+// run with: short, so tests meet compacted history.
+const CompactionRetention = "10s"
+
+// startTimeout bounds how long Start and Restart wait for members.
+const startTimeout = 60 * time.Second
+
+// Options shape a cluster. The zero value is three plain-TCP members with
+// etcd's default limits.
+type Options struct {
+	// Members is the member count; zero means 3.
+	Members int
+	// TLS serves clients over TLS with client-certificate auth; the
+	// cluster's Certs name the files.
+	TLS bool
+	// NoClientCertAuth, with TLS, accepts clients without a certificate
+	// (server-authenticated TLS only).
+	NoClientCertAuth bool
+	// MaxTxnOps and MaxRequestBytes override etcd's --max-txn-ops and
+	// --max-request-bytes when not zero.
+	MaxTxnOps       uint
+	MaxRequestBytes uint
+}
+
+// Cluster is a running embedded etcd cluster.
+type Cluster struct {
+	opts    Options
+	root    string
+	members []*member
+	// Certs names the TLS files when Options.TLS is set.
+	Certs *Certs
+
+	mu      sync.Mutex
+	clients []*clientv3.Client
+}
+
+type member struct {
+	name      string
+	dir       string
+	clientURL url.URL
+	peerURL   url.URL
+	etcd      *embed.Etcd // nil while stopped
+}
+
+// Start runs a cluster for tb and stops it when tb ends.
+func Start(tb testing.TB, opts Options) *Cluster {
+	tb.Helper()
+	c, err := New(opts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(c.Close)
+	return c
+}
+
+// New runs a cluster that lives until Close, for clusters shared by the
+// tests of a package (started and closed in TestMain).
+func New(opts Options) (*Cluster, error) {
+	if opts.Members == 0 {
+		opts.Members = 3
+	}
+	root, err := os.MkdirTemp("", "etcdtest-")
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{opts: opts, root: root}
+	if err := c.boot(); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Cluster) boot() error {
+	scheme := "http"
+	if c.opts.TLS {
+		certs, err := writeCerts(filepath.Join(c.root, "certs"))
+		if err != nil {
+			return fmt.Errorf("generate test certificates: %w", err)
+		}
+		c.Certs = certs
+		scheme = "https"
+	}
+	for i := range c.opts.Members {
+		caddr, err := freeAddr()
+		if err != nil {
+			return err
+		}
+		paddr, err := freeAddr()
+		if err != nil {
+			return err
+		}
+		c.members = append(c.members, &member{
+			name:      fmt.Sprintf("m%d", i),
+			dir:       filepath.Join(c.root, fmt.Sprintf("m%d", i)),
+			clientURL: url.URL{Scheme: scheme, Host: caddr},
+			peerURL:   url.URL{Scheme: "http", Host: paddr},
+		})
+	}
+	if err := c.startStopped(); err != nil {
+		return err
+	}
+	_, err := c.waitLeader()
+	return err
+}
+
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("find a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+func (c *Cluster) config(m *member, cluster string) *embed.Config {
+	cfg := embed.NewConfig()
+	cfg.Name = m.name
+	cfg.Dir = m.dir
+	cfg.ListenClientUrls = []url.URL{m.clientURL}
+	cfg.AdvertiseClientUrls = []url.URL{m.clientURL}
+	cfg.ListenPeerUrls = []url.URL{m.peerURL}
+	cfg.AdvertisePeerUrls = []url.URL{m.peerURL}
+	cfg.InitialCluster = cluster
+	cfg.InitialClusterToken = "etcdtest"
+	cfg.ClusterState = embed.ClusterStateFlagNew
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	cfg.EnableGRPCGateway = false
+	cfg.AutoCompactionMode = embed.CompactorModePeriodic
+	cfg.AutoCompactionRetention = CompactionRetention
+	if c.opts.MaxTxnOps != 0 {
+		cfg.MaxTxnOps = c.opts.MaxTxnOps
+	}
+	if c.opts.MaxRequestBytes != 0 {
+		cfg.MaxRequestBytes = c.opts.MaxRequestBytes
+	}
+	if c.Certs != nil {
+		cfg.ClientTLSInfo.CertFile = c.Certs.ServerCert
+		cfg.ClientTLSInfo.KeyFile = c.Certs.ServerKey
+		if !c.opts.NoClientCertAuth {
+			// etcd asks for client certificates whenever it has a
+			// trusted CA file.
+			cfg.ClientTLSInfo.TrustedCAFile = c.Certs.CA
+			cfg.ClientTLSInfo.ClientCertAuth = true
+		}
+	}
+	return cfg
+}
+
+// start runs m and waits until it serves. An existing data directory
+// makes etcd ignore the initial cluster and rejoin as the same member.
+func (c *Cluster) start(m *member, cluster string) error {
+	e, err := embed.StartEtcd(c.config(m, cluster))
+	if err != nil {
+		return fmt.Errorf("start etcd member %s: %w", m.name, err)
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		e.Close()
+		return fmt.Errorf("etcd member %s failed: %w", m.name, err)
+	case <-time.After(startTimeout):
+		e.Close()
+		return fmt.Errorf("etcd member %s not ready after %v", m.name, startTimeout)
+	}
+	m.etcd = e
+	return nil
+}
+
+// Endpoints are every member's client address ("127.0.0.1:port"), also of
+// stopped members.
+func (c *Cluster) Endpoints() []string {
+	var eps []string
+	for _, m := range c.members {
+		eps = append(eps, m.clientURL.Host)
+	}
+	return eps
+}
+
+// URL is the --state value naming this cluster with prefix.
+func (c *Cluster) URL(prefix string) string {
+	return "etcd://" + strings.Join(c.Endpoints(), ",") + "/" + strings.TrimPrefix(prefix, "/")
+}
+
+// Client returns a client of every member (over TLS with the client
+// certificate when the cluster has TLS); the cluster closes it.
+func (c *Cluster) Client(tb testing.TB) *clientv3.Client {
+	tb.Helper()
+	cfg := clientv3.Config{
+		Endpoints:   c.Endpoints(),
+		DialTimeout: 5 * time.Second,
+		Logger:      zap.NewNop(),
+	}
+	if c.Certs != nil {
+		tlsCfg, err := c.Certs.ClientTLS()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		cfg.TLS = tlsCfg
+	}
+	cl, err := clientv3.New(cfg)
+	if err != nil {
+		tb.Fatalf("etcd client: %v", err)
+	}
+	c.mu.Lock()
+	c.clients = append(c.clients, cl)
+	c.mu.Unlock()
+	return cl
+}
+
+// Stop stops member i gracefully (a leader hands its leadership over
+// first); its data stays.
+func (c *Cluster) Stop(tb testing.TB, i int) {
+	tb.Helper()
+	m := c.members[i]
+	if m.etcd == nil {
+		tb.Fatalf("etcd member %s is already stopped", m.name)
+	}
+	m.etcd.Close()
+	m.etcd = nil
+}
+
+// Kill stops member i the way a crash would: raft stops at once, without
+// handing over leadership, and then its listeners close.
+func (c *Cluster) Kill(tb testing.TB, i int) {
+	tb.Helper()
+	m := c.members[i]
+	if m.etcd == nil {
+		tb.Fatalf("etcd member %s is already stopped", m.name)
+	}
+	m.etcd.Server.HardStop()
+	m.etcd.Close()
+	m.etcd = nil
+}
+
+// Restart starts the stopped member i again with its data.
+func (c *Cluster) Restart(tb testing.TB, i int) {
+	tb.Helper()
+	m := c.members[i]
+	if m.etcd != nil {
+		tb.Fatalf("etcd member %s is running", m.name)
+	}
+	var s []string
+	for _, o := range c.members {
+		s = append(s, o.name+"="+o.peerURL.String())
+	}
+	if err := c.start(m, strings.Join(s, ",")); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// RestartAll starts every stopped member again with its data, all at
+// once: members that lost quorum only become ready together.
+func (c *Cluster) RestartAll(tb testing.TB) {
+	tb.Helper()
+	if err := c.startStopped(); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// startStopped starts every member that does not run. An existing data
+// directory makes etcd ignore the initial cluster and rejoin as the same
+// member.
+func (c *Cluster) startStopped() error {
+	var s []string
+	for _, m := range c.members {
+		s = append(s, m.name+"="+m.peerURL.String())
+	}
+	initial := strings.Join(s, ",")
+	var wg sync.WaitGroup
+	errs := make([]error, len(c.members))
+	for i, m := range c.members {
+		if m.etcd == nil {
+			wg.Go(func() { errs[i] = c.start(m, initial) })
+		}
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// Running reports whether member i runs.
+func (c *Cluster) Running(i int) bool { return c.members[i].etcd != nil }
+
+// Leader returns the index of the raft leader among the running members,
+// or -1 if none of them knows one.
+func (c *Cluster) Leader() int {
+	for _, m := range c.members {
+		if m.etcd == nil {
+			continue
+		}
+		lead := m.etcd.Server.Leader()
+		for j, o := range c.members {
+			if o.etcd != nil && o.etcd.Server.MemberID() == lead {
+				return j
+			}
+		}
+	}
+	return -1
+}
+
+// WaitLeader waits until the running members agree on a raft leader that
+// serves a linearizable read, and returns its index.
+func (c *Cluster) WaitLeader(tb testing.TB) int {
+	tb.Helper()
+	l, err := c.waitLeader()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return l
+}
+
+func (c *Cluster) waitLeader() (int, error) {
+	deadline := time.Now().Add(startTimeout)
+	for time.Now().Before(deadline) {
+		if l := c.Leader(); l >= 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			err := c.members[l].etcd.Server.LinearizableReadNotify(ctx)
+			cancel()
+			if err == nil {
+				return l, nil
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return -1, fmt.Errorf("etcd cluster has no leader after %v", startTimeout)
+}
+
+// Close closes the clients the cluster handed out, stops every member and
+// removes the data.
+func (c *Cluster) Close() {
+	c.mu.Lock()
+	for _, cl := range c.clients {
+		cl.Close()
+	}
+	c.clients = nil
+	c.mu.Unlock()
+	// Followers first: a leader that stops hands its leadership to a
+	// peer and waits for that, which takes etcd's request timeout when the
+	// peers are stopping too.
+	lead := c.Leader()
+	var wg sync.WaitGroup
+	for i, m := range c.members {
+		if m.etcd != nil && i != lead {
+			wg.Go(func() { m.etcd.Close() })
+		}
+	}
+	wg.Wait()
+	if lead >= 0 {
+		c.members[lead].etcd.Close()
+	}
+	for _, m := range c.members {
+		m.etcd = nil
+	}
+	os.RemoveAll(c.root)
+}

@@ -1,0 +1,78 @@
+package etcdtest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+func put(t *testing.T, cl *clientv3.Client, key string, timeout time.Duration) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	_, err := cl.Put(clientv3.WithRequireLeader(ctx), key, "v")
+	return err
+}
+
+// TestQuorum walks a three-member cluster through losing one member
+// (writes go on), losing two (writes fail) and getting them back.
+func TestQuorum(t *testing.T) {
+	c := Start(t, Options{})
+	cl := c.Client(t)
+	if err := put(t, cl, "/a", 5*time.Second); err != nil {
+		t.Fatalf("put on a healthy cluster: %v", err)
+	}
+	lead := c.Leader()
+	c.Stop(t, lead)
+	c.WaitLeader(t)
+	if err := put(t, cl, "/b", 10*time.Second); err != nil {
+		t.Fatalf("put with one member stopped: %v", err)
+	}
+	other := (lead + 1) % 3
+	c.Stop(t, other)
+	if err := put(t, cl, "/c", 3*time.Second); err == nil {
+		t.Fatal("put without quorum succeeded")
+	}
+	c.RestartAll(t)
+	c.WaitLeader(t)
+	if err := put(t, cl, "/d", 10*time.Second); err != nil {
+		t.Fatalf("put after restoring quorum: %v", err)
+	}
+	resp, err := cl.Get(context.Background(), "/b")
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("get /b after restart: %v %v", resp, err)
+	}
+}
+
+// TestTLS checks that a TLS cluster serves a client with the generated
+// client certificate.
+func TestTLS(t *testing.T) {
+	c := Start(t, Options{Members: 1, TLS: true})
+	if err := put(t, c.Client(t), "/a", 5*time.Second); err != nil {
+		t.Fatalf("put over TLS: %v", err)
+	}
+}
+
+// TestRestartOne stops one member and brings it back; it catches up.
+func TestRestartOne(t *testing.T) {
+	c := Start(t, Options{})
+	cl := c.Client(t)
+	c.Stop(t, 2)
+	if err := put(t, cl, "/while-down", 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	c.Restart(t, 2)
+	if !c.Running(2) {
+		t.Fatal("member 2 does not run after Restart")
+	}
+	c.Kill(t, 0)
+	c.Kill(t, 1)
+	c.Restart(t, 0)
+	c.WaitLeader(t)
+	resp, err := cl.Get(context.Background(), "/while-down")
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("key written while member 2 was down: %v %v", resp, err)
+	}
+}

@@ -1,0 +1,18 @@
+// Package etcdtest runs real etcd clusters inside a test process, built
+// with go.etcd.io/etcd/server/v3/embed: N members (3 by default) on
+// loopback with free ports and data in the test's temporary directory,
+// optionally serving clients over TLS with client-certificate auth from a
+// freshly generated CA.
+//
+// Invariants tests may rely on:
+//   - Start (and New) return only when every member is ready and the
+//     cluster has a raft leader. Start registers a cleanup, and New's
+//     caller (a TestMain sharing one cluster) calls Close, which stops every
+//     member, closes every client the cluster handed out and removes the
+//     data, so nothing outlives the test.
+//   - A stopped member keeps its data directory and ports: Restart brings
+//     it back as the same member, so stopping two of three loses quorum
+//     and restarting one restores it.
+//   - Members compact their history themselves (periodic auto-compaction,
+//     CompactionRetention), the way production clusters must be set up.
+package etcdtest

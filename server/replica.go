@@ -1,0 +1,191 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
+	"github.com/bigfleet-vm/provider/desired"
+	"github.com/bigfleet-vm/provider/etcdstore"
+	"github.com/bigfleet-vm/provider/retry"
+)
+
+// replica is this process as one of several that share an etcd state:
+// it campaigns, builds a term and acts while it leads, and stands by
+// otherwise, answering every RPC with UNAVAILABLE naming the leader.
+//
+// Invariants: a term exists only inside an etcd term (Term); every write
+// the term makes is guarded by it (etcdstore); the moment it ends the term
+// is aborted (its executor and loop stop) before anything else happens,
+// and nothing this replica serves reads it again.
+type replica struct {
+	client  *clientv3.Client
+	elector *etcdstore.Elector
+	leader  atomic.Pointer[string] // the leader's identity, "" while none
+}
+
+// newReplica connects to the cluster and prepares the campaign.
+func (p *Provider) newReplica(ctx context.Context) (*replica, error) {
+	e := p.cfg.Etcd
+	client, err := etcdstore.NewClient(ctx, e.Client())
+	if err != nil {
+		return nil, fmt.Errorf("--state %s: %w", p.cfg.StatePath, err)
+	}
+	elector, err := etcdstore.NewElector(client, e.Prefix, e.Identity, etcdstore.ElectionOptions{TTL: e.LeaseTTL, Logger: p.log})
+	if err != nil {
+		client.Close()
+		return nil, err
+	}
+	return &replica{client: client, elector: elector}, nil
+}
+
+// standbyError is what a standby answers every RPC with.
+func (r *replica) standbyError() error {
+	leader := ""
+	if l := r.leader.Load(); l != nil {
+		leader = *l
+	}
+	if leader == "" {
+		return &desired.Error{Code: desired.CodeUnavailable, Msg: "this replica is a standby and no leader is elected yet; retry shortly"}
+	}
+	return &desired.Error{Code: desired.CodeUnavailable, Msg: fmt.Sprintf("this replica is a standby; the leader is %s", desired.Clip(leader, 256))}
+}
+
+// lead runs the replica until ctx ends: standby, campaign, lead a term
+// until it ends, and again. On ctx's end a leader finishes its queued
+// work within the shutdown grace (refusing mutations meanwhile) and
+// resigns, so a standby takes over without waiting for the lease.
+func (p *Provider) lead(ctx context.Context, hs *health.Server, serving *atomic.Bool) {
+	r, cfg, log := p.ha, p.cfg, p.log
+	go r.elector.Observe(ctx, func(id string) {
+		r.leader.Store(&id)
+		log.Info("leader", "identity", id)
+	})
+	backoff := retry.Reconnect.Backoff()
+	for ctx.Err() == nil {
+		setServing(hs, serving, false)
+		log.Info("standing by: campaigning for leadership", "identity", r.elector.Identity())
+		tm, err := r.elector.Campaign(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				log.Warn("campaign failed; trying again", "err", err)
+				sleepCtx(ctx, backoff.Next())
+			}
+			continue
+		}
+		backoff.Reset()
+		started := time.Now()
+		t, err := p.openLeaderTerm(tm)
+		if err != nil {
+			log.Error("elected, but the state cannot be opened; resigning", "err", err)
+			resign(tm)
+			sleepCtx(ctx, backoff.Next())
+			continue
+		}
+		p.cur.Store(t)
+		t.start()
+		setServing(hs, serving, true)
+		log.Info("leading: serving the desired state", "machines", t.doc.Len(), "took", time.Since(started).Round(time.Millisecond))
+		select {
+		case <-tm.Done():
+			// Stop acting at once: the next leader owns the state now.
+			p.cur.Store(nil)
+			setServing(hs, serving, false)
+			log.Warn("leadership lost: stopping the executor and the reconcile loop", "err", tm.Err())
+			t.abort("this replica lost its leadership")
+			if err := t.close(); err != nil {
+				log.Warn("closing the lost term", "err", err)
+			}
+		case <-ctx.Done():
+			setServing(hs, serving, false)
+			t.drain(cfg.ShutdownGrace, "the provider is shutting down")
+			p.cur.Store(nil)
+			if err := t.close(); err != nil {
+				log.Warn("closing the term", "err", err)
+			}
+			resign(tm)
+		}
+	}
+}
+
+// openLeaderTerm opens the etcd store of a new leadership term and builds
+// the term from it, re-driving interrupted work exactly as after a
+// restart.
+func (p *Provider) openLeaderTerm(tm *etcdstore.Term) (*term, error) {
+	ctx := tm.Context()
+	store, err := etcdstore.Open(ctx, p.ha.client, p.cfg.Etcd.Prefix, tm, etcdstore.Options{Logger: p.log,
+		OnCommit: func(ops, bytes int, took time.Duration) { p.Metrics.Commit(ops, bytes, took) }})
+	if err != nil {
+		return nil, err
+	}
+	t, err := openTerm(ctx, p.cfg, p.log, p.Metrics, etcdStore{store}, tm.Err)
+	if err != nil {
+		return nil, err
+	}
+	if err := tm.Err(); err != nil {
+		t.close()
+		return nil, fmt.Errorf("the term ended while the state was loading: %w", err)
+	}
+	return t, nil
+}
+
+func resign(tm *etcdstore.Term) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = tm.Resign(ctx)
+}
+
+// setServing reports the replica's role on the gRPC health service and
+// /readyz: SERVING only while it leads.
+func setServing(hs *health.Server, serving *atomic.Bool, on bool) {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if on {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	serving.Store(on)
+	hs.SetServingStatus("", st)
+	hs.SetServingStatus(pb.CapacityProvider_ServiceDesc.ServiceName, st)
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// etcdStore puts an etcd term's store behind the document's store
+// interface and the simulator world's journal.
+type etcdStore struct{ s *etcdstore.Store }
+
+func (e etcdStore) Load(ctx context.Context) (map[string][]byte, error) { return e.s.Load(ctx) }
+
+func (e etcdStore) Commit(ops []desired.Op, done func(error)) {
+	eops := make([]etcdstore.Op, len(ops))
+	for i, op := range ops {
+		eops[i] = etcdstore.Op{Key: op.Key, Value: op.Value, Delete: op.Delete}
+	}
+	e.s.Commit(eops, done)
+}
+
+func (e etcdStore) Journal(key string, value []byte) { e.Commit(journalOps(key, value), nil) }
+
+func (e etcdStore) Healthy() error { return e.s.Healthy() }
+
+func (e etcdStore) Size() int64 { return e.s.Size() }
+
+func (e etcdStore) Close() error {
+	if err := e.s.Close(); err != nil && !errors.Is(err, etcdstore.ErrClosed) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,151 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/bigfleet-vm/provider/config"
+	"github.com/bigfleet-vm/provider/desired"
+	"github.com/bigfleet-vm/provider/executor"
+	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/metrics"
+	"github.com/bigfleet-vm/provider/planner"
+	"github.com/bigfleet-vm/provider/reconciler"
+)
+
+// term is one tenure of the desired state on this replica: the store it
+// writes, the document, the hypervisor adapter and the loop acting on
+// them. A single replica (local journal or memory) has one term for its
+// whole life; with an etcd state a term lasts while this replica leads,
+// and the next one is built afresh from what etcd holds.
+type term struct {
+	store   stateStore
+	doc     *desired.Document
+	raw, hv hypervisors.Hypervisor // raw: before instrumentation (admin endpoints)
+	rec     *reconciler.Reconciler
+	planner planner.Config
+	log     *slog.Logger
+
+	stopLoop, cancelWork context.CancelFunc
+	loopDone             chan struct{}
+}
+
+// openTerm loads the document from store (recovering interrupted work as
+// after a restart), opens the hypervisor (the simulator's world from the
+// same store) and assembles executor and reconciler. Nothing runs yet. On
+// error store is closed.
+//
+// guard, when set, is asked before every hypervisor step (an etcd
+// leadership term's Err).
+func openTerm(ctx context.Context, cfg *config.Config, log *slog.Logger, m *metrics.Metrics, store stateStore, guard func() error) (_ *term, err error) {
+	t := &term{store: store, log: log}
+	defer func() {
+		if err != nil {
+			store.Close()
+		}
+	}()
+	opts := docOptions(cfg, store)
+	opts.Notify = func(id string) {
+		if t.rec != nil {
+			t.rec.Enqueue(id)
+		}
+	}
+	doc, rep, err := desired.Open(ctx, opts, desiredSlots(cfg))
+	if err != nil {
+		return nil, err
+	}
+	t.doc = doc
+	log.Info("state loaded", "machines", doc.Len(), "added", rep.Added, "removed", rep.Removed, "slotless", rep.Slotless,
+		"redriven", rep.Redriven, "failed_configure", rep.FailedConfigure, "installation", doc.Installation())
+
+	world := simWorld{}
+	if cfg.StatePath != "" {
+		state, err := store.Load(ctx)
+		if err != nil {
+			return nil, err
+		}
+		world = simWorld{state: state, store: store}
+	}
+	t.raw, err = openHypervisor(ctx, cfg, doc.Installation(), log, world)
+	if err != nil {
+		return nil, err
+	}
+	t.hv = metrics.Instrument(t.raw, m)
+	t.planner = plannerConfig(cfg, doc.Installation())
+	exec := executor.New(executor.Options{Hypervisor: t.hv, Installation: doc.Installation(), Blob: doc.Blob,
+		PerZone: cfg.MaxConcurrentPerZone, Logger: log, Observer: m,
+		// A guest command's start is committed before it is sent, so a
+		// transition re-driven after a restart or fail-over never sends it
+		// again (the planner fails it instead).
+		ExecStarting: doc.ExecStarting, Guard: guard})
+	capacity := desired.OnDemand
+	if cfg.BareMetal {
+		capacity = desired.BareMetal
+	}
+	t.rec = reconciler.New(reconciler.Options{Doc: doc, Hypervisor: t.hv, Executor: exec, Planner: t.planner,
+		Interval: cfg.ReconcileInterval, Capacity: capacity, Logger: log, Metrics: m, QueueMetrics: m.QueueMetrics(),
+		RepairDelay: cfg.DriftRepairDelay,
+		Types: func(name string) (int, int, bool) {
+			it, ok := cfg.Catalog[name]
+			return it.VCPU, it.MemoryMiB, ok
+		}})
+	return t, nil
+}
+
+// start runs the reconcile loop.
+func (t *term) start() {
+	loopCtx, stopLoop := context.WithCancel(context.Background())
+	workCtx, cancelWork := context.WithCancel(context.Background())
+	t.stopLoop, t.cancelWork, t.loopDone = stopLoop, cancelWork, make(chan struct{})
+	go func() {
+		t.rec.Run(loopCtx, workCtx)
+		close(t.loopDone)
+	}()
+}
+
+// drain is a graceful stop: mutations are refused (UNAVAILABLE), the
+// queued and in-flight work finishes within grace, and then whatever is
+// left is interrupted (its durable intent is re-driven by the next term).
+func (t *term) drain(grace time.Duration, why string) {
+	t.doc.Refuse(why)
+	if t.loopDone == nil {
+		return
+	}
+	t.log.Info("finishing queued and in-flight work", "grace", grace, "queued", t.rec.Depth())
+	t.stopLoop()
+	select {
+	case <-t.loopDone:
+	case <-time.After(grace):
+		t.log.Warn("queued and in-flight work did not finish within the shutdown grace; it is interrupted now and re-driven at the next start (an interrupted Configure fails)")
+	}
+	t.cancelWork()
+	<-t.loopDone
+}
+
+// abort stops at once: a replica that lost its leadership must not act a
+// moment longer. In-flight steps are cancelled; their intents are the next
+// leader's to re-drive.
+func (t *term) abort(why string) {
+	t.doc.Refuse(why)
+	if t.loopDone == nil {
+		return
+	}
+	t.stopLoop()
+	t.cancelWork()
+	<-t.loopDone
+}
+
+// close releases the hypervisor and flushes the store.
+func (t *term) close() error {
+	var errs []error
+	if t.raw != nil {
+		errs = append(errs, t.hv.Close())
+	}
+	if err := t.store.Close(); err != nil && !errors.Is(err, desired.ErrStoreClosed) {
+		errs = append(errs, fmt.Errorf("close state store: %w", err))
+	}
+	return errors.Join(errs...)
+}
