@@ -5,7 +5,9 @@ package ha
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +19,14 @@ import (
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
 	"github.com/bigfleet-vm/provider/internal/etcdtest"
 )
+
+// identity is the name a replica listening on addr advertises by default:
+// <hostname>:<port>.
+func identity(addr string) string {
+	host, _ := os.Hostname()
+	_, port, _ := net.SplitHostPort(addr)
+	return host + ":" + port
+}
 
 // faultMachines is the fleet of the etcd fault tests.
 const faultMachines = 32
@@ -134,6 +144,11 @@ func TestEtcdQuorumLoss(t *testing.T) {
 			cancel()
 			if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "this replica is a standby") {
 				t.Errorf("replica %d without etcd quorum: %s answered %v, want UNAVAILABLE from a standby", i, what, err)
+			}
+			// A standby that names itself as the leader sends the client
+			// straight back to it.
+			if self := fmt.Sprintf("the leader is %q", identity(s.reps[i].Addr())); strings.Contains(err.Error(), self) {
+				t.Errorf("replica %d without etcd quorum: %s answered %v: it stands by, yet names itself as the leader", i, what, err)
 			}
 		}
 		if code, body := s.reps[i].HTTPGet("/readyz"); code != http.StatusServiceUnavailable {
