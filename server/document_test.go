@@ -29,3 +29,20 @@ func TestDocumentRefusesAnEndedTerm(t *testing.T) {
 		t.Fatalf("after the term ended: %v, %v; want no document and the standby's Unavailable", got, err)
 	}
 }
+
+// A standby never names itself as the leader: after stepping down, and
+// while etcd cannot be read, the last leader it saw is itself.
+func TestStandbyNeverNamesItself(t *testing.T) {
+	for _, tc := range []struct{ leader, want string }{
+		{"other:9000", `this replica is a standby; the leader is "other:9000"`},
+		{"self:9000", "this replica is a standby and no leader is elected yet; retry shortly"},
+		{"", "this replica is a standby and no leader is elected yet; retry shortly"},
+	} {
+		r := &replica{self: "self:9000"}
+		r.leader.Store(&tc.leader)
+		var de *desired.Error
+		if err := r.standbyError(); !errors.As(err, &de) || de.Code != desired.CodeUnavailable || de.Msg != tc.want {
+			t.Errorf("leader %q: %v, want Unavailable %q", tc.leader, err, tc.want)
+		}
+	}
+}
