@@ -26,7 +26,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 RACE := $(shell [ "$$($(GO) env CGO_ENABLED)" = 1 ] && command -v "$$($(GO) env CC | cut -d' ' -f1)" >/dev/null 2>&1 && echo -race)
 FUZZTIME ?= 30s
 
-.PHONY: help build run test bench fuzz golden proto lint check integration pve-sim clean image local-base deploy-test container-test
+.PHONY: help build run test bench fuzz golden proto lint check integration ha ha-bench pve-sim clean image local-base deploy-test container-test
 
 help: ## List the targets.
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -65,6 +65,19 @@ lint: ## gofmt, go vet and staticcheck.
 
 integration: ## Real libvirtd and real qemu-ga suites (root; installs Debian packages).
 	bash scripts/integration.sh
+
+# The HA suite runs replicas against embedded three-member etcd clusters
+# and waits out real leases (minutes), so it is not in make test. -v: the
+# measured takeover distributions are in the log.
+ha: ## High-availability suite: fail-over under load, zombie leader, etcd faults (acceptance/ha).
+	$(GO) vet -tags ha ./acceptance/ha/
+	$(GO) test $(RACE) -tags ha -count=1 -timeout 20m -v ./acceptance/ha/
+
+# Takeover kills the leader once per iteration, so it gets a count of its
+# own; each run starts its own 100,000-machine replicas.
+ha-bench: ## HA benchmarks at 100,000 machines (etcd store): Create ack, 16-client throughput, takeover.
+	$(GO) test -tags ha -run '^$$' -bench 'HACreateAck|HAMutations16' -benchtime 2000x -timeout 60m ./acceptance/ha/
+	$(GO) test -tags ha -run '^$$' -bench 'HATakeover' -benchtime 10x -timeout 60m ./acceptance/ha/
 
 check: lint test ## Everything CI runs by default (.ci/run runs it).
 

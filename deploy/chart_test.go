@@ -3,6 +3,7 @@ package deploy_test
 import (
 	"bytes"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -23,9 +24,13 @@ import (
 	"helm.sh/helm/v3/pkg/releaseutil"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/yaml"
 
@@ -44,6 +49,7 @@ type rendered struct {
 	service     *corev1.Service
 	configMaps  map[string]*corev1.ConfigMap
 	pvcs        []*corev1.PersistentVolumeClaim
+	pdbs        []*policyv1.PodDisruptionBudget
 	accounts    []*corev1.ServiceAccount
 	monitors    []*monitoringv1.ServiceMonitor
 	rules       []*monitoringv1.PrometheusRule
@@ -120,6 +126,8 @@ func renderChart(release, namespace string, files, set, setFile []string) (*rend
 			r.configMaps[o.Name] = o
 		case *corev1.PersistentVolumeClaim:
 			r.pvcs = append(r.pvcs, o)
+		case *policyv1.PodDisruptionBudget:
+			r.pdbs = append(r.pdbs, o)
 		case *corev1.ServiceAccount:
 			r.accounts = append(r.accounts, o)
 		case *monitoringv1.ServiceMonitor:
@@ -154,6 +162,8 @@ type fixtures struct {
 	configMaps map[string]map[string]string
 	caPEM      string
 	token      string
+	// podIP is what the downward API gives status.podIP.
+	podIP string
 }
 
 func newFixtures(t *testing.T) *fixtures {
@@ -171,10 +181,14 @@ func newFixtures(t *testing.T) *fixtures {
 			"bigfleet-proxmox-tls-grpc": tlsSecret,
 			"bigfleet-proxmox-token":    {"token": []byte("0b7a5e3c-4c1e-4b8e-9d1a-2f6c0e8d9a71\n")},
 			"pve-token":                 {"secret": []byte("0b7a5e3c-4c1e-4b8e-9d1a-2f6c0e8d9a71")},
+			// etcd client TLS of an HA release: the members' CA and a
+			// client certificate for --client-cert-auth.
+			"bigfleet-etcd-tls": {"ca.crt": ca.certPEM, "tls.crt": client.certPEM, "tls.key": client.keyPEM},
 		},
 		configMaps: map[string]map[string]string{"pve-root-ca": {"pve-root-ca.pem": string(ca.certPEM)}},
 		caPEM:      string(ca.certPEM),
 		token:      "0b7a5e3c-4c1e-4b8e-9d1a-2f6c0e8d9a71",
+		podIP:      "10.244.1.7",
 	}
 }
 
@@ -269,7 +283,9 @@ func materialise(t *testing.T, r *rendered, fx *fixtures) materialised {
 	}
 	// Longest mount first, so /etc/bigfleet/tls never swallows a deeper one.
 	sort.Slice(mounts, func(i, j int) bool { return len(mounts[i]) > len(mounts[j]) })
+	env := containerEnv(t, c, fx)
 	for _, a := range c.Args {
+		a = expandEnv(t, a, env)
 		name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
 		if notInPod[name] {
 			m.args = append(m.args, a)
@@ -296,6 +312,43 @@ func materialise(t *testing.T, r *rendered, fx *fixtures) materialised {
 }
 
 const pathChars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-"
+
+// containerEnv is the container's environment as the kubelet sets it:
+// literal values, and the downward API fields the chart uses.
+func containerEnv(t *testing.T, c corev1.Container, fx *fixtures) map[string]string {
+	t.Helper()
+	env := map[string]string{}
+	for _, e := range c.Env {
+		switch {
+		case e.ValueFrom == nil:
+			env[e.Name] = e.Value
+		case e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "status.podIP":
+			env[e.Name] = fx.podIP
+		default:
+			t.Fatalf("env %s comes from %+v, which the test does not model", e.Name, e.ValueFrom)
+		}
+	}
+	return env
+}
+
+// envRef is a $(VAR) reference in a container argument.
+var envRef = regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
+
+// expandEnv replaces $(VAR) with the container's VAR, as the kubelet does.
+// A reference to a variable the container does not define would reach the
+// provider verbatim: a failure.
+func expandEnv(t *testing.T, arg string, env map[string]string) string {
+	t.Helper()
+	return envRef.ReplaceAllStringFunc(arg, func(ref string) string {
+		name := envRef.FindStringSubmatch(ref)[1]
+		v, ok := env[name]
+		if !ok {
+			t.Errorf("argument %q refers to $(%s), which the container's env does not define", arg, name)
+			return ref
+		}
+		return v
+	})
+}
 
 // notInPod are flags whose paths live in the guest or on the libvirt
 // host, not in the provider's pod.
@@ -349,11 +402,18 @@ func checkSecureDefaults(t *testing.T, r *rendered, m materialised, cfg *config.
 	d := r.deployment
 	spec := d.Spec.Template.Spec
 	c := r.container(t)
-	if d.Spec.Replicas == nil || *d.Spec.Replicas != 1 {
-		t.Errorf("replicas %v, want exactly 1", d.Spec.Replicas)
-	}
-	if d.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType {
-		t.Errorf("strategy %q, want Recreate", d.Spec.Strategy.Type)
+	if cfg.Etcd == nil {
+		if d.Spec.Replicas == nil || *d.Spec.Replicas != 1 {
+			t.Errorf("replicas %v, want exactly 1", d.Spec.Replicas)
+		}
+		if d.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType {
+			t.Errorf("strategy %q, want Recreate", d.Spec.Strategy.Type)
+		}
+		if len(r.pdbs) != 0 {
+			t.Errorf("%d PodDisruptionBudgets for a single replica", len(r.pdbs))
+		}
+	} else {
+		checkHA(t, r, m, cfg)
 	}
 	if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
 		t.Errorf("pod automountServiceAccountToken %v, want false", spec.AutomountServiceAccountToken)
@@ -419,7 +479,7 @@ func checkSecureDefaults(t *testing.T, r *rendered, m materialised, cfg *config.
 	if _, ok := m.writable["/tmp"]; !ok {
 		t.Error("no writable /tmp volume")
 	}
-	if cfg.StatePath != "" {
+	if cfg.StatePath != "" && cfg.Etcd == nil {
 		dir := strings.TrimPrefix(filepath.Dir(cfg.StatePath), m.root)
 		if _, ok := m.writable[dir]; !ok {
 			t.Errorf("--state %s is not on a writable volume (writable: %v)", cfg.StatePath, m.writable)
@@ -431,6 +491,84 @@ func checkSecureDefaults(t *testing.T, r *rendered, m materialised, cfg *config.
 }
 
 func hasArg(c corev1.Container, arg string) bool { return slices.Contains(c.Args, arg) }
+
+// checkHA checks what every rendering with ha.enabled must hold: several
+// replicas, a rollout that cannot wait on a standby's readiness, no state
+// volume, an advertised pod address, replicas kept apart, and a budget
+// that never evicts the only Ready pod (the leader).
+func checkHA(t *testing.T, r *rendered, m materialised, cfg *config.Config) {
+	t.Helper()
+	d := r.deployment
+	spec := d.Spec.Template.Spec
+	c := r.container(t)
+	if d.Spec.Replicas == nil || *d.Spec.Replicas < 2 {
+		t.Errorf("ha replicas %v, want at least 2", d.Spec.Replicas)
+	}
+	replicas := int(*d.Spec.Replicas)
+	// A standby never turns Ready while the leader lives, so every old pod
+	// must be allowed to go without a new one being Ready, or the rollout
+	// stalls with the old leader in place.
+	if d.Spec.Strategy.Type != appsv1.RollingUpdateDeploymentStrategyType || d.Spec.Strategy.RollingUpdate == nil {
+		t.Fatalf("ha strategy %+v, want RollingUpdate", d.Spec.Strategy)
+	}
+	unavailable, err := intstr.GetScaledValueFromIntOrPercent(d.Spec.Strategy.RollingUpdate.MaxUnavailable, replicas, true)
+	if err != nil || unavailable < replicas {
+		t.Errorf("ha maxUnavailable %v (%d of %d replicas, %v): a rollout would wait for a standby to turn Ready", d.Spec.Strategy.RollingUpdate.MaxUnavailable, unavailable, replicas, err)
+	}
+	if _, ok := m.writable["/var/lib/bigfleet"]; ok || len(r.pvcs) != 0 {
+		t.Errorf("ha with a state volume (%v) or PVCs (%d): the state lives in etcd", m.writable, len(r.pvcs))
+	}
+	if !strings.HasPrefix(cfg.StatePath, "etcd://") {
+		t.Errorf("ha --state %q, want etcd://", cfg.StatePath)
+	}
+	host, port, err := net.SplitHostPort(cfg.Etcd.Identity)
+	if err != nil || net.ParseIP(host) == nil || fmt.Sprintf(":%s", port) != cfg.Addr {
+		t.Errorf("ha --advertise-addr resolves to %q, want <pod IP>%s", cfg.Etcd.Identity, cfg.Addr)
+	}
+	if rp := c.ReadinessProbe; rp == nil || rp.PeriodSeconds != 1 {
+		t.Errorf("ha readiness probe %+v, want one every second (the Service follows the leader by it)", rp)
+	}
+	pod := labels.Set(d.Spec.Template.Labels)
+	var aa *corev1.PodAntiAffinity
+	if spec.Affinity != nil {
+		aa = spec.Affinity.PodAntiAffinity
+	}
+	var terms []corev1.PodAffinityTerm
+	if aa != nil {
+		terms = append(terms, aa.RequiredDuringSchedulingIgnoredDuringExecution...)
+		for _, w := range aa.PreferredDuringSchedulingIgnoredDuringExecution {
+			terms = append(terms, w.PodAffinityTerm)
+		}
+	}
+	if len(terms) != 1 {
+		t.Fatalf("ha pod anti-affinity %+v, want one term", aa)
+	}
+	sel, err := metav1.LabelSelectorAsSelector(terms[0].LabelSelector)
+	if err != nil || !sel.Matches(pod) || terms[0].TopologyKey == "" {
+		t.Errorf("ha anti-affinity term %+v does not keep the release's own pods apart", terms[0])
+	}
+	for _, pdb := range r.pdbs {
+		sel, err := metav1.LabelSelectorAsSelector(pdb.Spec.Selector)
+		if err != nil || !sel.Matches(pod) {
+			t.Errorf("PodDisruptionBudget selector %v does not select the pods", pdb.Spec.Selector)
+		}
+		if pdb.Spec.MinAvailable == nil || pdb.Spec.MinAvailable.IntValue() != 1 || pdb.Spec.MaxUnavailable != nil {
+			t.Errorf("PodDisruptionBudget minAvailable %v maxUnavailable %v, want minAvailable 1", pdb.Spec.MinAvailable, pdb.Spec.MaxUnavailable)
+		}
+		// Standbys are never Ready: they must stay evictable.
+		if p := pdb.Spec.UnhealthyPodEvictionPolicy; p == nil || *p != policyv1.AlwaysAllow {
+			t.Errorf("PodDisruptionBudget unhealthyPodEvictionPolicy %v, want AlwaysAllow", p)
+		}
+	}
+	for _, w := range []string{"elect one leader", "delete pod LEADER-POD", "port-forward pod/LEADER-POD", "provider plan --server"} {
+		if !strings.Contains(r.notes, w) {
+			t.Errorf("ha NOTES lack %q:\n%s", w, r.notes)
+		}
+	}
+	if strings.Contains(r.notes, "WARNING: state") {
+		t.Errorf("ha NOTES warn about the local state:\n%s", r.notes)
+	}
+}
 
 type chartCase struct {
 	name    string
@@ -573,6 +711,71 @@ func chartCases() []chartCase {
 					t.Errorf("NOTES do not warn about emptyDir state:\n%s", r.notes)
 				}
 			}},
+		{name: "ha over etcd with mutual TLS", release: "bigfleet-libvirt-dc1", files: []string{"dc1.values.yaml", "ha.values.yaml"},
+			check: func(t *testing.T, r *rendered, m materialised, cfg *config.Config, fx *fixtures) {
+				e := cfg.Etcd
+				want := []string{"etcd-0.etcd.bigfleet.svc:2379", "etcd-1.etcd.bigfleet.svc:2379", "etcd-2.etcd.bigfleet.svc:2379"}
+				if diff := cmp.Diff(want, e.Endpoints); diff != "" {
+					t.Errorf("etcd endpoints (-want +got):\n%s", diff)
+				}
+				if e.Prefix != "/bigfleet/libvirt-dc1" || e.LeaseTTL != 5*time.Second || e.Identity != fx.podIP+":9000" {
+					t.Errorf("etcd prefix %q lease %v identity %q", e.Prefix, e.LeaseTTL, e.Identity)
+				}
+				for flag, f := range map[string]string{"--etcd-ca-file": e.CAFile, "--etcd-cert-file": e.CertFile, "--etcd-key-file": e.KeyFile} {
+					if !strings.HasPrefix(f, filepath.Join(m.root, "/etc/bigfleet/etcd-tls")+"/") {
+						t.Errorf("%s %q, want a file of the etcd-tls mount", flag, f)
+					}
+				}
+				if *r.deployment.Spec.Replicas != 2 || len(r.pdbs) != 1 {
+					t.Errorf("%d replicas, %d PodDisruptionBudgets; want 2 and 1", *r.deployment.Spec.Replicas, len(r.pdbs))
+				}
+				aa := r.deployment.Spec.Template.Spec.Affinity.PodAntiAffinity
+				if len(aa.PreferredDuringSchedulingIgnoredDuringExecution) != 1 || len(aa.RequiredDuringSchedulingIgnoredDuringExecution) != 0 ||
+					aa.PreferredDuringSchedulingIgnoredDuringExecution[0].PodAffinityTerm.TopologyKey != "kubernetes.io/hostname" {
+					t.Errorf("anti-affinity %+v, want preferred over kubernetes.io/hostname", aa)
+				}
+				if !strings.Contains(r.notes, "/bigfleet/libvirt-dc1") {
+					t.Errorf("NOTES do not name the etcd prefix:\n%s", r.notes)
+				}
+			}},
+		{name: "ha: required anti-affinity and server-authenticated etcd with three replicas under the default prefix", release: "bigfleet-libvirt-dc1",
+			files: []string{"dc1.values.yaml", "ha.values.yaml"},
+			set: []string{"ha.replicas=3", "ha.antiAffinity.mode=required", "ha.antiAffinity.topologyKey=topology.kubernetes.io/zone",
+				"ha.etcd.tls.clientCert=false", "ha.etcd.prefix=", "ha.leaderLease=10s", "ha.podDisruptionBudget.enabled=false"},
+			check: func(t *testing.T, r *rendered, m materialised, cfg *config.Config, fx *fixtures) {
+				e := cfg.Etcd
+				if e.Prefix != "/bigfleet/bigfleet/bigfleet-libvirt-dc1" || e.LeaseTTL != 10*time.Second || e.CAFile == "" || e.CertFile != "" || e.KeyFile != "" {
+					t.Errorf("etcd %+v, want the default prefix, a 10s lease and a CA only", e)
+				}
+				if _, err := os.Stat(filepath.Join(m.root, "/etc/bigfleet/etcd-tls/tls.key")); err == nil {
+					t.Error("the client key is mounted without clientCert")
+				}
+				aa := r.deployment.Spec.Template.Spec.Affinity.PodAntiAffinity
+				if len(aa.RequiredDuringSchedulingIgnoredDuringExecution) != 1 || len(aa.PreferredDuringSchedulingIgnoredDuringExecution) != 0 ||
+					aa.RequiredDuringSchedulingIgnoredDuringExecution[0].TopologyKey != "topology.kubernetes.io/zone" {
+					t.Errorf("anti-affinity %+v, want required over topology.kubernetes.io/zone", aa)
+				}
+				if *r.deployment.Spec.Replicas != 3 || len(r.pdbs) != 0 {
+					t.Errorf("%d replicas, %d PodDisruptionBudgets; want 3 and none", *r.deployment.Spec.Replicas, len(r.pdbs))
+				}
+			}},
+		{name: "ha: plain etcd on the simulator with the operator's node affinity", release: "demo", files: []string{"simulator.values.yaml"},
+			set: []string{"state.enabled=false", "ha.enabled=true", "ha.etcd.endpoints={127.0.0.1:2379}"},
+			check: func(t *testing.T, r *rendered, m materialised, cfg *config.Config, fx *fixtures) {
+				e := cfg.Etcd
+				if e.CAFile != "" || cfg.StatePath != "etcd://127.0.0.1:2379/bigfleet/bigfleet/demo" {
+					t.Errorf("state %q, etcd %+v; want plain TCP under the default prefix", cfg.StatePath, e)
+				}
+				aff := r.deployment.Spec.Template.Spec.Affinity
+				if aff.NodeAffinity == nil || aff.PodAntiAffinity == nil {
+					t.Errorf("affinity %+v, want the operator's node affinity and the replicas' anti-affinity", aff)
+				}
+				for _, v := range r.deployment.Spec.Template.Spec.Volumes {
+					if v.Name == "etcd-tls" {
+						t.Error("etcd-tls volume without a Secret")
+					}
+				}
+			}},
 		{name: "proxmox", release: "bigfleet-proxmox-dc1", files: []string{"proxmox.values.yaml"},
 			setFile: []string{"proxmox.ca.content={ca}"},
 			check: func(t *testing.T, r *rendered, m materialised, cfg *config.Config, fx *fixtures) {
@@ -674,8 +877,20 @@ func chartCases() []chartCase {
 			renderErr: []string{"hypervisor"}},
 		{name: "bad reconcile interval", files: []string{"dc1.values.yaml"}, set: []string{"reconcileInterval=2 minutes"},
 			renderErr: []string{"reconcileInterval"}},
-		{name: "ha is not implemented yet", files: []string{"dc1.values.yaml"}, set: []string{"ha.enabled=true"},
-			renderErr: []string{"ha"}},
+		{name: "ha: state volume too", files: []string{"dc1.values.yaml"}, set: []string{"ha.enabled=true", "ha.etcd.endpoints={etcd-0:2379}"},
+			renderErr: []string{"ha.enabled keeps the state in etcd"}},
+		{name: "ha: no etcd endpoints", files: []string{"dc1.values.yaml", "ha.values.yaml"}, set: []string{"ha.etcd.endpoints=null"},
+			renderErr: []string{"ha.enabled needs ha.etcd.endpoints"}},
+		{name: "ha: one replica", files: []string{"dc1.values.yaml", "ha.values.yaml"}, set: []string{"ha.replicas=1"},
+			renderErr: []string{"/ha/replicas"}},
+		{name: "ha: unknown anti-affinity mode", files: []string{"dc1.values.yaml", "ha.values.yaml"}, set: []string{"ha.antiAffinity.mode=soft"},
+			renderErr: []string{"/ha/antiAffinity/mode"}},
+		{name: "ha: an endpoint with a scheme", files: []string{"dc1.values.yaml", "ha.values.yaml"}, set: []string{"ha.etcd.endpoints={https://etcd-0:2379}"},
+			renderErr: []string{"/ha/etcd/endpoints"}},
+		{name: "ha: a prefix ending in a slash", files: []string{"dc1.values.yaml", "ha.values.yaml"}, set: []string{"ha.etcd.prefix=/bigfleet/"},
+			renderErr: []string{"/ha/etcd/prefix"}},
+		{name: "ha: etcd values without ha", files: []string{"dc1.values.yaml"}, set: []string{"ha.etcd.endpoints={etcd-0:2379}"},
+			renderErr: []string{"ha.etcd.* is set but ha.enabled is false"}},
 		{name: "libvirt needs connect and image", set: []string{"provider=libvirt-dc1"},
 			renderErr: []string{"connect is required", "libvirt.image is required"}},
 		{name: "mtls without tls", files: []string{"dc1.values.yaml"}, set: []string{"tls.mtls=true"},
@@ -698,6 +913,8 @@ func chartCases() []chartCase {
 			parseErr: "plain TCP"},
 		{name: "offerings naming an unknown zone", release: "x", files: []string{"dc1.values.yaml"},
 			set: []string{`offerings.content=[{"instance_type":"kvm.small"\,"zone":"rack9"\,"count":1}]`}, parseErr: "rack9"},
+		{name: "ha: a lease out of range", release: "x", files: []string{"dc1.values.yaml", "ha.values.yaml"}, set: []string{"ha.leaderLease=90s"},
+			parseErr: "leader-lease"},
 	}
 }
 
@@ -761,9 +978,9 @@ func TestChart(t *testing.T) {
 }
 
 // TestChartLint runs helm lint (strict: warnings fail) with the seed's
-// values and with the defaults plus the simulator.
+// values, with the defaults plus the simulator, and in HA mode.
 func TestChartLint(t *testing.T) {
-	for _, files := range [][]string{{"dc1.values.yaml"}, {"simulator.values.yaml"}, {"proxmox-fingerprint.values.yaml"}} {
+	for _, files := range [][]string{{"dc1.values.yaml"}, {"simulator.values.yaml"}, {"proxmox-fingerprint.values.yaml"}, {"dc1.values.yaml", "ha.values.yaml"}} {
 		opts := values.Options{}
 		for _, f := range files {
 			opts.ValueFiles = append(opts.ValueFiles, filepath.Join("testdata", "values", f))

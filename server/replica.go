@@ -28,6 +28,7 @@ import (
 type replica struct {
 	client  *clientv3.Client
 	elector *etcdstore.Elector
+	self    string                 // this replica's identity
 	leader  atomic.Pointer[string] // the leader's identity, "" while none
 }
 
@@ -43,16 +44,19 @@ func (p *Provider) newReplica(ctx context.Context) (*replica, error) {
 		client.Close()
 		return nil, err
 	}
-	return &replica{client: client, elector: elector}, nil
+	return &replica{client: client, elector: elector, self: e.Identity}, nil
 }
 
-// standbyError is what a standby answers every RPC with.
+// standbyError is what a standby answers every RPC with. It never names
+// this replica: the last leader Observe saw may be this replica itself,
+// which just stepped down and, while etcd cannot be read (quorum lost),
+// stays the last value seen.
 func (r *replica) standbyError() error {
 	leader := ""
 	if l := r.leader.Load(); l != nil {
 		leader = *l
 	}
-	if leader == "" {
+	if leader == "" || leader == r.self {
 		return &desired.Error{Code: desired.CodeUnavailable, Msg: "this replica is a standby and no leader is elected yet; retry shortly"}
 	}
 	return &desired.Error{Code: desired.CodeUnavailable, Msg: fmt.Sprintf("this replica is a standby; the leader is %s", desired.Clip(leader, 256))}

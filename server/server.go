@@ -127,9 +127,12 @@ func (p *Provider) zoneHealth() map[string]error {
 }
 
 // Document is the service's source: the current term's document, or an
-// Unavailable error on a replica that serves none.
+// Unavailable error on a replica that serves none. A term whose lease
+// deadline has passed serves nothing, even before the replica's timers
+// noticed: a replica resumed after a pause past its lease must not answer
+// from the document a standby has taken over meanwhile.
 func (p *Provider) Document() (*desired.Document, error) {
-	if t := p.cur.Load(); t != nil {
+	if t := p.cur.Load(); t != nil && (t.guard == nil || t.guard() == nil) {
 		return t.doc, nil
 	}
 	if p.ha != nil {

@@ -28,6 +28,9 @@ type term struct {
 	rec     *reconciler.Reconciler
 	planner planner.Config
 	log     *slog.Logger
+	// guard, when set, says whether the leadership term still holds (an
+	// etcd Term's Err, which checks the lease deadline on every call).
+	guard func() error
 
 	stopLoop, cancelWork context.CancelFunc
 	loopDone             chan struct{}
@@ -38,10 +41,10 @@ type term struct {
 // same store) and assembles executor and reconciler. Nothing runs yet. On
 // error store is closed.
 //
-// guard, when set, is asked before every hypervisor step (an etcd
-// leadership term's Err).
+// guard, when set, is asked before every hypervisor step and before every
+// answer served from the document (an etcd leadership term's Err).
 func openTerm(ctx context.Context, cfg *config.Config, log *slog.Logger, m *metrics.Metrics, store stateStore, guard func() error) (_ *term, err error) {
-	t := &term{store: store, log: log}
+	t := &term{store: store, log: log, guard: guard}
 	defer func() {
 		if err != nil {
 			store.Close()

@@ -14,6 +14,13 @@ import (
 
 // Documents hands the service the document to serve, or the error to
 // answer instead (a standby replica: Unavailable, naming the leader).
+//
+// Every handler asks again once its answer is ready and sends it only if
+// the same document is still the one to serve; otherwise it answers what
+// the second call says (or Unavailable). So a replica that was paused
+// while answering, and lost its leadership meanwhile, never sends what it
+// read from a term that ended: Document must refuse from the moment the
+// term is over, not from the moment the replica notices.
 type Documents interface {
 	Document() (*desired.Document, error)
 }
@@ -38,6 +45,19 @@ func New(docs Documents, provider string) *Service {
 	return &Service{docs: docs, provider: provider, frames: newFrames()}
 }
 
+// still checks, once an answer from doc is ready, that doc is still the
+// document to serve (see Documents).
+func (s *Service) still(doc *desired.Document) error {
+	now, err := s.docs.Document()
+	if err != nil {
+		return toStatus(err)
+	}
+	if now != doc {
+		return status.Error(codes.Unavailable, "the desired state changed hands while this call was answered; retry")
+	}
+	return nil
+}
+
 func (s *Service) mutate(ctx context.Context, r desired.Request) (*pb.TransitionAck, error) {
 	doc, err := s.docs.Document()
 	if err != nil {
@@ -46,6 +66,11 @@ func (s *Service) mutate(ctx context.Context, r desired.Request) (*pb.Transition
 	ack, err := doc.Mutate(ctx, r)
 	if err != nil {
 		return nil, toStatus(err)
+	}
+	// A committed mutation answered Unavailable is retried and gets the
+	// same operation id from the next leader.
+	if err := s.still(doc); err != nil {
+		return nil, err
 	}
 	return &pb.TransitionAck{OperationId: ack.OpID, Machine: s.machine(ack.Machine)}, nil
 }
@@ -89,6 +114,9 @@ func (s *Service) Get(_ context.Context, r *pb.MachineRef) (*pb.Machine, error) 
 		return nil, toStatus(err)
 	}
 	m := doc.Get(r.GetId())
+	if err := s.still(doc); err != nil {
+		return nil, err
+	}
 	if m == nil {
 		return nil, status.Errorf(codes.NotFound, "machine %s not found", desired.Clip(r.GetId(), 64))
 	}
@@ -110,6 +138,9 @@ func (s *Service) List(_ context.Context, f *pb.ListFilter) (*pb.MachineList, er
 		return nil, toStatus(err)
 	}
 	ms, next := doc.List(states, max(int(f.GetMaxResults()), 0), f.GetSinceRevision())
+	if err := s.still(doc); err != nil {
+		return nil, err
+	}
 	out := &pb.MachineList{Machines: make([]*pb.Machine, len(ms)), Revision: next}
 	ws := make([]*wireMachine, len(ms))
 	for i, m := range ms {

@@ -31,9 +31,14 @@ type Options struct {
 	// Dial are options for the gRPC client after insecure transport
 	// credentials (a later option wins: pass TLS credentials here).
 	Dial []grpc.DialOption
-	// ReadyTimeout bounds the wait for /readyz at each launch; default
-	// DefaultReadyTimeout.
+	// ReadyTimeout bounds the wait for /readyz (or WaitPath) at each
+	// launch; default DefaultReadyTimeout.
 	ReadyTimeout time.Duration
+	// WaitPath is the metrics-listener path each launch waits to answer
+	// 200 before it counts as started; empty means /readyz. A replica of
+	// an etcd state that stands by is never ready, only alive: such a
+	// launch waits for /healthz.
+	WaitPath string
 	// Detached leaves the provider running when the test ends: the
 	// caller kills it (a process shared by a package's benchmarks).
 	Detached bool
@@ -92,7 +97,7 @@ func Start(t testing.TB, binary string, o Options) *Provider {
 
 // Launch starts a new process with the same arguments and output on
 // fresh loopback ports (retrying when a port was taken), waits until
-// /readyz answers 200 and connects the client. A process still running
+// /readyz (or Options.WaitPath) answers 200 and connects the client. A process still running
 // is killed first. It fails the test when the provider does not become
 // ready.
 func (p *Provider) Launch() {
@@ -110,7 +115,7 @@ func (p *Provider) Launch() {
 			p.t.Fatal(err)
 		}
 		p.Process, p.addr, p.maddr = proc, addr, maddr
-		err = WaitReady(maddr, proc.Done(), p.opts.ReadyTimeout)
+		err = WaitHTTP(maddr, p.opts.WaitPath, proc.Done(), p.opts.ReadyTimeout)
 		if err == nil {
 			p.ready = time.Since(began)
 			p.connect()
@@ -208,7 +213,7 @@ func (p *Provider) MetricsAddr() string { return p.maddr }
 func (p *Provider) MetricsURL() string { return "http://" + p.maddr }
 
 // TimeToReady is how long the current process took from exec to its
-// first /readyz 200.
+// first /readyz (or Options.WaitPath) 200.
 func (p *Provider) TimeToReady() time.Duration { return p.ready }
 
 // Log is the output of every launch so far, each after its header line.

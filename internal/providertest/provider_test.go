@@ -96,6 +96,7 @@ func fakeProvider(args []string) int {
 		code = http.StatusServiceUnavailable
 	}
 	http.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(code) })
+	http.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	ml, err := net.Listen("tcp", *maddr)
 	if err != nil {
 		fmt.Println(err)
@@ -321,6 +322,22 @@ func TestRaceReportFailsTheTestOnce(t *testing.T) {
 	got := r.failures()
 	if len(got) != 1 || !strings.Contains(got[0], "WARNING: DATA RACE") || !strings.Contains(got[0], "main.f()") {
 		t.Errorf("failures %q, want one race report", got)
+	}
+}
+
+// TestWaitPathHealthz launches a provider that is alive but never ready
+// (a standby replica) by waiting for /healthz instead of /readyz.
+func TestWaitPathHealthz(t *testing.T) {
+	p := fake(t, Options{WaitPath: "/healthz", ReadyTimeout: 30 * time.Second}, "never-ready")
+	if got := pidOf(t, p.Client()); got != p.Pid() {
+		t.Errorf("Get reached pid %d, want %d", got, p.Pid())
+	}
+	if code, _ := p.HTTPGet("/readyz"); code != http.StatusServiceUnavailable {
+		t.Errorf("/readyz: %d, want 503 (the mode never gets ready)", code)
+	}
+	p.Restart()
+	if got := pidOf(t, p.Client()); got != p.Pid() {
+		t.Errorf("after Restart, Get reached pid %d, want %d", got, p.Pid())
 	}
 }
 

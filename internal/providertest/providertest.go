@@ -62,6 +62,16 @@ var ErrExited = errors.New("provider exited")
 // WaitReady polls http://metricsAddr/readyz until it answers 200, the
 // process exits (done is closed), or max passes.
 func WaitReady(metricsAddr string, done <-chan struct{}, max time.Duration) error {
+	return WaitHTTP(metricsAddr, "/readyz", done, max)
+}
+
+// WaitHTTP polls http://metricsAddr+path (/readyz when path is empty)
+// until it answers 200, the process exits (done is closed), or max
+// passes.
+func WaitHTTP(metricsAddr, path string, done <-chan struct{}, max time.Duration) error {
+	if path == "" {
+		path = "/readyz"
+	}
 	hc := &http.Client{Timeout: 2 * time.Second}
 	for deadline := time.Now().Add(max); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		select {
@@ -69,7 +79,7 @@ func WaitReady(metricsAddr string, done <-chan struct{}, max time.Duration) erro
 			return ErrExited
 		default:
 		}
-		resp, err := hc.Get("http://" + metricsAddr + "/readyz")
+		resp, err := hc.Get("http://" + metricsAddr + path)
 		if err == nil {
 			io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
@@ -78,7 +88,7 @@ func WaitReady(metricsAddr string, done <-chan struct{}, max time.Duration) erro
 			}
 		}
 	}
-	return fmt.Errorf("not ready after %v", max)
+	return fmt.Errorf("%s did not answer 200 within %v", path, max)
 }
 
 // raceReport is how the race detector starts a report.

@@ -102,6 +102,16 @@ so a values file is fixed in one round.
 {{- if and $v.tls.mtls (not $v.tls.enabled) -}}{{- $errs = append $errs "tls.mtls needs tls.enabled: mTLS requires the server certificate too" -}}{{- end -}}
 {{- if and $v.tls.enabled (not $v.tls.secretName) -}}{{- $errs = append $errs "tls.enabled needs tls.secretName: a Secret with tls.crt, tls.key (and ca.crt for mtls)" -}}{{- end -}}
 {{- if and $v.state.persistence.enabled (not $v.state.enabled) -}}{{- $errs = append $errs "state.persistence.enabled needs state.enabled" -}}{{- end -}}
+{{- if $v.ha.enabled -}}
+  {{- if or $v.state.enabled $v.state.persistence.enabled -}}
+    {{- $errs = append $errs "ha.enabled keeps the state in etcd: set state.enabled and state.persistence.enabled to false (replicas cannot share a state volume)" -}}
+  {{- end -}}
+  {{- if not $v.ha.etcd.endpoints -}}
+    {{- $errs = append $errs "ha.enabled needs ha.etcd.endpoints: the etcd members' client addresses, e.g. [etcd-0.etcd:2379, etcd-1.etcd:2379, etcd-2.etcd:2379]" -}}
+  {{- end -}}
+{{- else if or $v.ha.etcd.endpoints $v.ha.etcd.prefix $v.ha.etcd.tls.secretName -}}
+  {{- $errs = append $errs "ha.etcd.* is set but ha.enabled is false: set ha.enabled: true, or drop the ha.etcd values" -}}
+{{- end -}}
 {{- if eq (int $v.service.grpcPort) (int $v.service.metricsPort) -}}{{- $errs = append $errs "service.grpcPort and service.metricsPort must differ" -}}{{- end -}}
 {{- if $errs -}}
 {{- fail (printf "\n%s" (join "\n" $errs)) -}}
@@ -143,7 +153,19 @@ The provider's arguments as a YAML list, one flag per element in
   {{- $a = append $a (printf "--bootstrap-path=%s" $v.proxmox.bootstrapPath) -}}
   {{- $a = append $a (printf "--bootstrap-exec=%s" (join "," $v.proxmox.bootstrapExec)) -}}
 {{- end -}}
-{{- if $v.state.enabled }}{{ $a = append $a "--state=/var/lib/bigfleet/state" }}{{ end -}}
+{{- if $v.ha.enabled -}}
+  {{- $a = append $a (printf "--state=etcd://%s%s" (join "," $v.ha.etcd.endpoints) (include "bigfleet.etcdPrefix" .)) -}}
+  {{- if $v.ha.etcd.tls.secretName -}}
+    {{- $a = append $a "--etcd-ca-file=/etc/bigfleet/etcd-tls/ca.crt" -}}
+    {{- if $v.ha.etcd.tls.clientCert -}}
+      {{- $a = append $a "--etcd-cert-file=/etc/bigfleet/etcd-tls/tls.crt" -}}
+      {{- $a = append $a "--etcd-key-file=/etc/bigfleet/etcd-tls/tls.key" -}}
+    {{- end -}}
+  {{- end -}}
+  {{- $a = append $a (printf "--leader-lease=%s" $v.ha.leaderLease) -}}
+  {{- /* POD_IP is the container's env from the downward API; the kubelet expands $(POD_IP). */ -}}
+  {{- $a = append $a (printf "--advertise-addr=$(POD_IP):%d" ($v.service.grpcPort | int)) -}}
+{{- else if $v.state.enabled }}{{ $a = append $a "--state=/var/lib/bigfleet/state" }}{{ end -}}
 {{- if $v.offerings.content -}}
   {{- $a = append $a "--offerings=/etc/bigfleet/offerings/offerings.json" -}}
 {{- else if $v.seedCount -}}
@@ -168,4 +190,25 @@ The provider's arguments as a YAML list, one flag per element in
 {{- end -}}
 {{- range $v.extraArgs }}{{ $a = append $a . }}{{ end -}}
 {{- toYaml $a -}}
+{{- end -}}
+
+{{/* The etcd key prefix of an HA release: ha.etcd.prefix, or
+/bigfleet/<namespace>/<fullname>. */}}
+{{- define "bigfleet.etcdPrefix" -}}
+{{- default (printf "/bigfleet/%s/%s" .Release.Namespace (include "bigfleet.fullname" .)) .Values.ha.etcd.prefix -}}
+{{- end -}}
+
+{{/* The pod's affinity: the operator's, plus, in HA mode, anti-affinity
+between the replicas unless the operator set podAntiAffinity. */}}
+{{- define "bigfleet.affinity" -}}
+{{- $aff := deepCopy (default dict .Values.affinity) -}}
+{{- if and .Values.ha.enabled (not (hasKey $aff "podAntiAffinity")) -}}
+  {{- $term := dict "labelSelector" (dict "matchLabels" (fromYaml (include "bigfleet.selectorLabels" .))) "topologyKey" .Values.ha.antiAffinity.topologyKey -}}
+  {{- if eq .Values.ha.antiAffinity.mode "required" -}}
+    {{- $_ := set $aff "podAntiAffinity" (dict "requiredDuringSchedulingIgnoredDuringExecution" (list $term)) -}}
+  {{- else -}}
+    {{- $_ := set $aff "podAntiAffinity" (dict "preferredDuringSchedulingIgnoredDuringExecution" (list (dict "weight" 100 "podAffinityTerm" $term))) -}}
+  {{- end -}}
+{{- end -}}
+{{- if $aff }}{{ toYaml $aff }}{{ end -}}
 {{- end -}}
