@@ -50,7 +50,10 @@ func openTerm(ctx context.Context, cfg *config.Config, log *slog.Logger, m *metr
 			store.Close()
 		}
 	}()
-	opts := docOptions(cfg, store)
+	// The document and the simulator's world come from one read of the
+	// store (a 100,000-machine etcd state takes a while to read).
+	once := &loadOnce{stateStore: store}
+	opts := docOptions(cfg, once)
 	opts.Notify = func(id string) {
 		if t.rec != nil {
 			t.rec.Enqueue(id)
@@ -66,11 +69,7 @@ func openTerm(ctx context.Context, cfg *config.Config, log *slog.Logger, m *metr
 
 	world := simWorld{}
 	if cfg.StatePath != "" {
-		state, err := store.Load(ctx)
-		if err != nil {
-			return nil, err
-		}
-		world = simWorld{state: state, store: store}
+		world = simWorld{state: once.loaded, store: store}
 	}
 	t.raw, err = openHypervisor(ctx, cfg, doc.Installation(), log, world)
 	if err != nil {
@@ -151,4 +150,18 @@ func (t *term) close() error {
 		errs = append(errs, fmt.Errorf("close state store: %w", err))
 	}
 	return errors.Join(errs...)
+}
+
+// loadOnce remembers what the document loaded, so the simulator's world
+// (its sim/ keys, which the document never writes) is read from the same
+// cut without a second read of the store.
+type loadOnce struct {
+	stateStore
+	loaded map[string][]byte
+}
+
+func (l *loadOnce) Load(ctx context.Context) (map[string][]byte, error) {
+	m, err := l.stateStore.Load(ctx)
+	l.loaded = m
+	return m, err
 }
