@@ -23,7 +23,7 @@ type Store interface {
 	Load(ctx context.Context) (map[string][]byte, error)
 	// Commit queues ops as one atomic batch and returns without waiting.
 	// done, if not nil, is called exactly once, never from inside Commit,
-	// on one goroutine of the store, in Commit order: with nil once the
+	// by the store, one call at a time and in Commit order: with nil once the
 	// batch is durable, or with an error once it is not known to be. A
 	// store that fails a batch fails every later batch too: it stays
 	// failed (the local journal after a failed write or fsync, an etcd

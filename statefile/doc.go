@@ -27,9 +27,9 @@
 // Invariants callers may rely on:
 //
 //   - Commit's callback runs exactly once, never inside Commit, one at a
-//     time and in Commit order (File: on its committer goroutine, right
-//     after the fsync of the frame holding the batch; Memory: on a goroutine
-//     of its own). It gets nil once the batch is durable and an error once it
+//     time and in Commit order, on a goroutine of the store's own (File:
+//     right after the fsync of the frame holding the batch, handed off so
+//     the next fsync never waits for the callers). It gets nil once the batch is durable and an error once it
 //     is not known to be; after one error every later batch gets the same
 //     error (ErrClosed once Close began). Once Wait(ctx, seq) returns nil,
 //     the Apply call that returned seq and every earlier call are durable.

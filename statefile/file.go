@@ -104,7 +104,7 @@ type File struct {
 	changed      chan struct{} // closed and replaced when durable, err, snapGen or closed change
 	closing      bool
 	closed       bool
-	exited       bool // the committer returned; late callbacks go to f.late
+	exited       bool // the committer returned; late callbacks go straight to f.callbacks
 	compacting   bool
 	forceCompact bool
 	gen          uint64 // generation of the journal being appended to
@@ -116,7 +116,9 @@ type File struct {
 	journal       *os.File // owned by the committer
 	committerDone chan struct{}
 	compactions   sync.WaitGroup
-	late          serial // runs callbacks of Commits that came after the committer returned
+	// callbacks runs every Commit callback, one at a time and in order,
+	// off the committer, so the next fsync never waits for the callers.
+	callbacks serial
 }
 
 // batch is one future journal frame: a reserved frame header followed by
@@ -483,7 +485,7 @@ func (f *File) orphan(done func(error)) {
 		return
 	}
 	err := f.stopErr()
-	f.late.post(func() { done(err) })
+	f.callbacks.post(func() { done(err) })
 }
 
 // stopErr is what a batch that will never be written reports. Callers hold
@@ -624,6 +626,7 @@ func (f *File) Close() error {
 	f.mu.Unlock()
 
 	<-f.committerDone
+	f.callbacks.wait()
 	f.compactions.Wait()
 	var errs []error
 	if err := f.journal.Close(); err != nil {
@@ -714,9 +717,7 @@ func (f *File) commitLoop() {
 				dones, err := f.orphans, f.stopErr()
 				f.orphans = nil
 				f.mu.Unlock()
-				for _, done := range dones {
-					done(err)
-				}
+				f.run(dones, err)
 				continue
 			}
 			if f.closing {
@@ -750,9 +751,7 @@ func (f *File) commitLoop() {
 				f.failLocked(err)
 				err = f.err
 				f.mu.Unlock()
-				for _, done := range b.dones {
-					done(err)
-				}
+				f.run(b.dones, err)
 				continue
 			}
 		}
@@ -786,10 +785,20 @@ func (f *File) commit(b *batch, path string) error {
 			defer f.opts.OnCommit(b.records, len(b.buf), took)
 		}
 	}
-	for _, done := range b.dones {
-		done(nil)
-	}
+	f.run(b.dones, nil)
 	return nil
+}
+
+// run hands callbacks to the callback runner, in order.
+func (f *File) run(dones []func(error), err error) {
+	if len(dones) == 0 {
+		return
+	}
+	f.callbacks.post(func() {
+		for _, done := range dones {
+			done(err)
+		}
+	})
 }
 
 // rotate is step 1 of a compaction: create the journal of gen, seal the
