@@ -23,8 +23,8 @@ type Op struct {
 	Delete bool
 }
 
-// Store is what the desired document persists through. File and Memory
-// implement it.
+// Store is the journal's API: File implements it, and so does the
+// in-memory model the tests hold File against.
 type Store interface {
 	// Snapshot returns a copy of the current state: the recovered state
 	// plus every op applied since. Values must not be modified.
@@ -51,10 +51,7 @@ type Store interface {
 	Close() error
 }
 
-var (
-	_ Store = (*File)(nil)
-	_ Store = (*Memory)(nil)
-)
+var _ Store = (*File)(nil)
 
 var (
 	// ErrLocked is returned by Open when another holder has the state.

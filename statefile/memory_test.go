@@ -7,8 +7,8 @@ import (
 	"sync"
 )
 
-// Memory is a Store that keeps the state only in memory, for runs without
-// a state file. Every Apply and Commit is "durable" at once: Wait returns
+// Memory is the model File is held against in the tests: a Store that
+// keeps the state only in memory. Every Apply and Commit is "durable" at once: Wait returns
 // at once, and Commit's callback follows as soon as a goroutine of the
 // store runs it. It enforces the same per-record limit as File.
 type Memory struct {
