@@ -166,3 +166,25 @@ func (s *server) httpPost(path string) string {
 	b, _ := io.ReadAll(resp.Body)
 	return string(b)
 }
+
+// TestAdminAnswersOnceDurable: the simulator journals its world lazily,
+// so an admin change must be durable before the endpoint answers, as a
+// hypervisor's own API would be. A kill -9 right after the answer keeps
+// it: the offline plan of the state still shows the resize.
+func TestAdminAnswersOnceDurable(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state")
+	s := start(t, "--seed-count", "4", "--state", state, "--reconcile-interval", "0", "--fake-admin")
+	id := speculative(t, s.c, 1)[0]
+	toIdle(t, s.c, id)
+	s.admin(t, "resize?machine="+id+"&vcpu=9&memory_mib=1536")
+	s.Kill()
+	out, _ := runRaw(t, "plan", "--json", "--use-fake-backend", "--seed-count", "4", "--state", state)
+	var p planJSON
+	if err := json.Unmarshal([]byte(out), &p); err != nil {
+		t.Fatalf("offline JSON plan: %v\n%s", err, out)
+	}
+	zone := strings.SplitN(id, "/", 2)[0]
+	if !hasDrift(p, zone, "resized") {
+		t.Errorf("after kill -9 right after the admin answer, the resize is lost: drift %+v", p.Drift)
+	}
+}

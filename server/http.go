@@ -355,9 +355,27 @@ func (p *Provider) admin(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
+	// The simulator journals its world without waiting: answer once the
+	// change is durable, as a hypervisor's own API would.
+	if err := durable(r.Context(), tm.store); err != nil {
+		http.Error(w, "the change is made but not known to be durable: "+err.Error(), http.StatusServiceUnavailable)
+		return
+	}
 	p.plans.invalidate()
 	tm.rec.Trigger()
 	fmt.Fprintln(w, "ok")
+}
+
+// durable returns once everything committed to store so far is durable.
+func durable(ctx context.Context, store stateStore) error {
+	done := make(chan error, 1)
+	store.Commit(nil, func(err error) { done <- err })
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // bounded cuts s to n bytes for a message.
