@@ -29,10 +29,16 @@
 //   - Commit's callback runs exactly once, never inside Commit, one at a
 //     time and in Commit order, on a goroutine of the store's own (File:
 //     right after the fsync of the frame holding the batch, handed off so
-//     the next fsync never waits for the callers). It gets nil once the batch is durable and an error once it
-//     is not known to be; after one error every later batch gets the same
-//     error (ErrClosed once Close began). Once Wait(ctx, seq) returns nil,
-//     the Apply call that returned seq and every earlier call are durable.
+//     the next fsync never waits for the callers). It gets nil once the
+//     batch is durable and an error once it is not known to be; after one
+//     error every later batch gets the same error (ErrClosed once Close
+//     began). Once Wait(ctx, seq) returns nil, the Apply call that
+//     returned seq and every earlier call are durable.
+//   - A Commit without a callback (the simulator's world) is written
+//     lazily: with the next frame someone waits for (a callback, Apply,
+//     Wait or Close), or 20 ms after it was queued, whichever comes first.
+//     Since durable order is call order, a record someone waited for
+//     implies every earlier record is durable too.
 //     Durable means it survives kill -9 and power loss at any instant (given
 //     a file system that honours fsync).
 //   - The ops of one Commit or Apply call are replayed all together or not

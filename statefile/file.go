@@ -104,9 +104,16 @@ type File struct {
 	exited       bool // the committer returned; late callbacks go straight to f.callbacks
 	compacting   bool
 	forceCompact bool
-	gen          uint64 // generation of the journal being appended to
-	snapGen      uint64 // generation of the snapshot on disk
-	journalPath  string // the name the appended journal has now
+	// Records nobody waits for (a Commit without a callback) are written
+	// lazily: with the next record someone waits for, or once lazyDue is
+	// set by lazyTimer, lazyFlush after the first of them was queued.
+	urgent      int    // queued batches someone waits for
+	flushTo     uint64 // a Wait wants every record up to here durable
+	lazyDue     bool
+	lazyTimer   *time.Timer
+	gen         uint64 // generation of the journal being appended to
+	snapGen     uint64 // generation of the snapshot on disk
+	journalPath string // the name the appended journal has now
 
 	snapBytes, oldJournalBytes, journalBytes atomic.Int64
 
@@ -126,6 +133,29 @@ type batch struct {
 	records int
 	last    uint64
 	dones   []func(error)
+	urgent  bool // someone waits for it: a callback, or an Apply
+}
+
+// lazyFlush bounds how long a record nobody waits for (a Commit without
+// a callback) stays queued before it is written: it goes with the next
+// frame someone waits for, or after lazyFlush, whichever is first. Such
+// records are cheap to delay and, under load, ride along for free instead
+// of costing an fsync each.
+var lazyFlush = 20 * time.Millisecond
+
+// markUrgent records that someone waits for b. Callers hold f.mu.
+func (f *File) markUrgent(b *batch) {
+	if !b.urgent {
+		b.urgent = true
+		f.urgent++
+		f.wake.Signal()
+	}
+}
+
+// due reports whether the committer should write the queue now. Callers
+// hold f.mu.
+func (f *File) due() bool {
+	return f.urgent > 0 || f.lazyDue || f.flushTo > f.durable || f.closing
 }
 
 // Open opens the state at path, creating it if missing, and replays it. It
@@ -436,13 +466,16 @@ func (f *File) Load(ctx context.Context) (map[string][]byte, error) {
 
 // Commit queues ops as one atomic record and returns without waiting. It
 // copies ops. done, if not nil, is called exactly once, never from inside
-// Commit, on the committer goroutine and in Commit order: with nil once
-// the frame holding the record is fsynced, or with the store's sticky
-// failure (ErrClosed once Close began) once it is not known to be. Ops are
-// visible to Snapshot and Load as soon as Commit returns. With no ops,
-// done is a barrier: it runs once every earlier Commit's has. A record
-// over 256 MiB stops the store, since later records may depend on it.
-// done must return quickly and must not call Close.
+// Commit, off the committer and in Commit order: with nil once the frame
+// holding the record is fsynced, or with the store's sticky failure
+// (ErrClosed once Close began) once it is not known to be. A record with
+// no done is written lazily: with the next record that has one, at a
+// Wait or Close, and at the latest lazyFlush (20 ms) after it was queued;
+// records stay in order either way. Ops are visible to Snapshot and Load
+// as soon as Commit returns. With no ops, done is a barrier: it runs once
+// every earlier Commit's has. A record over 256 MiB stops the store,
+// since later records may depend on it. done must return quickly and must
+// not call Close.
 func (f *File) Commit(ops []Op, done func(error)) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -460,14 +493,28 @@ func (f *File) Commit(ops []Op, done func(error)) {
 		b = f.queueLocked(ops)
 	} else if n := len(f.queue); n > 0 {
 		b = f.queue[n-1]
-	} else {
+	} else if done != nil {
 		b = &batch{buf: make([]byte, frameHeaderSize)}
 		f.queue = append(f.queue, b)
-		f.wake.Signal()
+	} else {
+		return // an empty Commit nobody waits for
 	}
 	if done != nil {
 		b.dones = append(b.dones, done)
+		f.markUrgent(b)
+	} else if !b.urgent && f.lazyTimer == nil && !f.lazyDue {
+		f.lazyTimer = time.AfterFunc(lazyFlush, f.lazyFire)
 	}
+}
+
+// lazyFire is lazyTimer's: the records nobody waits for have waited long
+// enough.
+func (f *File) lazyFire() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.lazyTimer = nil
+	f.lazyDue = true
+	f.wake.Signal()
 }
 
 // orphan arranges for done to learn that its batch will never be
@@ -523,7 +570,9 @@ func (f *File) Apply(ops ...Op) uint64 {
 		f.rejected[f.lastSeq] = fmt.Errorf("record %d of %d bytes exceeds the %d-byte limit", f.lastSeq, n, maxRecord)
 		return f.lastSeq
 	}
-	return f.queueLocked(ops).last
+	b := f.queueLocked(ops)
+	f.markUrgent(b) // Apply's callers Wait
+	return b.last
 }
 
 // queueLocked appends ops as the next record to the queue and to the
@@ -579,6 +628,10 @@ func (f *File) Wait(ctx context.Context, seq uint64) error {
 			f.mu.Unlock()
 			return ErrClosed
 		}
+		if seq > f.flushTo {
+			f.flushTo = seq
+			f.wake.Signal()
+		}
 		ch := f.changed
 		f.mu.Unlock()
 		select {
@@ -623,6 +676,12 @@ func (f *File) Close() error {
 	f.mu.Unlock()
 
 	<-f.committerDone
+	f.mu.Lock()
+	if f.lazyTimer != nil {
+		f.lazyTimer.Stop()
+		f.lazyTimer = nil
+	}
+	f.mu.Unlock()
 	f.callbacks.wait()
 	f.compactions.Wait()
 	var errs []error
@@ -667,7 +726,7 @@ func (f *File) failLocked(err error) {
 		dones = append(dones, b.dones...)
 	}
 	f.orphans = append(dones, f.orphans...)
-	f.queue = nil
+	f.queue, f.urgent = nil, 0
 	f.log.Error("state store failed", "err", err)
 	f.notify()
 	f.wake.Broadcast()
@@ -706,7 +765,7 @@ func (f *File) commitLoop() {
 	defer close(f.committerDone)
 	for {
 		f.mu.Lock()
-		for len(f.queue) == 0 && len(f.orphans) == 0 && !f.closing && !f.needCompact() {
+		for (len(f.queue) == 0 || !f.due()) && len(f.orphans) == 0 && !f.closing && !f.needCompact() {
 			f.wake.Wait()
 		}
 		if len(f.queue) == 0 {
@@ -728,6 +787,12 @@ func (f *File) commitLoop() {
 			b = f.queue[0]
 			f.queue[0] = nil
 			f.queue = f.queue[1:]
+			if b.urgent {
+				f.urgent--
+			}
+			if len(f.queue) == 0 {
+				f.lazyDue = false
+			}
 		}
 		// The clone equals the journal's content only if nothing else is
 		// queued behind b.
