@@ -107,7 +107,8 @@ type stepDone struct {
 
 // Run applies the change's steps by their dependency graph: a step starts
 // once every step it depends on succeeded, so independent steps run
-// concurrently. opID names the transition whose blob an exec-bootstrap
+// concurrently (a step that is the only one ready, with none running, runs
+// on the caller's goroutine). opID names the transition whose blob an exec-bootstrap
 // step delivers. The first step that fails terminally (or ctx ending)
 // cancels the rest; its error is returned as a *StepError.
 func (e *Executor) Run(ctx context.Context, c planner.Change, opID string) (Outcome, error) {
@@ -123,31 +124,27 @@ func (e *Executor) Run(ctx context.Context, c planner.Change, opID string) (Outc
 	pending := make([]int, n) // unfinished dependencies per step
 	vmids := make([]int, n)   // the VMID known after each step succeeded
 	done := make(chan stepDone)
-	running := 0
-	start := func(i int) {
+	// step is step i as it runs: with the VMID its dependencies learned.
+	step := func(i int) planner.Step {
 		s := c.Steps[i]
 		if s.Target.VMID == 0 {
 			s.Target.VMID = g.inherited(i, vmids)
 		}
-		running++
-		go func() {
-			t0 := time.Now()
-			vmid, err := e.runStep(ctx, c.Machine, opID, s)
-			done <- stepDone{i: i, vmid: vmid, err: err, took: time.Since(t0)}
-		}()
+		return s
 	}
-	for i := range c.Steps {
-		pending[i] = len(g.deps[i])
+	run := func(i int, s planner.Step) stepDone {
+		t0 := time.Now()
+		vmid, err := e.runStep(ctx, c.Machine, opID, s)
+		return stepDone{i: i, vmid: vmid, err: err, took: time.Since(t0)}
 	}
+	var ready []int
 	for i := range c.Steps {
-		if pending[i] == 0 {
-			start(i)
+		if pending[i] = len(g.deps[i]); pending[i] == 0 {
+			ready = append(ready, i)
 		}
 	}
 	var first error
-	for running > 0 {
-		d := <-done
-		running--
+	finish := func(d stepDone) {
 		s := c.Steps[d.i]
 		outcome := "ok"
 		if d.err != nil {
@@ -159,12 +156,12 @@ func (e *Executor) Run(ctx context.Context, c planner.Change, opID string) (Outc
 		if d.err != nil {
 			if first != nil {
 				e.o.Logger.Debug("step ended after another failed", "machine", c.Machine, "op", opID, "step", s.ID, "err", d.err)
-				continue
+				return
 			}
 			e.o.Logger.Warn("step failed", "machine", c.Machine, "op", opID, "step", s.ID, "err", d.err)
 			first = &StepError{Step: s.ID, Err: d.err}
 			cancel()
-			continue
+			return
 		}
 		e.o.Logger.Debug("step done", "machine", c.Machine, "op", opID, "step", s.ID, "reason", s.Reason)
 		vmids[d.i] = g.inherited(d.i, vmids)
@@ -173,13 +170,31 @@ func (e *Executor) Run(ctx context.Context, c planner.Change, opID string) (Outc
 			out.VMID = d.vmid
 		}
 		if first != nil {
-			continue
+			return
 		}
 		for _, j := range g.dependants[d.i] {
 			if pending[j]--; pending[j] == 0 {
-				start(j)
+				ready = append(ready, j)
 			}
 		}
+	}
+	running := 0
+	for len(ready) > 0 || running > 0 {
+		if running == 0 && len(ready) == 1 {
+			// A chain: nothing to overlap, so no goroutine to pay for.
+			i := ready[0]
+			ready = ready[:0]
+			finish(run(i, step(i)))
+			continue
+		}
+		for _, i := range ready {
+			running++
+			s := step(i)
+			go func() { done <- run(i, s) }()
+		}
+		ready = ready[:0]
+		finish(<-done)
+		running--
 	}
 	return out, first
 }
