@@ -15,6 +15,18 @@ cd "$(dirname "$0")/.."
 GO=${GO:-go}
 FUZZTIME=${FUZZTIME:-30s}
 
+# Go before 1.27 can fail a target with a bare "context deadline exceeded"
+# as -fuzztime ends, with no failing input: a race in the fuzzing
+# coordinator (go.dev/issue/75804, fixed in Go 1.27). Fuzz with a
+# toolchain that has the fix; the go command fetches it from the module
+# proxy (about 76 MB, once per machine). FUZZ_TOOLCHAIN overrides it.
+version=$("$GO" env GOVERSION)
+minor=$(sed -nE 's/^go1\.([0-9]+).*/\1/p' <<<"$version")
+if [ -n "$minor" ] && [ "$minor" -lt 27 ]; then
+	export GOTOOLCHAIN=${FUZZ_TOOLCHAIN:-go1.27.3}
+	echo "fuzz: $version has go.dev/issue/75804; fuzzing with $GOTOOLCHAIN"
+fi
+
 targets=()
 while IFS= read -r file; do
 	if grep -q '^//go:build' "$file"; then
