@@ -158,7 +158,10 @@ func (s *sim) agentReady(m *machine, t hypervisors.Target) error {
 	return nil
 }
 
-func (s *sim) agentPing(ctx context.Context, r resolver, t hypervisors.Target) error {
+// AgentPing returns ErrAgentNotReady unless the VM has been running for
+// Options.AgentDelay.
+func (s *sim) AgentPing(ctx context.Context, t hypervisors.Target) error {
+	r := s.vms
 	if err := s.enter(ctx, "AgentPing", t.Zone, t); err != nil {
 		return err
 	}
@@ -171,7 +174,9 @@ func (s *sim) agentPing(ctx context.Context, r resolver, t hypervisors.Target) e
 	return s.agentReady(m, t)
 }
 
-func (s *sim) agentWriteFile(ctx context.Context, r resolver, t hypervisors.Target, path string, data []byte, mode os.FileMode) error {
+// AgentWriteFile stores a file in the simulated guest.
+func (s *sim) AgentWriteFile(ctx context.Context, t hypervisors.Target, path string, data []byte, mode os.FileMode) error {
+	r := s.vms
 	if err := s.enter(ctx, "AgentWriteFile", t.Zone, t); err != nil {
 		return err
 	}
@@ -197,8 +202,10 @@ func (s *sim) agentWriteFile(ctx context.Context, r resolver, t hypervisors.Targ
 	return nil
 }
 
-// agentRemoveFile deletes a guest file; a missing file is success.
-func (s *sim) agentRemoveFile(ctx context.Context, r resolver, t hypervisors.Target, path string) error {
+// AgentRemoveFile deletes a file in the simulated guest; a missing file
+// is success.
+func (s *sim) AgentRemoveFile(ctx context.Context, t hypervisors.Target, path string) error {
+	r := s.vms
 	if err := s.enter(ctx, "AgentRemoveFile", t.Zone, t); err != nil {
 		return err
 	}
@@ -259,11 +266,12 @@ func exited(code int, stdout, stderr string) hypervisors.ExecResult {
 // before, means the command never started.
 const ExecAnswerOp = "AgentExec/answer"
 
-// agentExec runs argv in the simulated guest at most once, with the error
-// contract of hypervisors.Hypervisor.AgentExec. Commands that would block
-// (conformance faults) wait without holding the world lock and end with
-// ctx, as an unknown outcome.
-func (s *sim) agentExec(ctx context.Context, r resolver, t hypervisors.Target, argv []string) (hypervisors.ExecResult, error) {
+// AgentExec runs argv in the simulated guest (see package doc) at most
+// once, with the error contract of hypervisors.Hypervisor.AgentExec.
+// Commands that would block (conformance faults) wait without holding the
+// world lock and end with ctx, as an unknown outcome.
+func (s *sim) AgentExec(ctx context.Context, t hypervisors.Target, argv []string) (hypervisors.ExecResult, error) {
+	r := s.vms
 	if err := s.enter(ctx, "AgentExec", t.Zone, t); err != nil {
 		return hypervisors.ExecResult{}, err
 	}
@@ -418,8 +426,10 @@ func (s *sim) finishBootstrap(r resolver, t hypervisors.Target, argv []string, c
 	return exited(0, "joined cluster "+cluster+"\n", ""), nil
 }
 
-// guestState returns a copy of a VM's guest, or false if it is unknown.
-func (s *sim) guestState(r resolver, t hypervisors.Target) (GuestState, bool) {
+// Guest returns a copy of a VM's simulated guest, or false if the VM is
+// unknown.
+func (s *sim) Guest(t hypervisors.Target) (GuestState, bool) {
+	r := s.vms
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	m, _, err := r.machineOf(t)
@@ -427,6 +437,19 @@ func (s *sim) guestState(r resolver, t hypervisors.Target) (GuestState, bool) {
 		return GuestState{}, false
 	}
 	return m.Guest.state(), true
+}
+
+// GuestFile returns a file written into a VM's guest.
+func (s *sim) GuestFile(t hypervisors.Target, path string) ([]byte, bool) {
+	g, ok := s.Guest(t)
+	data, found := g.Files[path]
+	return data, ok && found
+}
+
+// Bootstraps returns the successful bootstrap runs of a VM, oldest first.
+func (s *sim) Bootstraps(t hypervisors.Target) []Bootstrap {
+	g, _ := s.Guest(t)
+	return g.Bootstraps
 }
 
 // createFault returns the conformance create failure when enabled and

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -77,7 +76,7 @@ type domain struct {
 func NewLibvirt(opts Options) *Libvirt {
 	opts = opts.withDefaults()
 	f := &Libvirt{zones: opts.Zones, hosts: map[string]*lvHost{}}
-	f.sim.init(opts)
+	f.sim.init(opts, f)
 	for _, z := range opts.Zones {
 		f.hosts[z] = f.newHost()
 	}
@@ -705,44 +704,6 @@ func (f *Libvirt) SetMarker(ctx context.Context, t hypervisors.Target, m observe
 	d.Marker = &m
 	f.saveDomain(t.Zone, t.Name)
 	return nil
-}
-
-// AgentPing returns ErrAgentNotReady unless the domain has been running
-// for opts.AgentDelay.
-func (f *Libvirt) AgentPing(ctx context.Context, t hypervisors.Target) error {
-	return f.agentPing(ctx, f, t)
-}
-
-// AgentWriteFile stores a file in the simulated guest.
-func (f *Libvirt) AgentWriteFile(ctx context.Context, t hypervisors.Target, path string, data []byte, mode os.FileMode) error {
-	return f.agentWriteFile(ctx, f, t, path, data, mode)
-}
-
-// AgentRemoveFile deletes a file in the simulated guest (missing: success).
-func (f *Libvirt) AgentRemoveFile(ctx context.Context, t hypervisors.Target, path string) error {
-	return f.agentRemoveFile(ctx, f, t, path)
-}
-
-// AgentExec runs argv in the simulated guest (see package doc).
-func (f *Libvirt) AgentExec(ctx context.Context, t hypervisors.Target, argv []string) (hypervisors.ExecResult, error) {
-	return f.agentExec(ctx, f, t, argv)
-}
-
-// Guest returns a copy of a domain's simulated guest.
-func (f *Libvirt) Guest(t hypervisors.Target) (GuestState, bool) { return f.guestState(f, t) }
-
-// GuestFile returns a file written into a domain's guest.
-func (f *Libvirt) GuestFile(t hypervisors.Target, path string) ([]byte, bool) {
-	g, ok := f.guestState(f, t)
-	data, found := g.Files[path]
-	return data, ok && found
-}
-
-// Bootstraps returns the successful bootstrap runs of a domain, oldest
-// first.
-func (f *Libvirt) Bootstraps(t hypervisors.Target) []Bootstrap {
-	g, _ := f.guestState(f, t)
-	return g.Bootstraps
 }
 
 // Volume is a simulated volume as Volumes reports it.

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"sort"
 	"strconv"
@@ -112,7 +111,7 @@ func cmpOr(v, def int) int {
 
 func newProxmox(opts Options) *Proxmox {
 	f := &Proxmox{zones: opts.Zones, vms: map[int]*pveVM{}, nextPID: 0x1000}
-	f.sim.init(opts)
+	f.sim.init(opts, f)
 	return f
 }
 
@@ -688,43 +687,6 @@ func (f *Proxmox) SetMarker(ctx context.Context, t hypervisors.Target, m observe
 	v.setMarker(m)
 	f.saveVM(v.VMID)
 	return nil
-}
-
-// AgentPing returns ErrAgentNotReady unless the VM has been running for
-// opts.AgentDelay.
-func (f *Proxmox) AgentPing(ctx context.Context, t hypervisors.Target) error {
-	return f.agentPing(ctx, f, t)
-}
-
-// AgentWriteFile stores a file in the simulated guest.
-func (f *Proxmox) AgentWriteFile(ctx context.Context, t hypervisors.Target, path string, data []byte, mode os.FileMode) error {
-	return f.agentWriteFile(ctx, f, t, path, data, mode)
-}
-
-// AgentRemoveFile deletes a file in the simulated guest (missing: success).
-func (f *Proxmox) AgentRemoveFile(ctx context.Context, t hypervisors.Target, path string) error {
-	return f.agentRemoveFile(ctx, f, t, path)
-}
-
-// AgentExec runs argv in the simulated guest (see package doc).
-func (f *Proxmox) AgentExec(ctx context.Context, t hypervisors.Target, argv []string) (hypervisors.ExecResult, error) {
-	return f.agentExec(ctx, f, t, argv)
-}
-
-// Guest returns a copy of a VM's simulated guest.
-func (f *Proxmox) Guest(t hypervisors.Target) (GuestState, bool) { return f.guestState(f, t) }
-
-// GuestFile returns a file written into a VM's guest.
-func (f *Proxmox) GuestFile(t hypervisors.Target, path string) ([]byte, bool) {
-	g, ok := f.guestState(f, t)
-	data, found := g.Files[path]
-	return data, ok && found
-}
-
-// Bootstraps returns the successful bootstrap runs of a VM, oldest first.
-func (f *Proxmox) Bootstraps(t hypervisors.Target) []Bootstrap {
-	g, _ := f.guestState(f, t)
-	return g.Bootstraps
 }
 
 // Out-of-band changes: what an operator or HA does behind the provider's

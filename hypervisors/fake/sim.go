@@ -18,6 +18,7 @@ import (
 // simulator's world is guarded by mu.
 type sim struct {
 	opts Options
+	vms  resolver // the shape's own VMs, for the guest-agent calls
 
 	mu          sync.Mutex
 	counts      map[string]int
@@ -35,8 +36,9 @@ type sim struct {
 	stop chan struct{}
 }
 
-func (s *sim) init(opts Options) {
+func (s *sim) init(opts Options, vms resolver) {
 	s.opts = opts
+	s.vms = vms
 	s.counts = map[string]int{}
 	s.unreachable = map[string]bool{}
 	s.hook = opts.Hook
