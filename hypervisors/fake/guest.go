@@ -177,10 +177,7 @@ func (s *sim) AgentPing(ctx context.Context, t hypervisors.Target) error {
 // AgentWriteFile stores a file in the simulated guest.
 func (s *sim) AgentWriteFile(ctx context.Context, t hypervisors.Target, path string, data []byte, mode os.FileMode) error {
 	r := s.vms
-	if err := s.enter(ctx, "AgentWriteFile", t.Zone, t); err != nil {
-		return err
-	}
-	if err := s.writable("AgentWriteFile"); err != nil {
+	if err := s.enterWrite(ctx, "AgentWriteFile", t.Zone, t); err != nil {
 		return err
 	}
 	if !strings.HasPrefix(path, "/") {
@@ -206,10 +203,7 @@ func (s *sim) AgentWriteFile(ctx context.Context, t hypervisors.Target, path str
 // is success.
 func (s *sim) AgentRemoveFile(ctx context.Context, t hypervisors.Target, path string) error {
 	r := s.vms
-	if err := s.enter(ctx, "AgentRemoveFile", t.Zone, t); err != nil {
-		return err
-	}
-	if err := s.writable("AgentRemoveFile"); err != nil {
+	if err := s.enterWrite(ctx, "AgentRemoveFile", t.Zone, t); err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -272,10 +266,7 @@ const ExecAnswerOp = "AgentExec/answer"
 // world lock and end with ctx, as an unknown outcome.
 func (s *sim) AgentExec(ctx context.Context, t hypervisors.Target, argv []string) (hypervisors.ExecResult, error) {
 	r := s.vms
-	if err := s.enter(ctx, "AgentExec", t.Zone, t); err != nil {
-		return hypervisors.ExecResult{}, err
-	}
-	if err := s.writable("AgentExec"); err != nil {
+	if err := s.enterWrite(ctx, "AgentExec", t.Zone, t); err != nil {
 		return hypervisors.ExecResult{}, err
 	}
 	if len(argv) == 0 {

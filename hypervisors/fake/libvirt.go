@@ -210,6 +210,22 @@ func (h *lvHost) pool(zone, name string) (map[string]*volume, error) {
 	return p, nil
 }
 
+// changeDomain runs change on the domain behind t with the world locked,
+// once the call is accounted for (enterWrite); what names the call in
+// errors ("set marker").
+func (f *Libvirt) changeDomain(ctx context.Context, call, what string, t hypervisors.Target, change func(*lvHost, *domain) error) error {
+	if err := f.enterWrite(ctx, call, t.Zone, t); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	h, d, err := f.domain(t)
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return change(h, d)
+}
+
 func (f *Libvirt) domain(t hypervisors.Target) (*lvHost, *domain, error) {
 	h, err := f.host(t.Zone)
 	if err != nil {
@@ -402,10 +418,7 @@ func (f *Libvirt) CreateSeed(ctx context.Context, zone string, spec hypervisors.
 // read-only world and an empty name, and runs ensure on the zone's pool
 // under the world lock; op names it in errors ("create seed").
 func (f *Libvirt) ensureIn(ctx context.Context, call, op, zone, poolName, name string, ensure func(map[string]*volume) error) error {
-	if err := f.enter(ctx, call, zone, hypervisors.Target{Zone: zone, Name: name}); err != nil {
-		return err
-	}
-	if err := f.writable(call); err != nil {
+	if err := f.enterWrite(ctx, call, zone, hypervisors.Target{Zone: zone, Name: name}); err != nil {
 		return err
 	}
 	if name == "" {
@@ -430,10 +443,7 @@ func (f *Libvirt) ensureIn(ctx context.Context, call, op, zone, poolName, name s
 // same installation and machine in its marker, redefines it (power,
 // autostart and guest are kept).
 func (f *Libvirt) DefineDomain(ctx context.Context, zone string, spec hypervisors.DomainSpec) error {
-	if err := f.enter(ctx, "DefineDomain", zone, hypervisors.Target{Zone: zone, Name: spec.Name}); err != nil {
-		return err
-	}
-	if err := f.writable("DefineDomain"); err != nil {
+	if err := f.enterWrite(ctx, "DefineDomain", zone, hypervisors.Target{Zone: zone, Name: spec.Name}); err != nil {
 		return err
 	}
 	if err := f.createFault("define "+spec.Name, spec.Labels); err != nil {
@@ -491,10 +501,7 @@ func (f *Libvirt) DefineDomain(ctx context.Context, zone string, spec hypervisor
 // UndefineDomain removes a stopped domain's definition (its volumes stay).
 // A missing domain is success; a running or paused one is ErrInvalid.
 func (f *Libvirt) UndefineDomain(ctx context.Context, t hypervisors.Target) error {
-	if err := f.enter(ctx, "UndefineDomain", t.Zone, t); err != nil {
-		return err
-	}
-	if err := f.writable("UndefineDomain"); err != nil {
+	if err := f.enterWrite(ctx, "UndefineDomain", t.Zone, t); err != nil {
 		return err
 	}
 	f.mu.Lock()
@@ -518,10 +525,7 @@ func (f *Libvirt) UndefineDomain(ctx context.Context, t hypervisors.Target) erro
 // volume without our prefix is ErrNotOwned, one attached to a running or
 // paused domain ErrInvalid.
 func (f *Libvirt) DeleteVolume(ctx context.Context, zone, pool, name string) error {
-	if err := f.enter(ctx, "DeleteVolume", zone, hypervisors.Target{Zone: zone, Name: name}); err != nil {
-		return err
-	}
-	if err := f.writable("DeleteVolume"); err != nil {
+	if err := f.enterWrite(ctx, "DeleteVolume", zone, hypervisors.Target{Zone: zone, Name: name}); err != nil {
 		return err
 	}
 	f.mu.Lock()
@@ -561,75 +565,52 @@ func (f *Libvirt) DeleteVolume(ctx context.Context, zone, pool, name string) err
 // alone). It fails with ErrNotFound when a disk, its backing image or the
 // network is gone.
 func (f *Libvirt) Start(ctx context.Context, t hypervisors.Target) error {
-	if err := f.enter(ctx, "Start", t.Zone, t); err != nil {
-		return err
-	}
-	if err := f.writable("Start"); err != nil {
-		return err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	h, d, err := f.domain(t)
-	if err != nil {
-		return fmt.Errorf("start: %w", err)
-	}
-	if d.Power == observed.PowerRunning {
+	return f.changeDomain(ctx, "Start", "start", t, func(h *lvHost, d *domain) error {
+		if d.Power == observed.PowerRunning {
+			return nil
+		}
+		if d.Power != observed.PowerPaused {
+			pool := h.Pools[d.Pool]
+			for _, name := range d.Disks {
+				v := pool[name]
+				if v == nil {
+					return fmt.Errorf("start %s: cannot access storage file %s/%s: %w", targetName(t), d.Pool, name, hypervisors.ErrNotFound)
+				}
+				if v.Backing != "" && pool[v.Backing] == nil {
+					return fmt.Errorf("start %s: cannot access backing file %s of %s: %w", targetName(t), v.Backing, name, hypervisors.ErrNotFound)
+				}
+			}
+			if d.Network != "" && !slices.Contains(h.Networks, d.Network) {
+				return fmt.Errorf("start %s: network %q not found: %w", targetName(t), d.Network, hypervisors.ErrNotFound)
+			}
+		}
+		d.powerOn(f.now())
+		f.saveDomain(t.Zone, t.Name)
 		return nil
-	}
-	if d.Power != observed.PowerPaused {
-		pool := h.Pools[d.Pool]
-		for _, name := range d.Disks {
-			v := pool[name]
-			if v == nil {
-				return fmt.Errorf("start %s: cannot access storage file %s/%s: %w", targetName(t), d.Pool, name, hypervisors.ErrNotFound)
-			}
-			if v.Backing != "" && pool[v.Backing] == nil {
-				return fmt.Errorf("start %s: cannot access backing file %s of %s: %w", targetName(t), v.Backing, name, hypervisors.ErrNotFound)
-			}
-		}
-		if d.Network != "" && !slices.Contains(h.Networks, d.Network) {
-			return fmt.Errorf("start %s: network %q not found: %w", targetName(t), d.Network, hypervisors.ErrNotFound)
-		}
-	}
-	d.powerOn(f.now())
-	f.saveDomain(t.Zone, t.Name)
-	return nil
+	})
 }
 
 // Resume resumes a paused domain; a running one is left alone, a stopped
 // one is ErrInvalid.
 func (f *Libvirt) Resume(ctx context.Context, t hypervisors.Target) error {
-	if err := f.enter(ctx, "Resume", t.Zone, t); err != nil {
-		return err
-	}
-	if err := f.writable("Resume"); err != nil {
-		return err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	_, d, err := f.domain(t)
-	if err != nil {
-		return fmt.Errorf("resume: %w", err)
-	}
-	switch d.Power {
-	case observed.PowerRunning:
-		return nil
-	case observed.PowerPaused:
-		d.powerOn(f.now())
-		f.saveDomain(t.Zone, t.Name)
-		return nil
-	}
-	return fmt.Errorf("resume %s: domain is %s: %w", targetName(t), d.Power, hypervisors.ErrInvalid)
+	return f.changeDomain(ctx, "Resume", "resume", t, func(_ *lvHost, d *domain) error {
+		switch d.Power {
+		case observed.PowerRunning:
+			return nil
+		case observed.PowerPaused:
+			d.powerOn(f.now())
+			f.saveDomain(t.Zone, t.Name)
+			return nil
+		}
+		return fmt.Errorf("resume %s: domain is %s: %w", targetName(t), d.Power, hypervisors.ErrInvalid)
+	})
 }
 
 // Stop shuts a domain down. A running guest honours the ACPI request at
 // once; a paused guest cannot, so it is powered off after grace. A stopped,
 // crashed or missing domain is success.
 func (f *Libvirt) Stop(ctx context.Context, t hypervisors.Target, grace time.Duration) error {
-	if err := f.enter(ctx, "Stop", t.Zone, t); err != nil {
-		return err
-	}
-	if err := f.writable("Stop"); err != nil {
+	if err := f.enterWrite(ctx, "Stop", t.Zone, t); err != nil {
 		return err
 	}
 	f.mu.Lock()
@@ -663,47 +644,27 @@ func (f *Libvirt) Stop(ctx context.Context, t hypervisors.Target, grace time.Dur
 
 // SetAutostart sets the domain's autostart flag.
 func (f *Libvirt) SetAutostart(ctx context.Context, t hypervisors.Target, on bool) error {
-	if err := f.enter(ctx, "SetAutostart", t.Zone, t); err != nil {
-		return err
-	}
-	if err := f.writable("SetAutostart"); err != nil {
-		return err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	_, d, err := f.domain(t)
-	if err != nil {
-		return fmt.Errorf("set autostart: %w", err)
-	}
-	if d.Autostart != on {
-		d.Autostart = on
-		f.saveDomain(t.Zone, t.Name)
-	}
-	return nil
+	return f.changeDomain(ctx, "SetAutostart", "set autostart", t, func(_ *lvHost, d *domain) error {
+		if d.Autostart != on {
+			d.Autostart = on
+			f.saveDomain(t.Zone, t.Name)
+		}
+		return nil
+	})
 }
 
 // SetMarker rewrites the domain's marker. It refuses (ErrNotOwned) a
 // domain whose marker is missing or names another installation or
 // machine.
 func (f *Libvirt) SetMarker(ctx context.Context, t hypervisors.Target, m observed.Marker) error {
-	if err := f.enter(ctx, "SetMarker", t.Zone, t); err != nil {
-		return err
-	}
-	if err := f.writable("SetMarker"); err != nil {
-		return err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	_, d, err := f.domain(t)
-	if err != nil {
-		return fmt.Errorf("set marker: %w", err)
-	}
-	if !sameOwner(d.Marker, &m) {
-		return fmt.Errorf("set marker on %s: %w", targetName(t), hypervisors.ErrNotOwned)
-	}
-	d.Marker = &m
-	f.saveDomain(t.Zone, t.Name)
-	return nil
+	return f.changeDomain(ctx, "SetMarker", "set marker", t, func(_ *lvHost, d *domain) error {
+		if !sameOwner(d.Marker, &m) {
+			return fmt.Errorf("set marker on %s: %w", targetName(t), hypervisors.ErrNotOwned)
+		}
+		d.Marker = &m
+		f.saveDomain(t.Zone, t.Name)
+		return nil
+	})
 }
 
 // Volume is a simulated volume as Volumes reports it.

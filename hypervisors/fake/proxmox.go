@@ -374,10 +374,7 @@ func (f *Proxmox) freeVMID() int {
 // clone claimed it first. The clone carries the marker in its description
 // and tags, and holds the "clone" lock until its task ends.
 func (f *Proxmox) CloneVM(ctx context.Context, zone string, spec hypervisors.CloneSpec) (int, error) {
-	if err := f.enter(ctx, "CloneVM", zone, hypervisors.Target{Zone: zone, Name: spec.Name}); err != nil {
-		return 0, err
-	}
-	if err := f.writable("CloneVM"); err != nil {
+	if err := f.enterWrite(ctx, "CloneVM", zone, hypervisors.Target{Zone: zone, Name: spec.Name}); err != nil {
 		return 0, err
 	}
 	if err := f.createFault("clone "+spec.Name, spec.Labels); err != nil {
@@ -465,10 +462,7 @@ func wrapIf(err error, wrap func(error) error) error {
 // machine (ErrNotOwned), a template (ErrInvalid) and a locked VM
 // (ErrLocked).
 func (f *Proxmox) ConfigureVM(ctx context.Context, t hypervisors.Target, spec hypervisors.SizeSpec) error {
-	if err := f.enter(ctx, "ConfigureVM", t.Zone, t); err != nil {
-		return err
-	}
-	if err := f.writable("ConfigureVM"); err != nil {
+	if err := f.enterWrite(ctx, "ConfigureVM", t.Zone, t); err != nil {
 		return err
 	}
 	if spec.VCPU <= 0 || spec.MemoryMiB <= 0 {
@@ -514,10 +508,7 @@ func (v *pveVM) setMarker(m observed.Marker) {
 // DeleteVM destroys a stopped VM and its disks (purge). A missing VM is
 // success; a running or paused one is ErrInvalid, a locked one ErrLocked.
 func (f *Proxmox) DeleteVM(ctx context.Context, t hypervisors.Target) error {
-	if err := f.enter(ctx, "DeleteVM", t.Zone, t); err != nil {
-		return err
-	}
-	if err := f.writable("DeleteVM"); err != nil {
+	if err := f.enterWrite(ctx, "DeleteVM", t.Zone, t); err != nil {
 		return err
 	}
 	f.mu.Lock()
@@ -557,10 +548,7 @@ func (f *Proxmox) DeleteVM(ctx context.Context, t hypervisors.Target) error {
 // run and what it does at its end.
 func (f *Proxmox) power(ctx context.Context, op string, t hypervisors.Target, missingOK bool,
 	plan func(v *pveVM) (typ string, d time.Duration, finish func(v *pveVM), err error)) error {
-	if err := f.enter(ctx, op, t.Zone, t); err != nil {
-		return err
-	}
-	if err := f.writable(op); err != nil {
+	if err := f.enterWrite(ctx, op, t.Zone, t); err != nil {
 		return err
 	}
 	f.mu.Lock()
@@ -648,10 +636,7 @@ func (f *Proxmox) Stop(ctx context.Context, t hypervisors.Target, grace time.Dur
 
 // SetAutostart sets onboot.
 func (f *Proxmox) SetAutostart(ctx context.Context, t hypervisors.Target, on bool) error {
-	if err := f.enter(ctx, "SetAutostart", t.Zone, t); err != nil {
-		return err
-	}
-	if err := f.writable("SetAutostart"); err != nil {
+	if err := f.enterWrite(ctx, "SetAutostart", t.Zone, t); err != nil {
 		return err
 	}
 	f.mu.Lock()
@@ -672,10 +657,7 @@ func (f *Proxmox) SetAutostart(ctx context.Context, t hypervisors.Target, on boo
 
 // SetMarker rewrites tags and description; see ConfigureVM for refusals.
 func (f *Proxmox) SetMarker(ctx context.Context, t hypervisors.Target, m observed.Marker) error {
-	if err := f.enter(ctx, "SetMarker", t.Zone, t); err != nil {
-		return err
-	}
-	if err := f.writable("SetMarker"); err != nil {
+	if err := f.enterWrite(ctx, "SetMarker", t.Zone, t); err != nil {
 		return err
 	}
 	f.mu.Lock()

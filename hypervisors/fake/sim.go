@@ -69,8 +69,12 @@ func (s *sim) enter(ctx context.Context, op, zone string, t hypervisors.Target) 
 	return sleep(ctx, s.opts.Latency)
 }
 
-// writable fails mutating calls on a read-only simulator.
-func (s *sim) writable(op string) error {
+// enterWrite is enter for a call that changes the world: it also fails
+// on a read-only simulator.
+func (s *sim) enterWrite(ctx context.Context, op, zone string, t hypervisors.Target) error {
+	if err := s.enter(ctx, op, zone, t); err != nil {
+		return err
+	}
 	if s.opts.ReadOnly {
 		return fmt.Errorf("%s: fake world opened read-only: %w", op, hypervisors.ErrPermission)
 	}
