@@ -157,28 +157,8 @@ func BenchmarkDurableMutations16(b *testing.B) {
 	for i := range clients {
 		clients[i] = s.Dial()
 	}
-	var next atomic.Int64
-	var wg sync.WaitGroup
 	b.ResetTimer()
-	t0 := time.Now()
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= len(targets) {
-					return
-				}
-				if _, err := create(clients[w], b, targets[i], tok{}); err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	el := time.Since(t0)
+	el := providertest.CreateAll(b, clients, targets)
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/el.Seconds(), "mutations/s")
 }

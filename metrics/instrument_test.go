@@ -21,24 +21,7 @@ import (
 // hvCalls reads hypervisor_calls_total as "op outcome" -> count.
 func hvCalls(t *testing.T, m *Metrics) map[string]float64 {
 	t.Helper()
-	mfs, err := m.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, mf := range mfs {
-		if mf.GetName() != "bigfleet_provider_hypervisor_calls_total" {
-			continue
-		}
-		for _, mt := range mf.GetMetric() {
-			l := map[string]string{}
-			for _, p := range mt.GetLabel() {
-				l[p.GetName()] = p.GetValue()
-			}
-			out[l["op"]+" "+l["outcome"]] = mt.GetCounter().GetValue()
-		}
-	}
-	return out
+	return series(t, m, "bigfleet_provider_hypervisor_calls_total", func(l map[string]string) string { return l["op"] + " " + l["outcome"] })
 }
 
 // newLibvirt is the real libvirt adapter with one zone whose socket does

@@ -9,7 +9,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 )
 
-func zoneUp(t *testing.T, m *Metrics) map[string]float64 {
+// series reads the metric called name as key(its labels) -> value, for a
+// counter or a gauge.
+func series(t *testing.T, m *Metrics, name string, key func(labels map[string]string) string) map[string]float64 {
 	t.Helper()
 	mfs, err := m.Registry.Gather()
 	if err != nil {
@@ -17,14 +19,24 @@ func zoneUp(t *testing.T, m *Metrics) map[string]float64 {
 	}
 	out := map[string]float64{}
 	for _, mf := range mfs {
-		if mf.GetName() != "bigfleet_provider_zone_up" {
+		if mf.GetName() != name {
 			continue
 		}
 		for _, mt := range mf.GetMetric() {
-			out[mt.GetLabel()[0].GetValue()] = mt.GetGauge().GetValue()
+			l := map[string]string{}
+			for _, p := range mt.GetLabel() {
+				l[p.GetName()] = p.GetValue()
+			}
+			out[key(l)] = mt.GetGauge().GetValue() + mt.GetCounter().GetValue()
 		}
 	}
 	return out
+}
+
+// zoneUp reads zone_up as zone -> value.
+func zoneUp(t *testing.T, m *Metrics) map[string]float64 {
+	t.Helper()
+	return series(t, m, "bigfleet_provider_zone_up", func(l map[string]string) string { return l["zone"] })
 }
 
 // With a live health source zone_up is computed at scrape time from it

@@ -10,7 +10,6 @@ import (
 	"sort"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -150,29 +149,8 @@ func BenchmarkHAMutations16(b *testing.B) {
 	for i := range clients {
 		clients[i] = leader.Dial()
 	}
-	var next atomic.Int64
-	var wg sync.WaitGroup
 	b.ResetTimer()
-	t0 := time.Now()
-	for w := range workers {
-		wg.Go(func() {
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= len(targets) {
-					return
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-				_, err := clients[w].Create(ctx, &pb.CreateRequest{MachineId: targets[i]})
-				cancel()
-				if err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	el := time.Since(t0)
+	el := providertest.CreateAll(b, clients, targets)
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/el.Seconds(), "mutations/s")
 }
@@ -206,14 +184,8 @@ func BenchmarkHATakeover(b *testing.B) {
 	var serving, acked, load []time.Duration
 	b.ResetTimer()
 	for i := range b.N {
-		old := s.waitLeader(b)
-		s.reps[old].Kill()
-		t0 := time.Now()
-		next := s.waitLeader(b)
-		serving = append(serving, time.Since(t0))
-		if next == old {
-			b.Fatalf("the killed replica %d leads", old)
-		}
+		old, next, t0, took := s.killLeader(b)
+		serving = append(serving, took)
 		if _, err := s.call(nil, func(ctx context.Context, c pb.CapacityProviderClient) error {
 			_, err := c.Create(ctx, &pb.CreateRequest{MachineId: targets[i]})
 			return err

@@ -54,16 +54,8 @@ func TestFailoverUnderLoad(t *testing.T) {
 				// A random amount of work between kills, so they land on
 				// every kind of transition.
 				ld.waitProgress(t, progressPerRound+rng.Int64N(progressPerRound))
-				old := s.waitLeader(t)
-				// From the moment the process is gone: an answer after
-				// that comes from another replica.
-				s.reps[old].Kill()
-				t0 := time.Now()
-				next := s.waitLeader(t)
-				serving = append(serving, time.Since(t0))
-				if next == old {
-					t.Fatalf("replica %d leads again although it was killed", old)
-				}
+				old, next, t0, took := s.killLeader(t)
+				serving = append(serving, took)
 				firstAck = append(firstAck, ld.waitAckAfter(t, t0).Sub(t0))
 				// The killed replica comes back as the standby.
 				s.reps[old].Launch()

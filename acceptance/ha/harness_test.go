@@ -144,6 +144,23 @@ func (s *replicaSet) waitLeader(t testing.TB) int {
 	return -1
 }
 
+// killLeader kills the leader (-9) and waits for another replica to lead.
+// It returns both, when the old leader was gone (an answer after that
+// comes from another replica) and how long the standby then took to
+// report SERVING.
+func (s *replicaSet) killLeader(t testing.TB) (old, next int, gone time.Time, took time.Duration) {
+	t.Helper()
+	old = s.waitLeader(t)
+	s.reps[old].Kill()
+	gone = time.Now()
+	next = s.waitLeader(t)
+	took = time.Since(gone)
+	if next == old {
+		t.Fatalf("replica %d leads again although it was killed", old)
+	}
+	return old, next, gone, took
+}
+
 // client is replica i's client (it follows the replica across launches).
 func (s *replicaSet) client(i int) pb.CapacityProviderClient { return s.reps[i].Client() }
 
