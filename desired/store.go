@@ -5,14 +5,13 @@ import (
 	"errors"
 	"maps"
 	"sync"
+
+	"github.com/bigfleet-vm/provider/kv"
 )
 
 // Op is one change to a Store: Value under Key, or the deletion of Key.
-type Op struct {
-	Key    string
-	Value  []byte
-	Delete bool
-}
+// Every store takes it as it is (package kv).
+type Op = kv.Op
 
 // Store is where the document's changes become durable: the local journal
 // (package statefile), etcd (package etcdstore) or memory. The document is

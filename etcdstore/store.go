@@ -13,15 +13,12 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/bigfleet-vm/provider/kv"
 )
 
-// Op is one change: a put of Value under Key, or a delete of Key. It has
-// the shape of the desired package's Op.
-type Op struct {
-	Key    string
-	Value  []byte
-	Delete bool
-}
+// Op is one change: a put of Value under Key, or a delete of Key.
+type Op = kv.Op
 
 // Store defaults. The limits are etcd's server defaults; raise them only
 // together with the cluster's --max-txn-ops and --max-request-bytes.

@@ -167,28 +167,14 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	}
 }
 
-// etcdStore puts an etcd term's store behind the document's store
-// interface and the simulator world's journal.
-type etcdStore struct{ s *etcdstore.Store }
-
-func (e etcdStore) Load(ctx context.Context) (map[string][]byte, error) { return e.s.Load(ctx) }
-
-func (e etcdStore) Commit(ops []desired.Op, done func(error)) {
-	eops := make([]etcdstore.Op, len(ops))
-	for i, op := range ops {
-		eops[i] = etcdstore.Op{Key: op.Key, Value: op.Value, Delete: op.Delete}
-	}
-	e.s.Commit(eops, done)
-}
+// etcdStore is an etcd term's store (which keeps the document's store
+// contract as it is) plus the simulator world's journal.
+type etcdStore struct{ *etcdstore.Store }
 
 func (e etcdStore) Journal(key string, value []byte) { e.Commit(journalOps(key, value), nil) }
 
-func (e etcdStore) Healthy() error { return e.s.Healthy() }
-
-func (e etcdStore) Size() int64 { return e.s.Size() }
-
 func (e etcdStore) Close() error {
-	if err := e.s.Close(); err != nil && !errors.Is(err, etcdstore.ErrClosed) {
+	if err := e.Store.Close(); err != nil && !errors.Is(err, etcdstore.ErrClosed) {
 		return err
 	}
 	return nil

@@ -1,9 +1,8 @@
 package server
 
 import (
-	"context"
-
 	"github.com/bigfleet-vm/provider/desired"
+	"github.com/bigfleet-vm/provider/etcdstore"
 	"github.com/bigfleet-vm/provider/statefile"
 )
 
@@ -27,25 +26,13 @@ func journalOps(key string, value []byte) []desired.Op {
 	return []desired.Op{{Key: key, Value: value, Delete: value == nil}}
 }
 
-// fileStore puts the local journal (statefile.File, whose Commit and Load
-// already keep the contract) behind the document's store interface; only
-// the op type differs.
-type fileStore struct{ f *statefile.File }
+// fileStore is the local journal (statefile.File, which keeps the
+// document's store contract as it is) plus the simulator world's journal.
+type fileStore struct{ *statefile.File }
 
-func (s fileStore) Load(ctx context.Context) (map[string][]byte, error) { return s.f.Load(ctx) }
-
-func (s fileStore) Commit(ops []desired.Op, done func(error)) {
-	sops := make([]statefile.Op, len(ops))
-	for i, op := range ops {
-		sops[i] = statefile.Op{Key: op.Key, Value: op.Value, Delete: op.Delete}
-	}
-	s.f.Commit(sops, done)
-}
+var (
+	_ desired.Store = (*statefile.File)(nil)
+	_ desired.Store = (*etcdstore.Store)(nil)
+)
 
 func (s fileStore) Journal(key string, value []byte) { s.Commit(journalOps(key, value), nil) }
-
-func (s fileStore) Healthy() error { return s.f.Healthy() }
-
-func (s fileStore) Size() int64 { return s.f.Size() }
-
-func (s fileStore) Close() error { return s.f.Close() }

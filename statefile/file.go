@@ -14,14 +14,12 @@ import (
 	"time"
 
 	"github.com/gofrs/flock"
+
+	"github.com/bigfleet-vm/provider/kv"
 )
 
 // Op is one change: a put of Value under Key, or a delete of Key.
-type Op struct {
-	Key    string
-	Value  []byte
-	Delete bool
-}
+type Op = kv.Op
 
 // Store is the journal's API: File implements it, and so does the
 // in-memory model the tests hold File against.
