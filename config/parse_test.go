@@ -139,3 +139,23 @@ func TestStoragePoolPerZone(t *testing.T) {
 		t.Errorf("pool for unnamed zones = %q", cfg.Libvirt.StoragePool)
 	}
 }
+
+// One check decides what an etcd state is (etcdstore.IsURL, lower-case
+// etcd://). ETCD:// used to pass the URL check here and then be opened as
+// a local file named after the URL; now it is a clear error.
+func TestStateEtcdSchemeOnlyLowerCase(t *testing.T) {
+	c, err := Parse([]string{"--use-fake-backend", "--state", "etcd://127.0.0.1:2379/bf"}, io.Discard)
+	if err != nil || c.Etcd == nil || c.Etcd.Prefix != "/bf" {
+		t.Fatalf("--state etcd://127.0.0.1:2379/bf: config %+v, err %v", c, err)
+	}
+	for _, state := range []string{"ETCD://127.0.0.1:2379/bf", "Etcd://127.0.0.1:2379/bf"} {
+		c, err := Parse([]string{"--use-fake-backend", "--state", state}, io.Discard)
+		if err == nil {
+			t.Errorf("--state %s: accepted (etcd %v, state path %q)", state, c.Etcd, c.StatePath)
+			continue
+		}
+		if want := "write the scheme in lower case, etcd://"; !strings.Contains(err.Error(), want) {
+			t.Errorf("--state %s: error %q does not say %q", state, err, want)
+		}
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/bigfleet-vm/provider/etcdstore"
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/inventory"
 	"github.com/hashicorp/go-multierror"
@@ -389,9 +390,12 @@ var stateURLRE = regexp.MustCompile(`^([A-Za-z][A-Za-z0-9+.-]*)://`)
 // one place that knows which schemes are built in), or a path that names
 // a directory. Empty means in memory and is fine.
 func checkStatePath(path string) error {
+	if etcdstore.IsURL(path) {
+		return nil // resolveEtcd reads it
+	}
 	if m := stateURLRE.FindStringSubmatch(path); m != nil {
-		if strings.ToLower(m[1]) == "etcd" {
-			return nil // resolveEtcd reads it
+		if strings.EqualFold(m[1], "etcd") {
+			return fmt.Errorf("%q: write the scheme in lower case, %s", clip(path), etcdstore.Scheme)
 		}
 		return fmt.Errorf("%q looks like a %s:// URL, which is not a state store this build supports; pass a file path such as /var/lib/bigfleet/state, or etcd://HOST:PORT/PREFIX", clip(path), clip(strings.ToLower(m[1])))
 	}
