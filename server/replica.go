@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -80,7 +79,7 @@ func (p *Provider) lead(ctx context.Context, hs *health.Server, serving *atomic.
 		if err != nil {
 			if ctx.Err() == nil {
 				log.Warn("campaign failed; trying again", "err", err)
-				sleepCtx(ctx, backoff.Next())
+				_ = retry.Sleep(ctx, backoff.Next())
 			}
 			continue
 		}
@@ -90,7 +89,7 @@ func (p *Provider) lead(ctx context.Context, hs *health.Server, serving *atomic.
 		if err != nil {
 			log.Error("elected, but the state cannot be opened; resigning", "err", err)
 			resign(tm)
-			sleepCtx(ctx, backoff.Next())
+			_ = retry.Sleep(ctx, backoff.Next())
 			continue
 		}
 		p.cur.Store(t)
@@ -129,7 +128,7 @@ func (p *Provider) openLeaderTerm(tm *etcdstore.Term) (*term, error) {
 	if err != nil {
 		return nil, err
 	}
-	t, err := openTerm(ctx, p.cfg, p.log, p.Metrics, etcdStore{store}, tm.Err)
+	t, err := openTerm(ctx, p.cfg, p.log, p.Metrics, journaled{store}, tm.Err)
 	if err != nil {
 		return nil, err
 	}
@@ -156,26 +155,4 @@ func setServing(hs *health.Server, serving *atomic.Bool, on bool) {
 	serving.Store(on)
 	hs.SetServingStatus("", st)
 	hs.SetServingStatus(pb.CapacityProvider_ServiceDesc.ServiceName, st)
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-	}
-}
-
-// etcdStore is an etcd term's store (which keeps the document's store
-// contract as it is) plus the simulator world's journal.
-type etcdStore struct{ *etcdstore.Store }
-
-func (e etcdStore) Journal(key string, value []byte) { e.Commit(journalOps(key, value), nil) }
-
-func (e etcdStore) Close() error {
-	if err := e.Store.Close(); err != nil && !errors.Is(err, etcdstore.ErrClosed) {
-		return err
-	}
-	return nil
 }

@@ -100,9 +100,9 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Provider
 		if err != nil {
 			return nil, err
 		}
-		store = fileStore{f}
+		store = journaled{f}
 	} else {
-		store = memoryStore{desired.NewMemoryStore(nil)}
+		store = journaled{desired.NewMemoryStore(nil)}
 	}
 	t, err := openTerm(ctx, cfg, log, p.Metrics, store, nil)
 	if err != nil {

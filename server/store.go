@@ -11,28 +11,29 @@ import (
 // leaves the document ahead of the world) and what metrics and shutdown
 // need.
 type stateStore interface {
-	desired.Store
+	backend
 	Journal(key string, value []byte)
+}
+
+// backend is a store the provider can run on: in memory (no --state), the
+// local journal (statefile.File) or an etcd term's store, each keeping the
+// document's store contract as it is.
+type backend interface {
+	desired.Store
 	Size() int64
 	Close() error
 }
 
-// memoryStore runs without --state.
-type memoryStore struct{ *desired.MemoryStore }
-
-func (m memoryStore) Journal(key string, value []byte) { m.Commit(journalOps(key, value), nil) }
-
-func journalOps(key string, value []byte) []desired.Op {
-	return []desired.Op{{Key: key, Value: value, Delete: value == nil}}
-}
-
-// fileStore is the local journal (statefile.File, which keeps the
-// document's store contract as it is) plus the simulator world's journal.
-type fileStore struct{ *statefile.File }
-
 var (
-	_ desired.Store = (*statefile.File)(nil)
-	_ desired.Store = (*etcdstore.Store)(nil)
+	_ backend = (*desired.MemoryStore)(nil)
+	_ backend = (*statefile.File)(nil)
+	_ backend = (*etcdstore.Store)(nil)
 )
 
-func (s fileStore) Journal(key string, value []byte) { s.Commit(journalOps(key, value), nil) }
+// journaled adds the simulator world's journal to a backend: the world's
+// records go through the document's own queue.
+type journaled struct{ backend }
+
+func (j journaled) Journal(key string, value []byte) {
+	j.Commit([]desired.Op{{Key: key, Value: value, Delete: value == nil}}, nil)
+}
