@@ -93,18 +93,8 @@ func (a *Adapter) Observe(ctx context.Context, zone string) (*observed.Zone, err
 		err = fmt.Errorf("observe %s: %w", zone, err)
 		return observed.Unknown(zone, err, at), err
 	}
-	// A node that is not online lists its VMs as "unknown": the zone is
-	// unknown, not a zone of VMs in unknown power.
-	switch st := l.nodes[zone]; st {
-	case nodeOnline:
-	case "":
-		err = fmt.Errorf("observe %s: node not in the cluster's node list: %w", zone, hypervisors.ErrUnreachable)
-		return observed.Unknown(zone, err, at), err
-	default:
-		if len(st) > maxDetail {
-			st = st[:maxDetail]
-		}
-		err = fmt.Errorf("observe %s: the cluster reports the node %q: %w", zone, st, hypervisors.ErrUnreachable)
+	if why, _ := nodeProblem(l, zone); why != nil {
+		err = fmt.Errorf("observe %s: %w: %w", zone, why, hypervisors.ErrUnreachable)
 		return observed.Unknown(zone, err, at), err
 	}
 	rs := l.vms

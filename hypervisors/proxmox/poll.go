@@ -127,6 +127,24 @@ func (a *Adapter) pollListing(ctx context.Context, sent time.Time) (*listing, er
 // maxDetail bounds the node status quoted from the API.
 const maxDetail = 32
 
+// nodeProblem says why the listing l shows node n as not usable (nil when
+// it is online), with a short detail for /readyz. A node that is not
+// online lists its VMs as "unknown": its zone is unknown, not a zone of VMs
+// in unknown power.
+func nodeProblem(l *listing, n string) (why error, detail string) {
+	switch st := l.nodes[n]; st {
+	case nodeOnline:
+		return nil, ""
+	case "":
+		return errors.New("node not in the cluster's node list"), "not in cluster"
+	default:
+		if len(st) > maxDetail {
+			st = st[:maxDetail]
+		}
+		return fmt.Errorf("the cluster reports the node %q", st), st
+	}
+}
+
 // record sets every configured node's health from one poll: err (with its
 // short word errDetail) when it failed, else the node's status in l.
 func (a *Adapter) record(sent time.Time, l *listing, err error, errDetail string) {
@@ -135,18 +153,9 @@ func (a *Adapter) record(sent time.Time, l *listing, err error, errDetail string
 	a.pending = time.Time{}
 	for _, n := range a.cfg.Nodes {
 		h := a.health[n]
-		var why error
-		var detail string
-		switch st := ""; {
-		case err != nil:
-			why, detail = err, errDetail
-		case l.nodes[n] == "":
-			why, detail = errors.New("not in the cluster's node list"), "not in cluster"
-		case l.nodes[n] != nodeOnline:
-			if st = l.nodes[n]; len(st) > maxDetail {
-				st = st[:maxDetail]
-			}
-			why, detail = fmt.Errorf("the cluster reports the node %q", st), st
+		why, detail := err, errDetail
+		if err == nil {
+			why, detail = nodeProblem(l, n)
 		}
 		if why == nil {
 			h.state, h.since, h.why, h.detail = zoneUp, time.Time{}, nil, ""
