@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -22,42 +23,66 @@ func ReadOnly(ctx context.Context, client *clientv3.Client, prefix string, pageS
 		pageSize = DefaultLoadPageSize
 	}
 	state := prefix + stateDir
+	return readRetrying(func() (map[string][]byte, error) {
+		return readCut(ctx, client, state, int64(pageSize), nil)
+	}, nil)
+}
+
+// readRetrying runs read again (at most loadAttempts times in all) while
+// it fails because etcd compacted the revision it was reading; compacted,
+// if set, hears of each such failure.
+func readRetrying(read func() (map[string][]byte, error), compacted func(error)) (map[string][]byte, error) {
 	var err error
 	for range loadAttempts {
 		var m map[string][]byte
-		if m, err = readCut(ctx, client, state, int64(pageSize)); err == nil {
+		if m, err = read(); err == nil {
 			return m, nil
 		}
 		if !errors.Is(err, rpctypes.ErrCompacted) {
 			return nil, err
 		}
+		if compacted != nil {
+			compacted(err)
+		}
 	}
 	return nil, err
 }
 
-func readCut(ctx context.Context, client *clientv3.Client, state string, page int64) (map[string][]byte, error) {
+// firstPage reads the first page of a cut; it returns the page and the
+// revision every later page is read at.
+type firstPage func(ctx context.Context, get clientv3.Op) (*pb.RangeResponse, int64, error)
+
+// readCut reads every key under state, without the state prefix, as one
+// consistent cut: the first page from first (a plain Get when nil), every
+// later page at the revision of the first.
+func readCut(ctx context.Context, client *clientv3.Client, state string, page int64, first firstPage) (map[string][]byte, error) {
 	end := clientv3.GetPrefixRangeEnd(state)
-	var rev int64
-	m := map[string][]byte{}
-	from := state
+	if first == nil {
+		first = func(ctx context.Context, get clientv3.Op) (*pb.RangeResponse, int64, error) {
+			g, err := client.Do(ctx, get)
+			if err != nil {
+				return nil, 0, err
+			}
+			return (*pb.RangeResponse)(g.Get()), g.Get().Header.Revision, nil
+		}
+	}
+	rr, rev, err := first(ctx, clientv3.OpGet(state, clientv3.WithRange(end), clientv3.WithLimit(page)))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", state, err)
+	}
+	m := make(map[string][]byte, rr.Count)
 	for {
-		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(page)}
-		if rev != 0 {
-			opts = append(opts, clientv3.WithRev(rev))
-		}
-		g, err := client.Get(ctx, from, opts...)
-		if err != nil {
-			return nil, fmt.Errorf("read %s after %d keys: %w", state, len(m), err)
-		}
-		if rev == 0 {
-			rev = g.Header.Revision
-		}
-		for _, kv := range g.Kvs {
+		for _, kv := range rr.Kvs {
 			m[string(kv.Key[len(state):])] = kv.Value
 		}
-		if !g.More || len(g.Kvs) == 0 {
+		if !rr.More || len(rr.Kvs) == 0 {
 			return m, nil
 		}
-		from = string(g.Kvs[len(g.Kvs)-1].Key) + "\x00"
+		next := string(rr.Kvs[len(rr.Kvs)-1].Key) + "\x00"
+		g, err := client.Get(ctx, next, clientv3.WithRange(end), clientv3.WithLimit(page), clientv3.WithRev(rev))
+		if err != nil {
+			return nil, fmt.Errorf("read %s at revision %d after %d keys: %w", state, rev, len(m), err)
+		}
+		rr = (*pb.RangeResponse)(g)
 	}
 }

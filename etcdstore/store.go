@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
@@ -197,53 +198,29 @@ func Open(ctx context.Context, client *clientv3.Client, prefix string, term *Ter
 // everything the previous leader committed is included and nothing it
 // could still send is. Call it once, before the first Commit.
 func (s *Store) Load(ctx context.Context) (map[string][]byte, error) {
-	var err error
-	for range loadAttempts {
-		var m map[string][]byte
-		m, err = s.load(ctx)
-		if err == nil {
-			return m, nil
-		}
-		if !errors.Is(err, rpctypes.ErrCompacted) {
-			return nil, err
-		}
-		s.log.Warn("etcd compacted the revision a load was reading; reading again", "err", err)
-	}
-	return nil, err
-}
-
-func (s *Store) load(ctx context.Context) (map[string][]byte, error) {
-	end := clientv3.GetPrefixRangeEnd(s.prefix)
-	page := int64(s.opts.LoadPageSize)
-	resp, err := s.client.Txn(ctx).If(s.term.Guard()).
-		Then(clientv3.OpGet(s.prefix, clientv3.WithRange(end), clientv3.WithLimit(page))).Commit()
-	if err != nil {
-		return nil, fmt.Errorf("load %s: %w", s.prefix, err)
-	}
-	if !resp.Succeeded {
-		return nil, fmt.Errorf("load %s: %w: election key %s is gone", s.prefix, ErrNotLeader, s.term.Key())
-	}
-	rev := resp.Header.Revision
-	rr := resp.Responses[0].GetResponseRange()
-	m := make(map[string][]byte, rr.Count)
-	sizes := make(map[string]int, rr.Count)
-	var total int64
-	for {
-		for _, kv := range rr.Kvs {
-			k := string(kv.Key[len(s.prefix):])
-			m[k] = kv.Value
-			sizes[k] = len(k) + len(kv.Value)
-			total += int64(len(k) + len(kv.Value))
-		}
-		if !rr.More || len(rr.Kvs) == 0 {
-			break
-		}
-		next := string(rr.Kvs[len(rr.Kvs)-1].Key) + "\x00"
-		g, err := s.client.Get(ctx, next, clientv3.WithRange(end), clientv3.WithLimit(page), clientv3.WithRev(rev))
+	guarded := func(ctx context.Context, get clientv3.Op) (*pb.RangeResponse, int64, error) {
+		resp, err := s.client.Txn(ctx).If(s.term.Guard()).Then(get).Commit()
 		if err != nil {
-			return nil, fmt.Errorf("load %s at revision %d after %d keys: %w", s.prefix, rev, len(m), err)
+			return nil, 0, err
 		}
-		rr.Kvs, rr.More = g.Kvs, g.More
+		if !resp.Succeeded {
+			return nil, 0, fmt.Errorf("%w: election key %s is gone", ErrNotLeader, s.term.Key())
+		}
+		return resp.Responses[0].GetResponseRange(), resp.Header.Revision, nil
+	}
+	m, err := readRetrying(func() (map[string][]byte, error) {
+		return readCut(ctx, s.client, s.prefix, int64(s.opts.LoadPageSize), guarded)
+	}, func(err error) {
+		s.log.Warn("etcd compacted the revision a load was reading; reading again", "err", err)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("load: %w", err)
+	}
+	sizes := make(map[string]int, len(m))
+	var total int64
+	for k, v := range m {
+		sizes[k] = len(k) + len(v)
+		total += int64(len(k) + len(v))
 	}
 	s.mu.Lock()
 	s.sizes = sizes
