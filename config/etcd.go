@@ -3,7 +3,6 @@ package config
 import (
 	"errors"
 	"fmt"
-	"strings"
 
 	"net"
 	"os"
@@ -53,15 +52,12 @@ func (f *Flags) registerEtcd(fsString func(name, value, usage string) *string, f
 }
 
 // etcdFileFlag names the flag an etcd client-file problem is about.
-func etcdFileFlag(msg string) string {
-	switch {
-	case strings.HasPrefix(msg, "etcd CA"):
-		return "etcd-ca-file"
-	case strings.HasPrefix(msg, "etcd key") || strings.HasPrefix(msg, "etcd client key"):
-		return "etcd-key-file"
-	default:
-		return "etcd-cert-file"
+func etcdFileFlag(err error) string {
+	var fe *etcdstore.FileError
+	if errors.As(err, &fe) {
+		return "etcd-" + fe.File + "-file"
 	}
+	return "etcd-ca-file"
 }
 
 // resolveEtcd reads an etcd:// --state and the flags that go with it.
@@ -86,7 +82,7 @@ func (f *Flags) resolveEtcd(c *Config, set map[string]bool, p *problems) {
 		var merr *multierror.Error
 		if errors.As(err, &merr) {
 			for _, one := range merr.Errors {
-				p.add(etcdFileFlag(one.Error()), "%v", one)
+				p.add(etcdFileFlag(one), "%v", one)
 			}
 		} else {
 			p.add("etcd-ca-file", "%v", err)

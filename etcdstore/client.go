@@ -52,6 +52,16 @@ type ClientConfig struct {
 	KeepAliveTime, KeepAliveTimeout time.Duration
 }
 
+// FileError is a problem with one of a ClientConfig's files. File says
+// which: "ca", "cert" or "key", so a caller can name its own flag.
+type FileError struct {
+	File string
+	Err  error
+}
+
+func (e *FileError) Error() string { return e.Err.Error() }
+func (e *FileError) Unwrap() error { return e.Err }
+
 // TLSConfig builds the client TLS configuration the files describe: nil
 // (plain TCP) when no file is set, else TLS 1.2 or later that verifies the
 // members against CAFile (or the system roots) and presents the client
@@ -65,33 +75,33 @@ func (c ClientConfig) TLSConfig() (*tls.Config, error) {
 	if c.CAFile != "" {
 		pem, err := readPEM(c.CAFile)
 		if err != nil {
-			errs = multierror.Append(errs, fmt.Errorf("etcd CA file: %w", err))
+			errs = multierror.Append(errs, &FileError{"ca", fmt.Errorf("etcd CA file: %w", err)})
 		} else {
 			pool := x509.NewCertPool()
 			if !pool.AppendCertsFromPEM(pem) {
-				errs = multierror.Append(errs, fmt.Errorf("etcd CA file %s: no PEM certificate in it", c.CAFile))
+				errs = multierror.Append(errs, &FileError{"ca", fmt.Errorf("etcd CA file %s: no PEM certificate in it", c.CAFile)})
 			}
 			cfg.RootCAs = pool
 		}
 	}
 	switch {
 	case c.CertFile != "" && c.KeyFile == "":
-		errs = multierror.Append(errs, errors.New("etcd client certificate given without --etcd-key-file"))
+		errs = multierror.Append(errs, &FileError{"cert", errors.New("etcd client certificate given without --etcd-key-file")})
 	case c.CertFile == "" && c.KeyFile != "":
-		errs = multierror.Append(errs, errors.New("etcd client key given without --etcd-cert-file"))
+		errs = multierror.Append(errs, &FileError{"key", errors.New("etcd client key given without --etcd-cert-file")})
 	case c.CertFile != "":
 		certPEM, cerr := readPEM(c.CertFile)
 		if cerr != nil {
-			errs = multierror.Append(errs, fmt.Errorf("etcd certificate file: %w", cerr))
+			errs = multierror.Append(errs, &FileError{"cert", fmt.Errorf("etcd certificate file: %w", cerr)})
 		}
 		keyPEM, kerr := readPEM(c.KeyFile)
 		if kerr != nil {
-			errs = multierror.Append(errs, fmt.Errorf("etcd key file: %w", kerr))
+			errs = multierror.Append(errs, &FileError{"key", fmt.Errorf("etcd key file: %w", kerr)})
 		}
 		if cerr == nil && kerr == nil {
 			pair, err := tls.X509KeyPair(certPEM, keyPEM)
 			if err != nil {
-				errs = multierror.Append(errs, fmt.Errorf("etcd client certificate %s with key %s: %w", c.CertFile, c.KeyFile, err))
+				errs = multierror.Append(errs, &FileError{"cert", fmt.Errorf("etcd client certificate %s with key %s: %w", c.CertFile, c.KeyFile, err)})
 			} else {
 				cfg.Certificates = []tls.Certificate{pair}
 			}
