@@ -16,16 +16,20 @@ import (
 
 // cfgEntry caches what Observe needs from an owned VM's config.
 type cfgEntry struct {
-	fp     string
+	fp     resource
 	at     time.Time
 	marker *observed.Marker
 	onboot bool
 }
 
-// fingerprint is what the listing shows of a VM; a change means the
-// cached config may be stale. (The listing carries no config digest.)
-func fingerprint(r *resource) string {
-	return fmt.Sprintf("%s|%s|%s|%d|%d|%d|%s", r.Node, r.Name, r.Tags, r.MaxMem, r.MaxCPU, r.Template, r.Pool)
+// fingerprint is what the listing shows of a VM's config (all but its
+// power); a change means the cached config may be stale. (The listing
+// carries no config digest.) A comparable value: no formatting per VM and
+// observation.
+func fingerprint(r *resource) resource {
+	fp := *r
+	fp.Status = ""
+	return fp
 }
 
 func powerOf(status, qmp string) observed.Power {
