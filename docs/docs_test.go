@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -439,7 +440,7 @@ func TestPagesLinked(t *testing.T) {
 	for _, f := range files {
 		exists[f] = true
 	}
-	for _, p := range pages {
+	for _, p := range append(pages, "high-availability.md", "operations.md", "drift.md", "plan-format.md") {
 		if !exists[p] {
 			t.Errorf("%s is missing", p)
 		}
@@ -453,6 +454,35 @@ func TestPagesLinked(t *testing.T) {
 			if !exists[m[1]] {
 				t.Errorf("%s links to %s, which does not exist", f, m[1])
 			}
+		}
+	}
+}
+
+// TestEveryPackageHasDocGo keeps the house rule that each package says
+// what it is for in a doc.go of its own.
+func TestEveryPackageHasDocGo(t *testing.T) {
+	dirs := map[string]bool{}
+	err := filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == "testdata" || d.Name() == "node_modules" || strings.HasPrefix(d.Name(), ".") && path != "..") {
+			return filepath.SkipDir
+		}
+		if !d.IsDir() && strings.HasSuffix(path, ".go") && !strings.HasSuffix(path, "_test.go") {
+			dirs[filepath.Dir(path)] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dirs) < 20 {
+		t.Fatalf("found only %d packages; the walk is wrong", len(dirs))
+	}
+	for dir := range dirs {
+		if _, err := os.Stat(filepath.Join(dir, "doc.go")); err != nil {
+			t.Errorf("package %s has no doc.go", dir)
 		}
 	}
 }
