@@ -97,7 +97,7 @@ func (a *Adapter) Observe(ctx context.Context, zone string) (*observed.Zone, err
 		err = fmt.Errorf("observe %s: %w", zone, err)
 		return observed.Unknown(zone, err, at), err
 	}
-	if why, _ := nodeProblem(l, zone); why != nil {
+	if _, why := nodeProblem(l, zone); why != nil {
 		err = fmt.Errorf("observe %s: %w: %w", zone, why, hypervisors.ErrUnreachable)
 		return observed.Unknown(zone, err, at), err
 	}

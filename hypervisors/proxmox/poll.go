@@ -128,20 +128,20 @@ func (a *Adapter) pollListing(ctx context.Context, sent time.Time) (*listing, er
 const maxDetail = 32
 
 // nodeProblem says why the listing l shows node n as not usable (nil when
-// it is online), with a short detail for /readyz. A node that is not
+// it is online), after a short detail for /readyz. A node that is not
 // online lists its VMs as "unknown": its zone is unknown, not a zone of VMs
 // in unknown power.
-func nodeProblem(l *listing, n string) (why error, detail string) {
+func nodeProblem(l *listing, n string) (detail string, why error) {
 	switch st := l.nodes[n]; st {
 	case nodeOnline:
-		return nil, ""
+		return "", nil
 	case "":
-		return errors.New("node not in the cluster's node list"), "not in cluster"
+		return "not in cluster", errors.New("node not in the cluster's node list")
 	default:
 		if len(st) > maxDetail {
 			st = st[:maxDetail]
 		}
-		return fmt.Errorf("the cluster reports the node %q", st), st
+		return st, fmt.Errorf("the cluster reports the node %q", st)
 	}
 }
 
@@ -155,7 +155,7 @@ func (a *Adapter) record(sent time.Time, l *listing, err error, errDetail string
 		h := a.health[n]
 		why, detail := err, errDetail
 		if err == nil {
-			why, detail = nodeProblem(l, n)
+			detail, why = nodeProblem(l, n)
 		}
 		if why == nil {
 			h.state, h.since, h.why, h.detail = zoneUp, time.Time{}, nil, ""
