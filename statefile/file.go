@@ -37,9 +37,9 @@ type Store interface {
 	Load(ctx context.Context) (map[string][]byte, error)
 	// Commit queues ops as one atomic batch and returns without waiting.
 	// done, if not nil, is called exactly once, never from inside Commit,
-	// on one goroutine of the store, in Commit order: nil once the batch
-	// is durable, or an error once it is not known to be. A store that
-	// fails a batch fails every later batch too.
+	// by the store, one call at a time and in Commit order: nil once the
+	// batch is durable, or an error once it is not known to be. A store
+	// that fails a batch fails every later batch too.
 	Commit(ops []Op, done func(error))
 	// Healthy returns the error that stopped the store, if any.
 	Healthy() error
@@ -511,7 +511,9 @@ func (f *File) lazyFire() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.lazyTimer = nil
-	f.lazyDue = true
+	// A timer that outlived its records (a waited-for frame took them)
+	// must not make the next lazy record due at once.
+	f.lazyDue = len(f.queue) > 0
 	f.wake.Signal()
 }
 
@@ -595,7 +597,8 @@ func (f *File) queueLocked(ops []Op) *batch {
 			f.state[op.Key] = cloneValue(op.Value)
 		}
 	}
-	f.wake.Signal()
+	// No wake-up here: a record is due only once someone waits for it
+	// (markUrgent, Wait, Close) or lazyFire, and those wake the committer.
 	return b
 }
 

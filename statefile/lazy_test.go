@@ -136,3 +136,48 @@ func TestLazyRecordsFlushOnDemand(t *testing.T) {
 		t.Errorf("after Close and reopen (-want +got):\n%s", diff)
 	}
 }
+
+// A lazy timer that outlives its records (a waited-for frame took them
+// first) must not leave the next lazy record due at once: it still rides
+// along with the next waited-for one.
+func TestLazyTimerOutlivingItsRecords(t *testing.T) {
+	old := lazyFlush
+	t.Cleanup(func() { lazyFlush = old })
+	lazyFlush = 10 * time.Millisecond
+	c := newCommitCounter()
+	f := mustOpen(t, statePath(t), Options{OnCommit: c.onCommit})
+	defer mustClose(t, f)
+	commitWait := func(ops ...Op) {
+		done := make(chan error, 1)
+		f.Commit(ops, func(err error) { done <- err })
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		c.await(t)
+	}
+	f.Commit([]Op{put("w/a", "1")}, nil) // arms the timer
+	commitWait(put("m/b", "2"))          // takes w/a along
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
+		f.mu.Lock()
+		fired := f.lazyTimer == nil
+		f.mu.Unlock()
+		if fired {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the lazy timer never fired")
+		}
+	}
+	lazyFlush = time.Hour
+	f.Commit([]Op{put("w/c", "3")}, nil)
+	f.mu.Lock()
+	due := f.due()
+	f.mu.Unlock()
+	if due {
+		t.Error("a lazy record queued after a stale timer fired is due at once")
+	}
+	commitWait(put("m/d", "4"))
+	if diff := cmp.Diff([]int{2, 2}, c.get()); diff != "" {
+		t.Errorf("group commits' record counts (-want +got):\n%s", diff)
+	}
+}
