@@ -171,6 +171,13 @@ func (a *Adapter) cachedListing(since time.Time) *listing {
 	return nil
 }
 
+// dropListing forgets the cached listing, so the next Observe asks the API.
+func (a *Adapter) dropListing() {
+	a.cacheMu.Lock()
+	defer a.cacheMu.Unlock()
+	a.listing = nil
+}
+
 // invalidate forgets the listing and marks a VM's config as changed by us.
 func (a *Adapter) invalidate(vmid int) {
 	a.cacheMu.Lock()

@@ -79,7 +79,12 @@ func (a *Adapter) pollOnce(ctx context.Context) {
 	a.healthMu.Lock()
 	a.pending, a.pendingAt = mono, sent
 	a.healthMu.Unlock()
-	stall := time.AfterFunc(a.cfg.StallAfter, a.publish)
+	stall := time.AfterFunc(a.cfg.StallAfter, func() {
+		// Unanswered this long, the API counts as down: the last good
+		// listing must stop serving Observe, as after a failed poll.
+		a.dropListing()
+		a.publish()
+	})
 	pctx, cancel := context.WithTimeout(ctx, a.cfg.PollTimeout)
 	l, err := a.pollListing(pctx, sent)
 	timedOut := errors.Is(pctx.Err(), context.DeadlineExceeded)
@@ -96,9 +101,7 @@ func (a *Adapter) pollOnce(ctx context.Context) {
 	if err != nil {
 		// The last good listing must not keep serving Observe as if the
 		// API answered: Observe asks again and sees the failure itself.
-		a.cacheMu.Lock()
-		a.listing = nil
-		a.cacheMu.Unlock()
+		a.dropListing()
 	}
 	a.record(sent, l, err, detail)
 	a.publish()
