@@ -62,6 +62,13 @@ type Config struct {
 	NodeReadyExec        []string // nil: no readiness gate
 	MaxConcurrentPerZone int
 	ShutdownGrace        time.Duration
+	// Certs are the certificate chains the provider presents (server,
+	// etcd and libvirt client), checked valid at start; start-up logs
+	// CertWarnings and the expiry gauge reports them.
+	Certs []Cert
+	// CAWarnings are what CertWarnings says about the CA bundles the
+	// provider trusts (--tls-ca, --etcd-ca-file, --proxmox-ca-file).
+	CAWarnings []string
 }
 
 // TLS names the gRPC listener's PEM files; all empty means plaintext, Cert

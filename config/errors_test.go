@@ -151,8 +151,8 @@ func TestErrors(t *testing.T) {
 			"--seed-count: must be > 0, got 0; omit it for the default of 32",
 		}},
 		{"synthetic rates", with(fakeArgs, "--price-per-vcpu-hour", "-0.1", "--price-per-gib-hour", "NaN"), []string{
-			"--price-per-vcpu-hour: -0.1 must be a finite number >= 0 (0 makes that dimension free)",
-			"--price-per-gib-hour: NaN must be a finite number >= 0 (0 makes that dimension free)",
+			"--price-per-vcpu-hour: -0.1 must be a finite number from 0 to 1000000 (0 makes that dimension free)",
+			"--price-per-gib-hour: NaN must be a finite number from 0 to 1000000 (0 makes that dimension free)",
 		}},
 		{"prices", with(fakeArgs, "--prices", "kvm.tiny=1,kvm.small"), []string{
 			`--prices: "kvm.tiny" is not in the instance-type catalog (known: kvm.large, kvm.medium, kvm.small, kvm.xlarge)`,

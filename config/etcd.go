@@ -87,6 +87,8 @@ func (f *Flags) resolveEtcd(c *Config, set map[string]bool, p *problems) {
 		} else {
 			p.add("etcd-ca-file", "%v", err)
 		}
+	} else {
+		checkEtcdCerts(c, e, time.Now(), p)
 	}
 	if e.LeaseTTL < minLeaderLease || e.LeaseTTL > maxLeaderLease || e.LeaseTTL%time.Second != 0 {
 		p.add("leader-lease", "must be whole seconds between %s and %s, got %s", minLeaderLease, maxLeaderLease, e.LeaseTTL)

@@ -3,10 +3,10 @@ package config
 import (
 	"fmt"
 	"net/url"
-	"os"
 	"path"
 	"strings"
 
+	"github.com/bigfleet-vm/provider/conffile"
 	"github.com/bigfleet-vm/provider/inventory"
 	"github.com/hashicorp/go-multierror"
 )
@@ -53,7 +53,7 @@ func (f *Flags) resolveLibvirt(c *Config, real bool, defaultZone string, p *prob
 		}
 	}
 	if *f.baseUserData != "" {
-		data, err := os.ReadFile(*f.baseUserData)
+		data, err := conffile.Read(*f.baseUserData, conffile.MaxUserDataBytes)
 		if err != nil {
 			p.add("base-user-data", "cannot read the cloud-init file: %v", err)
 		}

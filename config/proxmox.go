@@ -4,13 +4,13 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/url"
-	"os"
 	"path"
 	"regexp"
 	"strings"
 	"time"
 	"unicode"
 
+	"github.com/bigfleet-vm/provider/conffile"
 	"github.com/bigfleet-vm/provider/inventory"
 )
 
@@ -70,7 +70,7 @@ func (f *Flags) resolveProxmox(c *Config, set map[string]bool, real bool, p *pro
 
 	switch {
 	case *f.tokenFile != "":
-		data, err := os.ReadFile(*f.tokenFile)
+		data, err := conffile.Read(*f.tokenFile, conffile.MaxSecretBytes)
 		switch {
 		case err != nil:
 			p.add("proxmox-token-file", "cannot read the token secret: %v", err)
@@ -89,9 +89,11 @@ func (f *Flags) resolveProxmox(c *Config, set map[string]bool, real bool, p *pro
 
 	x.CAFile = *f.caFile
 	if x.CAFile != "" {
-		if err := checkCABundle(x.CAFile); err != nil {
+		warnings, err := checkCABundle(x.CAFile, time.Now())
+		if err != nil {
 			p.add("proxmox-ca-file", "%v", err)
 		}
+		c.CAWarnings = append(c.CAWarnings, warnings...)
 	}
 	if *f.fingerprint != "" {
 		fp, err := normaliseFingerprint(*f.fingerprint)

@@ -140,7 +140,11 @@ func (f *Flags) Resolve(fs *flag.FlagSet) (*Config, error) {
 	} else {
 		realZones, capacity = f.resolveLibvirt(c, real, defaultZone, &p)
 	}
-	resolveTLS(&c.TLS, *f.tlsCert, *f.tlsKey, *f.tlsCA, &p)
+	now := time.Now()
+	resolveTLS(c, *f.tlsCert, *f.tlsKey, *f.tlsCA, now, &p)
+	if real && !proxmox {
+		checkLibvirtCerts(c, now, &p)
+	}
 	f.resolveListener(c, set, &p)
 
 	// Catalog, pricing, offerings, slots.
@@ -163,8 +167,8 @@ func (f *Flags) Resolve(fs *flag.FlagSet) (*Config, error) {
 		name string
 		v    float64
 	}{{"price-per-vcpu-hour", *f.pricePerVCPU}, {"price-per-gib-hour", *f.pricePerGiB}} {
-		if math.IsNaN(r.v) || math.IsInf(r.v, 0) || r.v < 0 {
-			p.add(r.name, "%v must be a finite number >= 0 (0 makes that dimension free)", r.v)
+		if math.IsNaN(r.v) || math.IsInf(r.v, 0) || r.v < 0 || r.v > inventory.MaxPricePerHour {
+			p.add(r.name, "%v must be a finite number from 0 to %d (0 makes that dimension free)", r.v, inventory.MaxPricePerHour)
 		}
 	}
 	c.Pricing, _ = inventory.NewPricing(*f.pricePerVCPU, *f.pricePerGiB, explicit)

@@ -7,10 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"time"
 
 	"github.com/hashicorp/go-multierror"
+
+	"github.com/bigfleet-vm/provider/conffile"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -24,8 +25,6 @@ const (
 	DefaultDialTimeout      = 5 * time.Second
 	DefaultKeepAliveTime    = 10 * time.Second
 	DefaultKeepAliveTimeout = 5 * time.Second
-	// maxPEMBytes bounds a CA, certificate or key file.
-	maxPEMBytes = 1 << 20
 	// clientSendLimit is the client's own cap on a request; the server's
 	// --max-request-bytes (Options.MaxRequestBytes) is the real bound.
 	clientSendLimit = 16 << 20
@@ -113,24 +112,10 @@ func (c ClientConfig) TLSConfig() (*tls.Config, error) {
 	return cfg, nil
 }
 
+// readPEM reads a CA, certificate or key file: a regular file of at most
+// conffile.MaxPEMBytes (a FIFO or a device is refused, never waited on).
 func readPEM(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if st.Size() > maxPEMBytes {
-		return nil, fmt.Errorf("%s is %d bytes, more than the %d a PEM file may have", path, st.Size(), maxPEMBytes)
-	}
-	buf := make([]byte, st.Size())
-	if _, err := f.ReadAt(buf, 0); err != nil && st.Size() > 0 {
-		return nil, fmt.Errorf("read %s: %w", path, err)
-	}
-	return buf, nil
+	return conffile.Read(path, conffile.MaxPEMBytes)
 }
 
 // NewClient proves it can talk to the cluster and then connects: it

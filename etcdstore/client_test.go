@@ -5,9 +5,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/bigfleet-vm/provider/conffile"
 	"github.com/bigfleet-vm/provider/internal/etcdtest"
 )
 
@@ -20,10 +22,14 @@ func TestTLSConfigErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	huge := filepath.Join(dir, "huge.pem")
-	if err := os.WriteFile(huge, make([]byte, maxPEMBytes+1), 0o600); err != nil {
+	if err := os.WriteFile(huge, make([]byte, conffile.MaxPEMBytes+1), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	missing := filepath.Join(dir, "missing.pem")
+	fifo := filepath.Join(dir, "ca.fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name string
 		cfg  ClientConfig
@@ -32,7 +38,9 @@ func TestTLSConfigErrors(t *testing.T) {
 		{name: "cert-without-key", cfg: ClientConfig{CertFile: garbage}, errs: []string{"without --etcd-key-file"}},
 		{name: "key-without-cert", cfg: ClientConfig{KeyFile: garbage}, errs: []string{"without --etcd-cert-file"}},
 		{name: "ca-not-pem", cfg: ClientConfig{CAFile: garbage}, errs: []string{"no PEM certificate"}},
-		{name: "ca-too-big", cfg: ClientConfig{CAFile: huge}, errs: []string{"more than the 1048576"}},
+		{name: "ca-too-big", cfg: ClientConfig{CAFile: huge}, errs: []string{"more than 1 MiB"}},
+		{name: "ca-a-fifo", cfg: ClientConfig{CAFile: fifo}, errs: []string{"is a FIFO"}},
+		{name: "cert-a-device", cfg: ClientConfig{CertFile: "/dev/zero", KeyFile: garbage}, errs: []string{"/dev/zero is a character device"}},
 		{name: "all-wrong", cfg: ClientConfig{CAFile: missing, CertFile: missing, KeyFile: garbage}, errs: []string{"etcd CA file", "etcd certificate file", "missing.pem"}},
 		{name: "bad-pair", cfg: ClientConfig{CertFile: garbage, KeyFile: garbage}, errs: []string{"etcd client certificate"}},
 	}

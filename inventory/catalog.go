@@ -6,10 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"sort"
 	"strconv"
 
+	"github.com/bigfleet-vm/provider/conffile"
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/hashicorp/go-multierror"
 )
@@ -103,10 +103,11 @@ type catalogEntry struct {
 	TemplateVMID *int `json:"template_vmid"`
 }
 
-// LoadCatalog reads and parses a catalog file (see ParseCatalog). Every
-// problem is reported on its own, led by the file's path.
+// LoadCatalog reads and parses a catalog file (see ParseCatalog): a
+// regular file of at most conffile.MaxJSONBytes. Every problem is reported
+// on its own, led by the file's path.
 func LoadCatalog(path string, shape hypervisors.Shape, templateVMID int) (Catalog, error) {
-	data, err := os.ReadFile(path)
+	data, err := conffile.Read(path, conffile.MaxJSONBytes)
 	if err != nil {
 		return nil, fmt.Errorf("read instance types: %w", err)
 	}
@@ -119,9 +120,10 @@ func LoadCatalog(path string, shape hypervisors.Shape, templateVMID int) (Catalo
 
 // ParseCatalog decodes a JSON object of name -> {vcpu, memory_mib[,
 // template_vmid]} that replaces the built-in catalog. Decoding is strict:
-// unknown keys, duplicate names, trailing data and an empty object are
-// errors. vcpu and memory_mib are required and positive. template_vmid is
-// accepted only for Proxmox, where zero or omitted means templateVMID.
+// unknown keys, a key given twice in one object (a type name included),
+// trailing data and an empty object are errors. vcpu and memory_mib are
+// required, positive and at most MaxVCPU and MaxMemoryMiB. template_vmid
+// is accepted only for Proxmox, where zero or omitted means templateVMID.
 // Every problem found is reported.
 func ParseCatalog(data []byte, shape hypervisors.Shape, templateVMID int) (Catalog, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
@@ -131,6 +133,9 @@ func ParseCatalog(data []byte, shape hypervisors.Shape, templateVMID int) (Catal
 		return nil, errors.New(`must be a JSON object of name -> {"vcpu": N, "memory_mib": N}`)
 	}
 	var errs *multierror.Error
+	for _, err := range duplicateKeys(data) {
+		errs = multierror.Append(errs, err)
+	}
 	c := Catalog{}
 	seen := map[string]bool{}
 	for dec.More() {
@@ -144,8 +149,7 @@ func ParseCatalog(data []byte, shape hypervisors.Shape, templateVMID int) (Catal
 			return nil, fmt.Errorf("instance type %q: %w", name, notJSON(err))
 		}
 		if seen[name] {
-			errs = multierror.Append(errs, fmt.Errorf("instance type %q is defined twice; keep one definition", name))
-			continue
+			continue // duplicateKeys reported it, with both lines
 		}
 		seen[name] = true
 		if err := ValidateTypeName(name); err != nil {
@@ -188,13 +192,19 @@ func parseCatalogEntry(name string, raw json.RawMessage, shape hypervisors.Shape
 	it := InstanceType{Name: name}
 	if e.VCPU == nil {
 		errs = multierror.Append(errs, errors.New("vcpu is required"))
-	} else if it.VCPU = *e.VCPU; it.VCPU <= 0 {
-		errs = multierror.Append(errs, fmt.Errorf("vcpu must be positive, got %d", it.VCPU))
+	} else {
+		it.VCPU = *e.VCPU
+		if err := CheckVCPU(it.VCPU); err != nil {
+			errs = multierror.Append(errs, err)
+		}
 	}
 	if e.MemoryMiB == nil {
 		errs = multierror.Append(errs, errors.New("memory_mib is required"))
-	} else if it.MemoryMiB = *e.MemoryMiB; it.MemoryMiB <= 0 {
-		errs = multierror.Append(errs, fmt.Errorf("memory_mib must be positive, got %d", it.MemoryMiB))
+	} else {
+		it.MemoryMiB = *e.MemoryMiB
+		if err := CheckMemoryMiB(it.MemoryMiB); err != nil {
+			errs = multierror.Append(errs, err)
+		}
 	}
 	switch {
 	case shape != hypervisors.ShapeProxmox:

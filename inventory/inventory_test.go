@@ -1,12 +1,18 @@
 package inventory
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
 	"math"
 	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
+	"github.com/bigfleet-vm/provider/conffile"
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -98,13 +104,29 @@ func TestParseCatalog(t *testing.T) {
 			name: "every entry problem", shape: lv,
 			in: `{"a": {"vcpu": 0, "memory_mib": -1, "template_vmid": 9000}, "b": {}, "x y": {"vcpu": 1, "memory_mib": 1}, "a": {"vcpu": 1, "memory_mib": 1}}`,
 			wantErr: []string{
+				`line 1: key "a" is given twice in one object (first on line 1); keep one`,
 				`instance type "a": vcpu must be positive, got 0`,
 				`instance type "a": memory_mib must be positive, got -1`,
 				`instance type "a": template_vmid is a Proxmox setting; libvirt types boot from --image, remove the key`,
 				`instance type "b": vcpu is required`,
 				`instance type "b": memory_mib is required`,
 				`instance type name "x y" contains whitespace; rename it`,
-				`instance type "a" is defined twice; keep one definition`,
+			},
+		},
+		{
+			name: "a key given twice inside an entry, with its lines", shape: lv,
+			in: "{\n  \"a\": {\n    \"vcpu\": 1,\n    \"memory_mib\": 512,\n    \"vcpu\": 64\n  },\n  \"b\": {\"vcpu\": 1, \"memory_mib\": 1},\n  \"b\": {\"vcpu\": 2, \"memory_mib\": 2}\n}",
+			wantErr: []string{
+				`line 5: key "vcpu" is given twice in one object (first on line 3); keep one`,
+				`line 8: key "b" is given twice in one object (first on line 7); keep one`,
+			},
+		},
+		{
+			name: "sizes above their caps", shape: lv,
+			in: `{"huge": {"vcpu": 1025, "memory_mib": 16777217}, "max": {"vcpu": 1024, "memory_mib": 16777216}}`,
+			wantErr: []string{
+				`instance type "huge": vcpu 1025 is above the cap of 1024`,
+				`instance type "huge": memory_mib 16777217 is above the cap of 16777216 (16 TiB)`,
 			},
 		},
 		{
@@ -177,6 +199,15 @@ func TestParseCapacityType(t *testing.T) {
 			t.Errorf("ParseCapacityType(%q, %s) = %q, %q; want %q, %q", tt.in, tt.shape, got, gotErr, tt.want, tt.wantErr)
 		}
 	}
+}
+
+// manyEntries is the body of a JSON object with n distinct string keys.
+func manyEntries(n int) string {
+	entries := make([]string, n)
+	for i := range entries {
+		entries[i] = fmt.Sprintf(`"k%d": "v"`, i)
+	}
+	return strings.Join(entries, ", ")
 }
 
 func TestParseOfferings(t *testing.T) {
@@ -264,6 +295,24 @@ func TestParseOfferings(t *testing.T) {
 				`offerings[2]: zone "rack 1" contains whitespace; rename it`,
 				`offerings[3]: capacity_type "reserved" is not supported: a libvirt host has no reservation or commitment billing; use on_demand`,
 				`offerings[4]: duplicates offerings[3] (zone "rack1", instance_type "kvm.small"): both would mint the same machine ids; merge them into one offering with the summed count`,
+			},
+		},
+		{
+			name: "a key given twice, at any depth, with its lines", rules: rules,
+			in: "[\n  {\"instance_type\": \"kvm.small\", \"zone\": \"rack1\",\n   \"count\": 1,\n   \"labels\": {\"team\": \"a\", \"team\": \"b\"},\n   \"count\": 500}\n]",
+			wantErr: []string{
+				`line 4: key "team" is given twice in one object (first on line 4); keep one`,
+				`line 5: key "count" is given twice in one object (first on line 3); keep one`,
+			},
+		},
+		{
+			name: "labels and resources above their caps", rules: rules,
+			in: `[{"instance_type": "kvm.small", "zone": "rack1", "count": 1, "labels": {` + manyEntries(65) + `},
+			      "resources": {"cpu": "` + strings.Repeat("1", 1025) + `", "` + strings.Repeat("k", 257) + `": "1"}}]`,
+			wantErr: []string{
+				`offerings[0]: resources["cpu"] is 1025 bytes; the cap is 1024`,
+				`offerings[0]: resources key "kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk"... is 257 bytes; the cap is 256`,
+				`offerings[0]: labels has 65 entries; the cap is 64`,
 			},
 		},
 		{
@@ -466,6 +515,7 @@ func TestNewPricingErrors(t *testing.T) {
 	}{
 		{-1, 0, []string{"per-vCPU rate: -1 is negative; prices must be >= 0"}},
 		{math.NaN(), math.Inf(1), []string{"per-vCPU rate: NaN is not a finite number", "per-GiB rate: +Inf is not a finite number"}},
+		{1e300, MaxPricePerHour, []string{"per-vCPU rate: 1e+300 is above the cap of 1000000 USD/hour"}},
 	}
 	for _, tt := range tests {
 		_, err := NewPricing(tt.vcpu, tt.gib, nil)
@@ -496,6 +546,10 @@ func TestParsePrices(t *testing.T) {
 				"kvm.small is priced twice; keep one entry",
 				"price for kvm.large: +Inf is not a finite number",
 			},
+		},
+		{
+			in:      "kvm.small=1000000,kvm.large=1000000.5",
+			wantErr: []string{"price for kvm.large: 1.0000005e+06 is above the cap of 1000000 USD/hour"},
 		},
 	}
 	for _, tt := range tests {
@@ -616,6 +670,48 @@ func TestLoadFiles(t *testing.T) {
 	_, err = LoadOfferings(dir+"/missing.json", Rules{})
 	if diff := cmp.Diff([]string{"read offerings: open " + dir + "/missing.json: no such file or directory"}, problems(err)); diff != "" {
 		t.Errorf("LoadOfferings missing (-want +got):\n%s", diff)
+	}
+}
+
+// TestLoadFilesRefusesWhatIsNotARegularFile checks neither loader reads a
+// device (which would never end) or waits on a FIFO (which would hang
+// start-up), and that a file over the cap is refused before it is parsed.
+func TestLoadFilesRefusesWhatIsNotARegularFile(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "offerings.fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	big := filepath.Join(dir, "big.json")
+	if err := os.WriteFile(big, bytes.Repeat([]byte(" "), conffile.MaxJSONBytes+1), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ path, want string }{
+		{"/dev/zero", "read offerings: /dev/zero is a character device, not a regular file: name a regular file"},
+		{fifo, "read offerings: " + fifo + " is a FIFO (named pipe), not a regular file: name a regular file"},
+		{big, "read offerings: " + big + " is 16777217 bytes, more than 16 MiB, the cap for this file (file too large)"},
+	} {
+		done := make(chan error, 2)
+		go func() {
+			_, err := LoadOfferings(tc.path, Rules{Shape: lv, Catalog: Builtin(lv, 0)})
+			done <- err
+			_, err = LoadCatalog(tc.path, lv, 0)
+			done <- err
+		}()
+		for _, what := range []string{"LoadOfferings", "LoadCatalog"} {
+			select {
+			case err := <-done:
+				want := tc.want
+				if what == "LoadCatalog" {
+					want = strings.Replace(want, "read offerings", "read instance types", 1)
+				}
+				if diff := cmp.Diff([]string{want}, problems(err)); diff != "" {
+					t.Errorf("%s(%s) (-want +got):\n%s", what, tc.path, diff)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatalf("%s(%s) has not returned after 30s", what, tc.path)
+			}
+		}
 	}
 }
 

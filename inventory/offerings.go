@@ -6,11 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"sort"
 	"strings"
 
+	"github.com/bigfleet-vm/provider/conffile"
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/hashicorp/go-multierror"
 )
@@ -49,10 +49,11 @@ type offeringJSON struct {
 	Labels       map[string]string `json:"labels"`
 }
 
-// LoadOfferings reads and parses an offerings file (see ParseOfferings).
-// Every problem is reported on its own, led by the file's path.
+// LoadOfferings reads and parses an offerings file (see ParseOfferings):
+// a regular file of at most conffile.MaxJSONBytes. Every problem is
+// reported on its own, led by the file's path.
 func LoadOfferings(path string, r Rules) ([]Offering, error) {
-	data, err := os.ReadFile(path)
+	data, err := conffile.Read(path, conffile.MaxJSONBytes)
 	if err != nil {
 		return nil, fmt.Errorf("read offerings: %w", err)
 	}
@@ -64,10 +65,15 @@ func LoadOfferings(path string, r Rules) ([]Offering, error) {
 }
 
 // ParseOfferings decodes a JSON array of offerings strictly (unknown keys,
-// wrongly typed values, trailing data and an empty array are errors) and
-// validates the result with Validate. Every problem found is reported,
-// each naming the offering by its position.
+// a key given twice in one object, wrongly typed values, trailing data and
+// an empty array are errors) and validates the result with Validate.
+// Every problem found is reported, each naming the offering by its
+// position or the line.
 func ParseOfferings(data []byte, r Rules) ([]Offering, error) {
+	var errs *multierror.Error
+	for _, err := range duplicateKeys(data) {
+		errs = multierror.Append(errs, err)
+	}
 	var raws []json.RawMessage
 	dec := json.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&raws); err != nil {
@@ -83,7 +89,6 @@ func ParseOfferings(data []byte, r Rules) ([]Offering, error) {
 	if len(raws) == 0 {
 		return nil, errors.New("holds no offerings; add at least one or omit --offerings to use the default mix")
 	}
-	var errs *multierror.Error
 	offs := make([]Offering, 0, len(raws))
 	pos := make([]int, 0, len(raws))
 	for i, raw := range raws {
@@ -186,6 +191,9 @@ func validate(offs []Offering, pos []int, r Rules) ([]Offering, error) {
 		}{{"resources", o.Resources}, {"labels", o.Labels}} {
 			if _, ok := m.m[""]; ok {
 				add(fmt.Errorf("%s has an empty key", m.key))
+			}
+			for _, err := range checkStringMap(m.key, m.m) {
+				add(err)
 			}
 		}
 		key := [2]string{o.Zone, o.InstanceType}

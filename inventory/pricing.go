@@ -25,8 +25,9 @@ type Pricing struct {
 	Explicit    map[string]float64 `json:"explicit,omitempty"`
 }
 
-// NewPricing validates the synthetic rates (finite and >= 0; zero is a
-// legitimate "this dimension is free") and returns the pricing.
+// NewPricing validates the synthetic rates (finite, >= 0 and at most
+// MaxPricePerHour; zero is a legitimate "this dimension is free") and
+// returns the pricing.
 func NewPricing(perVCPUHour, perGiBHour float64, explicit map[string]float64) (Pricing, error) {
 	var errs *multierror.Error
 	for _, r := range []struct {
@@ -50,12 +51,15 @@ func validPrice(v float64) error {
 	if v < 0 {
 		return fmt.Errorf("%v is negative; prices must be >= 0", v)
 	}
+	if v > MaxPricePerHour {
+		return fmt.Errorf("%v is above the cap of %d USD/hour", v, MaxPricePerHour)
+	}
 	return nil
 }
 
 // ParsePrices parses "type=usd,type=usd" into explicit per-hour prices.
 // Empty entries are skipped; every other entry must be name=price with a
-// finite, non-negative price and a name from the catalog, each at most
+// finite, non-negative price of at most MaxPricePerHour and a name from the catalog, each at most
 // once. An empty string yields nil. Every problem found is reported.
 func ParsePrices(s string, c Catalog) (map[string]float64, error) {
 	var errs *multierror.Error

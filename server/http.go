@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -22,6 +21,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/bigfleet-vm/provider/conffile"
 	"github.com/bigfleet-vm/provider/config"
 	"github.com/bigfleet-vm/provider/desired"
 	"github.com/bigfleet-vm/provider/hypervisors"
@@ -59,9 +59,9 @@ func (p *Provider) serveHTTP(ctx context.Context, serving *atomic.Bool, hs *heal
 	}
 	var tc *tls.Config
 	if cfg.MetricsTLS {
-		cert, err := tls.LoadX509KeyPair(cfg.TLS.Cert, cfg.TLS.Key)
+		cert, err := cfg.TLS.Keypair()
 		if err != nil {
-			return nil, fmt.Errorf("--metrics-tls: load --tls-cert/--tls-key: %w", err)
+			return nil, fmt.Errorf("--metrics-tls: %w", err)
 		}
 		tc = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}
 	}
@@ -407,7 +407,7 @@ func FetchPlan(ctx context.Context, base string, o FetchOptions) (*jsonplan.Plan
 	}
 	client := http.DefaultClient
 	if o.CAFile != "" {
-		pemBytes, err := os.ReadFile(o.CAFile)
+		pemBytes, err := conffile.Read(o.CAFile, conffile.MaxPEMBytes)
 		if err != nil {
 			return nil, nil, fmt.Errorf("fetch plan: CA bundle: %w", err)
 		}

@@ -3,13 +3,11 @@ package server
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
-	"os"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -340,19 +338,15 @@ func machineOf(req any) string {
 }
 
 func serverTLS(t config.TLS) (*tls.Config, error) {
-	cert, err := tls.LoadX509KeyPair(t.Cert, t.Key)
+	cert, err := t.Keypair()
 	if err != nil {
-		return nil, fmt.Errorf("--tls-cert/--tls-key: %w", err)
+		return nil, err
 	}
 	tc := &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert}}
 	if t.CA != "" {
-		pemBytes, err := os.ReadFile(t.CA)
+		pool, err := t.ClientCAs()
 		if err != nil {
-			return nil, fmt.Errorf("--tls-ca: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pemBytes) {
-			return nil, fmt.Errorf("--tls-ca %s: no PEM certificate found", t.CA)
+			return nil, err
 		}
 		tc.ClientCAs = pool
 		tc.ClientAuth = tls.RequireAndVerifyClientCert

@@ -6,9 +6,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/bigfleet-vm/provider/config"
 	"github.com/bigfleet-vm/provider/server"
@@ -86,25 +88,63 @@ func bounded(s string, n int) string {
 	return s
 }
 
+// startupStopGrace bounds how long a start-up interrupted by SIGTERM or
+// SIGINT may take to return on its own (start-up honours the signal where
+// it waits on the network); after it the process exits anyway, so a
+// start-up stuck in a read that cannot be interrupted (a hung file
+// system) still obeys the signal.
+var startupStopGrace = 5 * time.Second
+
+// parseConfig is config.Parse; tests replace it with one that blocks.
+var parseConfig = config.Parse
+
+// started is what start-up made: a provider to serve, or the exit code.
+type started struct {
+	p    *server.Provider
+	log  *slog.Logger
+	code int
+}
+
 func serve(ctx context.Context, args []string, stderr io.Writer) int {
-	cfg, err := config.Parse(args, stderr)
+	done := make(chan started, 1)
+	go func() { done <- startUp(ctx, args, stderr) }()
+	var s started
+	select {
+	case s = <-done:
+	case <-ctx.Done():
+		select {
+		case s = <-done:
+		case <-time.After(startupStopGrace):
+			fmt.Fprintf(stderr, "provider: stopped during start-up: it did not return within %s of the signal (stuck reading a file or dialling?)\n", startupStopGrace)
+			return 1
+		}
+	}
+	if s.p == nil {
+		return s.code
+	}
+	defer s.p.Close()
+	if err := s.p.Serve(ctx); err != nil {
+		s.log.Error("serve failed", "err", err)
+		return 1
+	}
+	return 0
+}
+
+// startUp parses the flags and assembles the provider.
+func startUp(ctx context.Context, args []string, stderr io.Writer) started {
+	cfg, err := parseConfig(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
-		return 0 // the flag package has printed the usage
+		return started{code: 0} // the flag package has printed the usage
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "provider: invalid configuration:\n%v\n", err)
-		return 2
+		return started{code: 2}
 	}
 	log := server.Logger(cfg, stderr)
 	p, err := server.Build(ctx, cfg, log)
 	if err != nil {
 		log.Error("startup failed", "err", err)
-		return 1
+		return started{code: 1}
 	}
-	defer p.Close()
-	if err := p.Serve(ctx); err != nil {
-		log.Error("serve failed", "err", err)
-		return 1
-	}
-	return 0
+	return started{p: p, log: log}
 }

@@ -11,12 +11,13 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/hashicorp/go-multierror"
+
+	"github.com/bigfleet-vm/provider/conffile"
 )
 
 // Bounds of Config.PollInterval when the poller is on.
@@ -198,7 +199,7 @@ var ErrFingerprintMismatch = errors.New("certificate fingerprint mismatch")
 func (c *Config) httpClient() (*http.Client, error) {
 	tc := &tls.Config{MinVersion: tls.VersionTLS12}
 	if c.CAFile != "" {
-		pem, err := os.ReadFile(c.CAFile)
+		pem, err := conffile.Read(c.CAFile, conffile.MaxPEMBytes)
 		if err != nil {
 			return nil, fmt.Errorf("read CA file: %w", err)
 		}
