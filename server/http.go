@@ -44,6 +44,12 @@ const (
 	// observing again, when the request does not say (?max_age=).
 	defaultPlanMaxAge = 2 * time.Second
 	maxPlanMaxAge     = time.Hour
+	// minPlanMaxAge is the youngest plan a caller may demand: a smaller
+	// max_age is raised to it (X-Plan-Max-Age says so), so no caller can
+	// make the provider observe every host more often than this. With the
+	// admin endpoints on (--fake-admin, the simulator only) any max_age
+	// down to 0 is honoured.
+	minPlanMaxAge = defaultPlanMaxAge
 	// planTimeout bounds one observation of every host for /debug/plan.
 	planTimeout = 60 * time.Second
 )
@@ -162,9 +168,10 @@ func (p *Provider) httpHandler(serving *atomic.Bool) http.Handler {
 }
 
 // debugPlan serves the JSON plan: the newest one if it is at most
-// ?max_age= old (default defaultPlanMaxAge), else a fresh observation
-// shared with every request that waits for one meanwhile. The Age header
-// says how old the served plan is, in seconds.
+// ?max_age= old (default defaultPlanMaxAge, at least minPlanMaxAge unless
+// the admin endpoints are on), else a fresh observation shared with every
+// request that waits for one meanwhile. The Age header says how old the
+// served plan is, in seconds; X-Plan-Max-Age the max_age applied.
 func (p *Provider) debugPlan(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		http.Error(w, "use GET", http.StatusMethodNotAllowed)
@@ -179,6 +186,10 @@ func (p *Provider) debugPlan(w http.ResponseWriter, r *http.Request) {
 		}
 		maxAge = d
 	}
+	if maxAge < minPlanMaxAge && !p.adminEnabled() {
+		maxAge = minPlanMaxAge
+	}
+	w.Header().Set("X-Plan-Max-Age", maxAge.String())
 	body, at, err := p.plans.get(r.Context(), maxAge)
 	if err != nil {
 		http.Error(w, "plan: "+err.Error(), http.StatusServiceUnavailable)
@@ -212,6 +223,9 @@ type planCall struct {
 	err  error
 }
 
+// planClock is the plan cache's clock; tests stop it.
+var planClock = time.Now
+
 func newPlanCache(ctx context.Context, compute func(context.Context) (*planner.Plan, error)) *planCache {
 	return &planCache{ctx: ctx, compute: compute}
 }
@@ -220,7 +234,7 @@ func newPlanCache(ctx context.Context, compute func(context.Context) (*planner.P
 // computed for a request that came before.
 func (c *planCache) get(ctx context.Context, maxAge time.Duration) ([]byte, time.Time, error) {
 	c.mu.Lock()
-	if c.body != nil && time.Since(c.at) <= maxAge {
+	if c.body != nil && planClock().Sub(c.at) <= maxAge {
 		body, at := c.body, c.at
 		c.mu.Unlock()
 		return body, at, nil
@@ -243,7 +257,7 @@ func (c *planCache) get(ctx context.Context, maxAge time.Duration) ([]byte, time
 func (c *planCache) run(call *planCall) {
 	ctx, cancel := context.WithTimeout(c.ctx, planTimeout)
 	defer cancel()
-	at := time.Now()
+	at := planClock()
 	var body []byte
 	plan, err := c.compute(ctx)
 	if err == nil {

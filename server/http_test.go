@@ -2,11 +2,14 @@ package server
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/bigfleet-vm/provider/config"
 	"github.com/bigfleet-vm/provider/planner"
 )
 
@@ -105,5 +108,48 @@ func TestPlanCacheRequestGivesUp(t *testing.T) {
 	close(b.release)
 	if body, _, err := c.get(context.Background(), time.Hour); err != nil || len(body) == 0 {
 		t.Errorf("after the computation: %v", err)
+	}
+}
+
+// TestDebugPlanMaxAgeFloor: without the admin endpoints a max_age below
+// minPlanMaxAge is raised to it, so callers asking for max_age=0 in a loop
+// share one observation instead of each forcing one of every host; with
+// --fake-admin (the simulator) max_age=0 still observes afresh.
+func TestDebugPlanMaxAgeFloor(t *testing.T) {
+	// A clock a millisecond further at each reading, whatever the load.
+	var ticks atomic.Int64
+	at := time.Now()
+	planClock = func() time.Time { return at.Add(time.Duration(ticks.Add(1)) * time.Millisecond) }
+	defer func() { planClock = time.Now }()
+	for _, tc := range []struct {
+		name        string
+		admin       bool
+		wantPlans   int32
+		wantApplied string
+	}{
+		{"admin off: raised to the floor", false, 1, minPlanMaxAge.String()},
+		{"admin on: honoured", true, 3, "0s"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := &blockingPlanner{started: make(chan struct{}, 100), release: make(chan struct{})}
+			close(b.release)
+			p := &Provider{cfg: &config.Config{Backend: config.BackendFake, Fake: config.Fake{Admin: tc.admin}},
+				plans: newPlanCache(context.Background(), b.plan)}
+			for range 3 {
+				rec := httptest.NewRecorder()
+				p.debugPlan(rec, httptest.NewRequest(http.MethodGet, "/debug/plan?max_age=0", nil))
+				if rec.Code != http.StatusOK {
+					t.Fatalf("GET /debug/plan?max_age=0: %d %s", rec.Code, rec.Body)
+				}
+				if got := rec.Header().Get("X-Plan-Max-Age"); got != tc.wantApplied {
+					t.Errorf("X-Plan-Max-Age %q, want %q", got, tc.wantApplied)
+				}
+			}
+			// Three requests milliseconds apart: one observation when
+			// raised, three when not.
+			if n := b.calls.Load(); n != tc.wantPlans {
+				t.Errorf("%d observations for 3 requests with max_age=0, want %d", n, tc.wantPlans)
+			}
+		})
 	}
 }
