@@ -2,6 +2,8 @@ package deploy_test
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -22,7 +24,7 @@ import (
 	"github.com/prometheus/prometheus/model/rulefmt"
 	"github.com/prometheus/prometheus/promql/parser"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials"
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
 	"github.com/bigfleet-vm/provider/config"
@@ -50,9 +52,19 @@ func gatherExported(t *testing.T) exported {
 		return l.Addr().String()
 	}
 	grpcAddr, metricsAddr := free(), free()
+	// gRPC serves TLS so the certificate expiry gauge has a series.
+	dir := t.TempDir()
+	ca := newCA(t, "obs-ca")
+	pair := ca.issue(t, "localhost", false)
+	certFile, keyFile := filepath.Join(dir, "server.pem"), filepath.Join(dir, "server-key.pem")
+	for f, data := range map[string][]byte{certFile: pair.certPEM, keyFile: pair.keyPEM} {
+		if err := os.WriteFile(f, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	cfg, err := config.Parse([]string{"--use-fake-backend", "--installation-id", "obs", "--seed-count", "4",
-		"--state", filepath.Join(t.TempDir(), "state"), "--addr", grpcAddr, "--metrics-addr", metricsAddr,
-		"--reconcile-interval", "1h", "--shutdown-grace", "2s", "--fake-admin"}, io.Discard)
+		"--state", filepath.Join(dir, "state"), "--addr", grpcAddr, "--metrics-addr", metricsAddr,
+		"--reconcile-interval", "1h", "--shutdown-grace", "2s", "--fake-admin", "--tls-cert", certFile, "--tls-key", keyFile}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +80,9 @@ func gatherExported(t *testing.T) exported {
 		<-done
 		p.Close()
 	})
-	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.cert)
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots})))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +93,7 @@ func gatherExported(t *testing.T) exported {
 	want := []string{"bigfleet_provider_machines", "bigfleet_provider_drift", "bigfleet_provider_executor_steps_total",
 		"bigfleet_provider_reconcile_duration_seconds", "bigfleet_provider_zone_last_observed_timestamp_seconds",
 		"bigfleet_provider_hypervisor_calls_total", "bigfleet_provider_state_fsync_duration_seconds",
-		"grpc_server_handling_seconds", "bigfleet_provider_plan_pending_steps"}
+		"grpc_server_handling_seconds", "bigfleet_provider_plan_pending_steps", "bigfleet_provider_certificate_expiry_seconds"}
 	// Families come and go (pending steps vanish once a plan is done), so
 	// what the binary exports is the union over every scrape.
 	ex := exported{}
@@ -380,7 +394,7 @@ func TestObservabilityKit(t *testing.T) {
 			}
 		}
 		want := []string{"BigFleetProviderDrift", "BigFleetProviderZoneDown", "BigFleetProviderStateStoreUnhealthy",
-			"BigFleetProviderFailedMachinesRising", "BigFleetProviderObservationStale"}
+			"BigFleetProviderFailedMachinesRising", "BigFleetProviderObservationStale", "BigFleetProviderCertificateExpiringSoon"}
 		if diff := cmp.Diff(want, names); diff != "" {
 			t.Errorf("alerts (-want +got):\n%s", diff)
 		}

@@ -38,3 +38,14 @@ func (m *Metrics) InitializeGRPC(gs *grpc.Server) {
 	}
 	m.grpc.InitializeMetrics(gs)
 }
+
+// RPCRejected counts one unary RPC answered with code (not OK) in
+// bigfleet_provider_rpc_rejected_total{method,code}. method is the full
+// gRPC method name; only registered methods reach the interceptors, so
+// both labels come from closed sets.
+func (m *Metrics) RPCRejected(method, code string) {
+	if m == nil {
+		return
+	}
+	m.rejected.WithLabelValues(method, code).Inc()
+}

@@ -41,6 +41,11 @@ type Metrics struct {
 	// health reports the state store's health for the state_healthy
 	// gauge; nil until StateHealth is called (reported healthy).
 	health atomic.Pointer[func() error]
+	// rejected counts unary RPCs answered with a code other than OK.
+	rejected *prometheus.CounterVec
+	// certs is registered by the first CertificateExpiry call.
+	certsOnce sync.Once
+	certs     *certExpiry
 }
 
 // Counts reports machines by (state, zone, instance type).
@@ -84,6 +89,9 @@ func New(counts Counts, stateSize func() float64) *Metrics {
 	// grpc_server_msg_{received,sent}_total and grpc_server_handling_seconds.
 	m.grpc = grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
 		grpcprom.WithHistogramBuckets([]float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10})))
+	m.rejected = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "rpc_rejected_total",
+		Help: "Unary RPCs answered with a code other than OK, by full method and code (every one, also those whose log line was sampled away)."},
+		[]string{"method", "code"})
 	m.interval = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "reconcile_interval_seconds",
 		Help: "The configured background reconcile interval (--reconcile-interval); 0 when background reconcile is off."})
 	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "build_info",
@@ -114,7 +122,7 @@ func New(counts Counts, stateSize func() float64) *Metrics {
 		Help: "Bytes the state store occupies on disk."}, stateSize)
 	for _, c := range []prometheus.Collector{m.drift, m.pending, m.reconciles, m.reconcileDur, m.lastObserved, m.zoneUp,
 		m.steps, m.stepDur, m.hvCalls, m.hvDur, m.grpc, m.commits, m.commitRecords, m.fsyncDur,
-		m.stateSize, m.planSteps, m.lastPlanUnix, m.interval, buildInfo, stateHealthy} {
+		m.stateSize, m.planSteps, m.lastPlanUnix, m.interval, buildInfo, stateHealthy, m.rejected} {
 		f(c)
 	}
 	return m

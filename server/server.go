@@ -55,6 +55,7 @@ type Provider struct {
 	cur     atomic.Pointer[term] // the term served; nil on a standby
 	ha      *replica             // set with an etcd state
 	plans   *planCache           // /debug/plan; set when the metrics listener serves
+	rejects rejectLog            // samples the log lines of rejected RPCs
 }
 
 // Build assembles the provider. Nothing listens yet.
@@ -80,6 +81,7 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Provider
 	})
 	// zone_up and /readyz read the same live status.
 	p.Metrics.SetZoneHealth(p.zoneHealth)
+	certExpiry(cfg, log, p.Metrics)
 
 	if cfg.Etcd != nil {
 		// Replicas of an etcd state build a term only while they lead.
@@ -244,6 +246,10 @@ func (p *Provider) Serve(ctx context.Context) error {
 
 	grpcErr := make(chan error, 1)
 	go func() { grpcErr <- gs.Serve(lis) }()
+	fctx, stopFlush := context.WithCancel(ctx)
+	flushed := make(chan struct{})
+	go func() { p.flushRejects(fctx); close(flushed) }()
+	defer func() { stopFlush(); <-flushed }()
 	var serveErr error
 	if p.ha != nil {
 		log.Info("serving CapacityProvider as a replica of an etcd state", "addr", lis.Addr().String(), "provider", cfg.Provider,
@@ -305,9 +311,11 @@ func (p *Provider) interceptors() []grpc.ServerOption {
 	}
 }
 
-// unaryInterceptor logs every RPC (debug when OK, warn otherwise) and turns
-// a handler panic into codes.Internal, so one bad request never takes the
-// process down. Counting and timing is the metrics interceptor's job.
+// unaryInterceptor logs RPCs (debug when OK, warn otherwise, sampled per
+// method and code: rejectlog.go), counts every rejection, and turns a
+// handler panic into codes.Internal, so one bad request never takes the
+// process down. Counting and timing all calls is the metrics
+// interceptor's job.
 func (p *Provider) unaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
 	start := time.Now()
 	defer func() {
@@ -318,6 +326,12 @@ func (p *Provider) unaryInterceptor(ctx context.Context, req any, info *grpc.Una
 		code := status.Code(err)
 		level := slog.LevelDebug
 		if code != 0 {
+			p.Metrics.RPCRejected(info.FullMethod, code.String())
+			admit, ended := p.rejects.admit(rejectKey{info.FullMethod, code.String()})
+			logSuppressed(ctx, p.log, ended)
+			if !admit {
+				return
+			}
 			level = slog.LevelWarn
 		}
 		p.log.Log(ctx, level, "rpc", "method", info.FullMethod, "machine", desired.Clip(machineOf(req), 64), "code", code.String(),
@@ -352,4 +366,23 @@ func serverTLS(t config.TLS) (*tls.Config, error) {
 		tc.ClientAuth = tls.RequireAndVerifyClientCert
 	}
 	return tc, nil
+}
+
+// certExpiry logs what start-up found about the certificates (close to
+// expiry; the expired ones refused the start) and publishes the earliest
+// expiry per role.
+func certExpiry(cfg *config.Config, log *slog.Logger, m *metrics.Metrics) {
+	for _, w := range cfg.CertWarnings(time.Now()) {
+		log.Warn("certificate close to expiry", "detail", w, "threshold", config.CertExpiryWarning.String())
+	}
+	if len(cfg.Certs) == 0 {
+		return
+	}
+	earliest := map[string]time.Time{}
+	for _, c := range cfg.Certs {
+		if t, ok := earliest[c.Role]; !ok || c.NotAfter.Before(t) {
+			earliest[c.Role] = c.NotAfter
+		}
+	}
+	m.CertificateExpiry(earliest, nil)
 }
