@@ -317,10 +317,25 @@ func (p *Provider) admin(w http.ResponseWriter, r *http.Request) {
 	}
 	q := r.URL.Query()
 	t := hypervisors.Target{Zone: q.Get("zone"), Name: q.Get("name")}
-	if v := q.Get("vmid"); v != "" {
-		t.VMID, _ = strconv.Atoi(v)
+	// Numbers must be numbers (a typo is not a zero); what they and the
+	// names mean is checked by the simulator with the wire's rules.
+	ints := map[string]int{}
+	for _, k := range []string{"vmid", "vcpu", "memory_mib"} {
+		if v := q.Get(k); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				http.Error(w, fmt.Sprintf("%s %s is not an integer", k, desired.Clip(v, 64)), http.StatusBadRequest)
+				return
+			}
+			ints[k] = n
+		}
 	}
+	t.VMID = ints["vmid"]
 	if m := q.Get("machine"); m != "" {
+		if err := desired.CheckID("machine", m); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
 		mm := tm.doc.Get(m)
 		switch {
 		case mm == nil:
@@ -339,9 +354,7 @@ func (p *Provider) admin(w http.ResponseWriter, r *http.Request) {
 	case "pause":
 		err = sim.PauseVM(t)
 	case "resize":
-		vcpu, _ := strconv.Atoi(q.Get("vcpu"))
-		mem, _ := strconv.Atoi(q.Get("memory_mib"))
-		err = sim.ResizeVM(t, vcpu, mem)
+		err = sim.ResizeVM(t, ints["vcpu"], ints["memory_mib"])
 	case "delete":
 		err = sim.RemoveVM(t)
 	case "add-foreign":

@@ -749,6 +749,9 @@ func (f *Libvirt) PauseVM(t hypervisors.Target) error {
 
 // ResizeVM changes a domain's vCPU count and memory out of band.
 func (f *Libvirt) ResizeVM(t hypervisors.Target, vcpu, memoryMiB int) error {
+	if err := checkSize(vcpu, memoryMiB); err != nil {
+		return fmt.Errorf("resize %s on %s: %w", t.Name, t.Zone, err)
+	}
 	return f.oob(t, func(_ *lvHost, d *domain) { d.VCPU, d.MemoryMiB = vcpu, memoryMiB })
 }
 
@@ -798,6 +801,9 @@ func (f *Libvirt) AddForeignVM(zone, name string, m *observed.Marker) error {
 }
 
 func (f *Libvirt) addVM(zone, name string, m *observed.Marker, power observed.Power, owned bool) error {
+	if err := errors.Join(checkVMName(name), checkMarker(m)); err != nil {
+		return fmt.Errorf("add a VM on %s: %w", zone, err)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	h, err := f.host(zone)

@@ -709,6 +709,9 @@ func (f *Proxmox) PauseVM(t hypervisors.Target) error {
 
 // ResizeVM changes a VM's cores and memory out of band.
 func (f *Proxmox) ResizeVM(t hypervisors.Target, vcpu, memoryMiB int) error {
+	if err := checkSize(vcpu, memoryMiB); err != nil {
+		return fmt.Errorf("resize VM %d: %w", t.VMID, err)
+	}
 	return f.oob(t, func(v *pveVM) { v.Cores, v.MemoryMiB = vcpu, memoryMiB })
 }
 
@@ -738,6 +741,9 @@ func (f *Proxmox) AddForeignVM(zone string, vmid int, name string, m *observed.M
 }
 
 func (f *Proxmox) addVM(zone string, vmid int, name string, m *observed.Marker, power observed.Power) (int, error) {
+	if err := errors.Join(checkVMID(vmid), checkVMName(name), checkMarker(m)); err != nil {
+		return 0, fmt.Errorf("add a VM on %s: %w", zone, err)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.node(zone); err != nil {
