@@ -50,7 +50,11 @@ func start(t *testing.T) (*harness, *config.Config) {
 	grpcAddr, metricsAddr := freePort(t), freePort(t)
 	cfg, err := config.Parse([]string{"--use-fake-backend", "--installation-id", "mt", "--seed-count", "6",
 		"--state", filepath.Join(t.TempDir(), "state"), "--addr", grpcAddr, "--metrics-addr", metricsAddr,
-		"--reconcile-interval", "0", "--shutdown-grace", "2s", "--fake-admin"}, io.Discard)
+		"--reconcile-interval", "0", "--shutdown-grace", "2s", "--fake-admin",
+		// Drift is reported until the machine's own reconcile acts on it (a
+		// repair, a failure, an adoption): the latency keeps that window
+		// wide enough for polling scrapes to see every kind.
+		"--fake-latency", "200ms"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
