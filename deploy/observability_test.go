@@ -26,6 +26,7 @@ import (
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
 	"github.com/bigfleet-vm/provider/config"
+	"github.com/bigfleet-vm/provider/metrics"
 	"github.com/bigfleet-vm/provider/server"
 )
 
@@ -346,6 +347,27 @@ var grafanaVars = strings.NewReplacer("$__rate_interval", "5m", "$job", ".*", "$
 // against the metrics a real provider exports.
 func TestObservabilityKit(t *testing.T) {
 	ex := gatherExported(t)
+	// Series the single provider above does not export: Prometheus's own
+	// up, and what only replicas of an etcd state export (taken from the
+	// provider's metrics package with a follower attached; the HA suite
+	// scrapes real replicas).
+	ex["up"] = map[string]bool{}
+	m := metrics.New(nil, nil)
+	m.FollowLag(func() (float64, bool) { return 0, true })
+	fams, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	haOnly := map[string]*dto.MetricFamily{}
+	for _, f := range fams {
+		if f.GetName() == "bigfleet_provider_state_follow_lag_seconds" {
+			haOnly[f.GetName()] = f
+		}
+	}
+	if len(haOnly) != 1 {
+		t.Fatal("the metrics package does not export bigfleet_provider_state_follow_lag_seconds with a follower")
+	}
+	ex.merge(toExported(haOnly))
 	for _, must := range []string{"grpc_server_handled_total", "grpc_server_handling_seconds_bucket", "bigfleet_provider_build_info"} {
 		if ex[must] == nil {
 			t.Fatalf("the provider does not export %s", must)
@@ -380,7 +402,8 @@ func TestObservabilityKit(t *testing.T) {
 			}
 		}
 		want := []string{"BigFleetProviderDrift", "BigFleetProviderZoneDown", "BigFleetProviderStateStoreUnhealthy",
-			"BigFleetProviderFailedMachinesRising", "BigFleetProviderObservationStale"}
+			"BigFleetProviderFailedMachinesRising", "BigFleetProviderObservationStale", "BigFleetProviderNotServing",
+			"BigFleetProviderTargetDown", "BigFleetProviderStandbyCannotFollow"}
 		if diff := cmp.Diff(want, names); diff != "" {
 			t.Errorf("alerts (-want +got):\n%s", diff)
 		}
