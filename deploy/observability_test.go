@@ -80,7 +80,8 @@ func gatherExported(t *testing.T) exported {
 	want := []string{"bigfleet_provider_machines", "bigfleet_provider_drift", "bigfleet_provider_executor_steps_total",
 		"bigfleet_provider_reconcile_duration_seconds", "bigfleet_provider_zone_last_observed_timestamp_seconds",
 		"bigfleet_provider_hypervisor_calls_total", "bigfleet_provider_state_fsync_duration_seconds",
-		"grpc_server_handling_seconds", "bigfleet_provider_plan_pending_steps"}
+		"grpc_server_handling_seconds", "bigfleet_provider_plan_pending_steps", "bigfleet_provider_repair_failures_total",
+		"bigfleet_provider_serving"}
 	// Families come and go (pending steps vanish once a plan is done), so
 	// what the binary exports is the union over every scrape.
 	ex := exported{}
@@ -94,12 +95,15 @@ func gatherExported(t *testing.T) exported {
 			created = err == nil
 		} else if m, err := cl.Get(cctx, &pb.MachineRef{Id: id}); err == nil && m.GetState() == pb.MachineState_MACHINE_STATE_IDLE && !stopped {
 			// Stopping its VM out of band triggers a full pass whose plan
-			// has a pending start step (and stopped drift).
-			resp, err := http.Post(base+"/admin/stop?machine="+id, "", nil)
-			if err != nil {
-				t.Fatal(err)
+			// has a pending start step (and stopped drift); its host times
+			// Start out, so the repair runs out of attempts and is counted.
+			for _, q := range []string{"/admin/flaky?op=Start&zone=" + cfg.Slots[0].Zone, "/admin/stop?machine=" + id} {
+				resp, err := http.Post(base+q, "", nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
 			}
-			resp.Body.Close()
 			stopped = true
 		}
 		ccancel()
