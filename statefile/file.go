@@ -91,9 +91,9 @@ type File struct {
 	state        map[string][]byte
 	queue        []*batch // oldest first; Apply and Commit append to the last one
 	orphans      []func(error)
-	lastSeq      uint64 // last sequence number handed out
-	lastQueued   uint64 // last sequence number queued for the disk
-	durable      uint64 // every record up to here is fsynced
+	lastSeq      uint64        // last sequence number handed out
+	lastQueued   uint64        // last sequence number queued for the disk
+	durable      uint64        // every record up to here is fsynced
 	err          error         // sticky failure
 	changed      chan struct{} // closed and replaced when durable, err, snapGen or closed change
 	closing      bool
