@@ -69,9 +69,10 @@ integration: ## Real libvirtd and real qemu-ga suites (root; installs Debian pac
 # The HA suite runs replicas against embedded three-member etcd clusters
 # and waits out real leases (minutes), so it is not in make test. -v: the
 # measured takeover distributions are in the log.
-ha: ## High-availability suite: fail-over under load, zombie leader, etcd faults (acceptance/ha).
+ha: ## High-availability suite: fail-over under load, zombie leader, etcd faults, a real Prometheus (acceptance/ha).
+	bash scripts/prometheus.sh
 	$(GO) vet -tags ha ./acceptance/ha/
-	$(GO) test $(RACE) -tags ha -count=1 -timeout 20m -v ./acceptance/ha/
+	CI=$${CI:-true} $(GO) test $(RACE) -tags ha -count=1 -timeout 20m -v ./acceptance/ha/
 
 # Takeover kills the leader once per iteration, so it gets a count of its
 # own; each run starts its own 100,000-machine replicas.
@@ -90,8 +91,11 @@ image: build ## Build the container image $(IMAGE) from bin/provider on $(BASE_I
 local-base: ## Build localhost/bigfleet-base:nonroot, a distroless stand-in for offline machines (root).
 	bash deploy/local-base/build.sh $(CONTAINER) localhost/bigfleet-base:nonroot
 
-deploy-test: ## Chart, dashboard, alert and static-build tests (the deploy/ module).
-	cd deploy && $(GO) vet ./... && $(GO) test -count=1 -timeout 15m ./...
+# promtool (Debian's prometheus package, scripts/prometheus.sh) runs the
+# alert rules' unit tests.
+deploy-test: ## Chart, dashboard, alert (promtool) and static-build tests (the deploy/ module).
+	bash scripts/prometheus.sh
+	cd deploy && $(GO) vet ./... && CI=$${CI:-true} $(GO) test -count=1 -timeout 15m ./...
 
 container-test: ## Build and run the real image under podman (root; installs podman and runc).
 	bash scripts/container-test.sh

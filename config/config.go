@@ -35,11 +35,16 @@ type Config struct {
 	MetricsTLS bool
 	// DriftRepairDelay holds back a repair a full pass found.
 	DriftRepairDelay time.Duration
-	Reflection       bool
-	TLS              TLS
-	LogFormat        string // "text" or "json"
-	LogLevel         slog.Level
-	StatePath        string // "" keeps state in memory only
+	// RepairTimeout and RepairAttempts bound one run of a drift repair
+	// (--repair-timeout, --repair-attempts per step); a repair that runs
+	// out goes back to the work queue's per-machine backoff.
+	RepairTimeout  time.Duration
+	RepairAttempts int
+	Reflection     bool
+	TLS            TLS
+	LogFormat      string // "text" or "json"
+	LogLevel       slog.Level
+	StatePath      string // "" keeps state in memory only
 	// Etcd is set when StatePath is an etcd:// URL (replicas, one leader).
 	Etcd              *Etcd
 	ReconcileInterval time.Duration

@@ -74,10 +74,10 @@ func TestErrors(t *testing.T) {
 			"--fake-admin: serves on the metrics listener, which is disabled (--metrics-addr is empty)",
 		}},
 		{"drift repair delay out of range", with(fakeArgs, "--drift-repair-delay", "-1s"), []string{
-			"--drift-repair-delay: must be between 0 (repair at once) and 1h0m0s, got -1s",
+			"--drift-repair-delay: must be between 0s and 1h0m0s, got -1s (0 repairs at once)",
 		}},
 		{"drift repair delay too long", with(fakeArgs, "--drift-repair-delay", "2h"), []string{
-			"--drift-repair-delay: must be between 0 (repair at once) and 1h0m0s, got 2h0m0s",
+			"--drift-repair-delay: must be between 0s and 1h0m0s, got 2h0m0s (0 repairs at once)",
 		}},
 
 		// Common flags.
@@ -113,16 +113,21 @@ func TestErrors(t *testing.T) {
 			`--log-level: unknown level "trace"; use debug, info, warn or error`,
 		}},
 		{"durations", with(fakeArgs, "--reconcile-interval", "-1s", "--shutdown-grace", "-1s", "--fake-latency", "-1ms", "--create-timeout", "0s", "--configure-timeout", "-1m", "--drain-timeout", "0s", "--delete-timeout", "0s"), []string{
-			"--create-timeout: must be > 0, got 0s; omit it for the default of 5m0s",
-			"--configure-timeout: must be > 0, got -1m0s; omit it for the default of 8m0s",
-			"--drain-timeout: must be > 0, got 0s; omit it for the default of 15m0s",
-			"--delete-timeout: must be > 0, got 0s; omit it for the default of 5m0s",
-			"--reconcile-interval: must be >= 0 (0 turns background reconcile off), got -1s",
-			"--shutdown-grace: must be >= 0, got -1s",
-			"--fake-latency: must be >= 0 (0 = instant), got -1ms",
+			"--create-timeout: must be between 1s and 24h0m0s, got 0s",
+			"--configure-timeout: must be between 1s and 24h0m0s, got -1m0s",
+			"--drain-timeout: must be between 1s and 24h0m0s, got 0s",
+			"--delete-timeout: must be between 1s and 24h0m0s, got 0s",
+			"--reconcile-interval: must be 0 (off) or between 500ms and 24h0m0s, got -1s (a full pass lists every host; 0 turns background passes off)",
+			"--shutdown-grace: must be between 0s and 1h0m0s, got -1s",
+			"--fake-latency: must be between 0s and 1m0s, got -1ms (0 is instant)",
+		}},
+		{"intervals below their floor", with(fakeArgs, "--reconcile-interval", "1ns", "--repair-timeout", "0s", "--repair-attempts", "0"), []string{
+			"--reconcile-interval: must be 0 (off) or between 500ms and 24h0m0s, got 1ns (a full pass lists every host; 0 turns background passes off)",
+			"--repair-timeout: must be between 1s and 1h0m0s, got 0s (a drift repair gives up after this long and is retried with backoff)",
+			"--repair-attempts: must be between 1 and 100, got 0 (attempts per step of a drift repair before it is retried with backoff)",
 		}},
 		{"max concurrent", with(fakeArgs, "--max-concurrent-per-zone", "0"), []string{
-			"--max-concurrent-per-zone: must be > 0, got 0",
+			"--max-concurrent-per-zone: must be between 1 and 1024, got 0",
 		}},
 		{"node ready exec", with(fakeArgs, "--node-ready-exec", "/bin/check,,x"), []string{
 			`--node-ready-exec: "/bin/check,,x" has an empty element at position 1; write the argv as program,arg1,arg2 (arguments cannot contain commas)`,
@@ -142,17 +147,17 @@ func TestErrors(t *testing.T) {
 		}},
 		{"etcd lease and client files", with(fakeArgs, "--state", "etcd://127.0.0.1:2379/bf", "--leader-lease", "2500ms", "--etcd-cert-file", f.serverCert), []string{
 			"--etcd-cert-file: etcd client certificate given without --etcd-key-file",
-			"--leader-lease: must be whole seconds between 2s and 1m0s, got 2.5s",
+			"--leader-lease: must be whole seconds between 2s and 1m0s, got 2.5s (etcd leases count whole seconds)",
 		}},
 		{"state is another URL", with(fakeArgs, "--state", "S3://bucket/state"), []string{
 			`--state: "S3://bucket/state" looks like a s3:// URL, which is not a state store this build supports; pass a file path such as /var/lib/bigfleet/state, or etcd://HOST:PORT/PREFIX`,
 		}},
 		{"seed count", with(fakeArgs, "--seed-count", "0"), []string{
-			"--seed-count: must be > 0, got 0; omit it for the default of 32",
+			"--seed-count: must be between 1 and 1000000, got 0 (each slot costs memory and state; split a larger host-set across providers)",
 		}},
 		{"synthetic rates", with(fakeArgs, "--price-per-vcpu-hour", "-0.1", "--price-per-gib-hour", "NaN"), []string{
-			"--price-per-vcpu-hour: -0.1 must be a finite number from 0 to 1000000 (0 makes that dimension free)",
-			"--price-per-gib-hour: NaN must be a finite number from 0 to 1000000 (0 makes that dimension free)",
+			"--price-per-vcpu-hour: must be a finite number from 0 to 1000000, got -0.1 (0 makes that dimension free)",
+			"--price-per-gib-hour: must be a finite number from 0 to 1000000, got NaN (0 makes that dimension free)",
 		}},
 		{"prices", with(fakeArgs, "--prices", "kvm.tiny=1,kvm.small"), []string{
 			`--prices: "kvm.tiny" is not in the instance-type catalog (known: kvm.large, kvm.medium, kvm.small, kvm.xlarge)`,
@@ -171,7 +176,7 @@ func TestErrors(t *testing.T) {
 			"--offerings: $DIR/types.json: must be a JSON array of offering objects",
 		}},
 		{"seed count past the slot cap", with(fakeArgs, "--seed-count", "9223372036854775807"), []string{
-			"--seed-count: seed count 9223372036854775807 exceeds the cap of 1000000 slots per provider",
+			"--seed-count: must be between 1 and 1000000, got 9223372036854775807 (each slot costs memory and state; split a larger host-set across providers)",
 		}},
 		{"offerings past the slot cap", with(fakeArgs, "--offerings", f.hugeOfferings), []string{
 			"--offerings: $DIR/offerings-huge.json: offerings[0]: count 9223372036854775807 exceeds the cap of 1000000 slots per provider",
@@ -297,13 +302,13 @@ func TestErrors(t *testing.T) {
 			"--nodes: lists no node names; pass the cluster's nodes, e.g. --nodes pve1,pve2,pve3",
 		}},
 		{"template vmid and pool and bootstrap", with(fakeArgs, "--template-vmid", "0", "--proxmox-pool", "a b", "--bootstrap-path", "run/x", "--bootstrap-exec", ""), []string{
-			"--template-vmid: template VMID 0 is outside the Proxmox VMID range 100..999999999",
+			"--template-vmid: must be between 100 and 999999999, got 0 (the Proxmox VMID range)",
 			`--proxmox-pool: "a b" is not a Proxmox pool name (no '/', ',' or whitespace)`,
 			`--bootstrap-path: "run/x" must be an absolute in-guest path, e.g. /run/bigfleet-bootstrap`,
 			`--bootstrap-exec: "" has an empty element at position 0; write the argv as program,arg1,arg2 (arguments cannot contain commas)`,
 		}},
 		{"proxmox poll interval", with(fakeArgs, "--proxmox-poll-interval", "100ms"), []string{
-			"--proxmox-poll-interval: must be 0 (off) or between 250ms and 1m0s, got 100ms; each poll makes PVE build a listing of every VM",
+			"--proxmox-poll-interval: must be 0 (off) or between 250ms and 1m0s, got 100ms (each poll makes PVE build a listing of every VM)",
 		}},
 		{"offering on an unknown node", with(realPX, "--offerings", f.pxOfferings), []string{
 			`--offerings: $DIR/offerings-proxmox.json: offerings[1]: zone "pve2" is not one of the configured zones (--nodes: pve1); add it there or place the offering on a configured zone`,

@@ -13,14 +13,11 @@ import (
 	"github.com/bigfleet-vm/provider/etcdstore"
 )
 
-// Bounds of --leader-lease: etcd leases count whole seconds, and a lease
-// much longer than a minute would leave the fleet without a leader that
-// long after a crash.
-const (
-	minLeaderLease     = 2 * time.Second
-	maxLeaderLease     = time.Minute
-	defaultLeaderLease = 5 * time.Second
-)
+// defaultLeaderLease is --leader-lease's default; its bounds are in
+// DurationBounds (etcd leases count whole seconds, and a lease much
+// longer than a minute would leave the fleet without a leader that long
+// after a crash).
+const defaultLeaderLease = 5 * time.Second
 
 // Etcd is set when --state names an etcd cluster: every replica given the
 // same URL shares the desired state there and one elected leader acts on
@@ -90,9 +87,7 @@ func (f *Flags) resolveEtcd(c *Config, set map[string]bool, p *problems) {
 	} else {
 		checkEtcdCerts(c, e, time.Now(), p)
 	}
-	if e.LeaseTTL < minLeaderLease || e.LeaseTTL > maxLeaderLease || e.LeaseTTL%time.Second != 0 {
-		p.add("leader-lease", "must be whole seconds between %s and %s, got %s", minLeaderLease, maxLeaderLease, e.LeaseTTL)
-	}
+	p.duration("leader-lease", e.LeaseTTL)
 	if e.Identity == "" {
 		host, _ := os.Hostname()
 		_, port, err := net.SplitHostPort(c.Addr)

@@ -88,8 +88,8 @@ func TestConfigFileProblemsTogether(t *testing.T) {
 	want := []string{
 		"--instance-types: $DIR/types.json: line 3: key \"kvm.huge\" is given twice in one object (first on line 2); keep one",
 		"--instance-types: $DIR/types.json: instance type \"kvm.huge\": vcpu 4096 is above the cap of 1024",
-		"--price-per-vcpu-hour: 1e+09 must be a finite number from 0 to 1000000 (0 makes that dimension free)",
-		"--seed-count: must be > 0, got 0; omit it for the default of 32",
+		"--price-per-vcpu-hour: must be a finite number from 0 to 1000000, got 1e+09 (0 makes that dimension free)",
+		"--seed-count: must be between 1 and 1000000, got 0 (each slot costs memory and state; split a larger host-set across providers)",
 	}
 	got := lines(err)
 	for i := range got {

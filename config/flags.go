@@ -42,6 +42,8 @@ type Flags struct {
 	// Listener and drift-repair flags (config/listener.go).
 	metricsTLS, fakeAdmin *bool
 	driftRepairDelay      *time.Duration
+	repairTimeout         *time.Duration
+	repairAttempts        *int
 	// etcd state flags (config/etcd.go).
 	etcdCA, etcdCert, etcdKey, advertiseAddr *string
 	leaderLease                              *time.Duration
@@ -126,6 +128,8 @@ func RegisterFlags(fs *flag.FlagSet) *Flags {
 	f.shutdownGrace = fs.Duration("shutdown-grace", 30*time.Second, "How long shutdown waits for in-flight work before exiting.")
 	f.reconcileInterval = fs.Duration("reconcile-interval", 2*time.Minute, "Background reconcile interval (0 = off).")
 	f.driftRepairDelay = fs.Duration("drift-repair-delay", 0, "How long a drift repair a full pass finds (start a stopped VM, resume a paused one) waits before it runs, so `provider plan` can show it first (0 = at once; at most 1h).")
+	f.repairTimeout = fs.Duration("repair-timeout", 2*time.Minute, "Deadline of one run of a drift repair (a change without an intent); when it passes, or --repair-attempts are spent, the machine goes back to the work queue with its per-machine backoff (1s to 1h).")
+	f.repairAttempts = fs.Int("repair-attempts", 5, "Attempts per step of one run of a drift repair before it goes back to the work queue with its per-machine backoff (1 to 100).")
 
 	// Observability and TLS.
 	f.metricsAddr = fs.String("metrics-addr", ":9090", "Address for /metrics, /healthz, /readyz and /debug/plan. Empty: disabled. If the default cannot be bound the provider logs it and serves gRPC without it; an explicitly given address that cannot be bound fails the start.")
@@ -155,7 +159,7 @@ var usageGroups = []struct {
 	{"Proxmox connection and clone parameters", []string{"proxmox-backend", "proxmox-api-url", "proxmox-token-id", "proxmox-token-secret", "proxmox-token-file", "proxmox-ca-file", "proxmox-tls-fingerprint", "proxmox-pool", "nodes", "template-vmid", "bootstrap-path", "bootstrap-exec", "proxmox-poll-interval"}},
 	{"Instance types & pricing", []string{"instance-types", "prices", "price-per-vcpu-hour", "price-per-gib-hour"}},
 	{"Offerings", []string{"offerings", "seed-count"}},
-	{"Lifecycle", []string{"create-timeout", "configure-timeout", "drain-timeout", "delete-timeout", "node-ready-exec", "max-concurrent-per-zone", "shutdown-grace", "reconcile-interval", "drift-repair-delay"}},
+	{"Lifecycle", []string{"create-timeout", "configure-timeout", "drain-timeout", "delete-timeout", "node-ready-exec", "max-concurrent-per-zone", "shutdown-grace", "reconcile-interval", "drift-repair-delay", "repair-timeout", "repair-attempts"}},
 	{"Observability & TLS", []string{"metrics-addr", "metrics-tls", "reflection", "log-format", "log-level", "tls-cert", "tls-key", "tls-ca"}},
 	{"Fake backend (testing only)", []string{"fake-latency", "fake-faults", "fake-admin"}},
 }

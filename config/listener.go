@@ -1,11 +1,5 @@
 package config
 
-import "time"
-
-// maxDriftRepairDelay bounds --drift-repair-delay: a longer hold would
-// leave a stopped node down for no reason anyone could want.
-const maxDriftRepairDelay = time.Hour
-
 // resolveListener checks the metrics listener's and the drift repair's
 // flags; the gRPC TLS flags are already in c.TLS.
 func (f *Flags) resolveListener(c *Config, set map[string]bool, p *problems) {
@@ -20,9 +14,7 @@ func (f *Flags) resolveListener(c *Config, set map[string]bool, p *problems) {
 		}
 	}
 	c.DriftRepairDelay = *f.driftRepairDelay
-	if c.DriftRepairDelay < 0 || c.DriftRepairDelay > maxDriftRepairDelay {
-		p.add("drift-repair-delay", "must be between 0 (repair at once) and %s, got %s", maxDriftRepairDelay, c.DriftRepairDelay)
-	}
+	p.duration("drift-repair-delay", c.DriftRepairDelay)
 	if *f.fakeAdmin && c.MetricsAddr == "" {
 		p.add("fake-admin", "serves on the metrics listener, which is disabled (--metrics-addr is empty)")
 	}

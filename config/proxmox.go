@@ -17,21 +17,13 @@ import (
 // tokenIDRE is the USER@REALM!TOKENID shape of a Proxmox API token id.
 var tokenIDRE = regexp.MustCompile(`^[^\s@!=]+@[^\s@!=]+![^\s@!=]+$`)
 
-// Bounds of --proxmox-poll-interval when it is on.
-const (
-	minPollInterval = 250 * time.Millisecond
-	maxPollInterval = time.Minute
-)
-
 // resolveProxmox fills c.Proxmox. It returns --nodes when the real
 // backend is selected and the nodes parsed cleanly (else nil). The token
 // secret never reaches an error message.
 func (f *Flags) resolveProxmox(c *Config, set map[string]bool, real bool, p *problems) []string {
 	x := &c.Proxmox
 	x.TemplateVMID = *f.templateVMID
-	if err := inventory.ValidateTemplateVMID(x.TemplateVMID); err != nil {
-		p.add("template-vmid", "%v", err)
-	}
+	p.integer("template-vmid", x.TemplateVMID)
 	x.Pool = strings.TrimSpace(*f.pool)
 	if strings.ContainsAny(x.Pool, "/,") || strings.ContainsFunc(x.Pool, unicode.IsSpace) {
 		p.add("proxmox-pool", "%q is not a Proxmox pool name (no '/', ',' or whitespace)", x.Pool)
@@ -46,9 +38,7 @@ func (f *Flags) resolveProxmox(c *Config, set map[string]bool, real bool, p *pro
 		x.BootstrapExec = argv
 	}
 	x.PollInterval = *f.pollInterval
-	if x.PollInterval != 0 && (x.PollInterval < minPollInterval || x.PollInterval > maxPollInterval) {
-		p.add("proxmox-poll-interval", "must be 0 (off) or between %s and %s, got %s; each poll makes PVE build a listing of every VM", minPollInterval, maxPollInterval, x.PollInterval)
-	}
+	p.duration("proxmox-poll-interval", x.PollInterval)
 
 	if raw := strings.TrimSpace(*f.apiURL); raw != "" {
 		if err := checkAPIURL(raw); err != nil {

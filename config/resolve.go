@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -163,19 +162,11 @@ func (f *Flags) Resolve(fs *flag.FlagSet) (*Config, error) {
 	if err != nil && catalogOK {
 		p.addErr("prices", err)
 	}
-	for _, r := range []struct {
-		name string
-		v    float64
-	}{{"price-per-vcpu-hour", *f.pricePerVCPU}, {"price-per-gib-hour", *f.pricePerGiB}} {
-		if math.IsNaN(r.v) || math.IsInf(r.v, 0) || r.v < 0 || r.v > inventory.MaxPricePerHour {
-			p.add(r.name, "%v must be a finite number from 0 to %d (0 makes that dimension free)", r.v, inventory.MaxPricePerHour)
-		}
-	}
+	p.number("price-per-vcpu-hour", *f.pricePerVCPU)
+	p.number("price-per-gib-hour", *f.pricePerGiB)
 	c.Pricing, _ = inventory.NewPricing(*f.pricePerVCPU, *f.pricePerGiB, explicit)
 
-	if set["seed-count"] && *f.seedCount <= 0 {
-		p.add("seed-count", "must be > 0, got %d; omit it for the default of 32", *f.seedCount)
-	}
+	seedOK := !set["seed-count"] || p.integer("seed-count", *f.seedCount)
 	if (real && realZones == nil) || (!real && !zoneOK) {
 		// The zones failed to resolve (already reported); offerings
 		// cannot be placed.
@@ -195,7 +186,7 @@ func (f *Flags) Resolve(fs *flag.FlagSet) (*Config, error) {
 			p.addErr("offerings", err)
 		}
 		c.Offerings = offs
-	case *f.seedCount > 0:
+	case seedOK:
 		zones := realZones
 		if !real {
 			zones = []string{defaultZone + "-a", defaultZone + "-b"}
@@ -297,8 +288,7 @@ func (f *Flags) resolveTimeouts(set map[string]bool, proxmox bool, p *problems) 
 		if !set[d.name] {
 			continue
 		}
-		if *d.v <= 0 {
-			p.add(d.name, "must be > 0, got %s; omit it for the default of %s", *d.v, *d.dst)
+		if !p.duration(d.name, *d.v) {
 			continue
 		}
 		*d.dst = *d.v
@@ -350,20 +340,16 @@ func (f *Flags) resolveCommon(c *Config, set map[string]bool, p *problems) {
 		p.add("log-level", "unknown level %q; use debug, info, warn or error", *f.logLevel)
 	}
 	c.ReconcileInterval = *f.reconcileInterval
-	if c.ReconcileInterval < 0 {
-		p.add("reconcile-interval", "must be >= 0 (0 turns background reconcile off), got %s", c.ReconcileInterval)
-	}
+	p.duration("reconcile-interval", c.ReconcileInterval)
 	c.MaxConcurrentPerZone = *f.maxConcurrentPerZone
-	if c.MaxConcurrentPerZone <= 0 {
-		p.add("max-concurrent-per-zone", "must be > 0, got %d", c.MaxConcurrentPerZone)
-	}
+	p.integer("max-concurrent-per-zone", c.MaxConcurrentPerZone)
 	c.ShutdownGrace = *f.shutdownGrace
-	if c.ShutdownGrace < 0 {
-		p.add("shutdown-grace", "must be >= 0, got %s", c.ShutdownGrace)
-	}
-	if *f.fakeLatency < 0 {
-		p.add("fake-latency", "must be >= 0 (0 = instant), got %s", *f.fakeLatency)
-	}
+	p.duration("shutdown-grace", c.ShutdownGrace)
+	p.duration("fake-latency", *f.fakeLatency)
+	c.RepairTimeout = *f.repairTimeout
+	p.duration("repair-timeout", c.RepairTimeout)
+	c.RepairAttempts = *f.repairAttempts
+	p.integer("repair-attempts", c.RepairAttempts)
 	if *f.nodeReadyExec != "" {
 		argv, err := parseArgv(*f.nodeReadyExec)
 		if err != nil {

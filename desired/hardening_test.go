@@ -1,12 +1,16 @@
 package desired
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -244,12 +248,28 @@ func TestDrainGraceIsClamped(t *testing.T) {
 	}
 }
 
-// Readers copy machine values while writers publish new ones; with -race
-// this fails if a published value is ever written again.
+// Readers see machine values while writers publish new ones. A reader
+// notes every value it meets (its full exported content, deeply) the first
+// time; at the end each must still hold exactly that content: a published
+// value is never written again. This fails without -race too (issue 18:
+// it only asserted anything under the race detector); with -race an
+// in-place write also shows as a race.
 func TestPublishedMachinesAreImmutable(t *testing.T) {
 	d := open(t, NewMemoryStore(nil), slots(50))
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
+	seen := map[*Machine][]byte{}
+	note := func(m *Machine) {
+		if _, ok := seen[m]; ok {
+			return
+		}
+		b, err := json.Marshal(m)
+		if err != nil {
+			t.Error(err)
+		}
+		seen[m] = b
+	}
+	var rounds atomic.Int64 // the reader's completed passes over All
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -261,22 +281,55 @@ func TestPublishedMachinesAreImmutable(t *testing.T) {
 			default:
 			}
 			for _, m := range d.All() {
-				c := *m
-				_ = c
+				note(m)
 			}
+			rounds.Add(1)
 			ms, next := d.List(nil, 7, cur)
 			for _, m := range ms {
-				c := *m
-				_ = c
+				note(m)
 			}
 			cur = next
 		}
 	}()
+	// After each change the reader completes a pass, so it meets every
+	// value that was ever published, while the writers keep working.
+	settle := func() {
+		for r := rounds.Load(); rounds.Load() < r+2; {
+			runtime.Gosched()
+		}
+	}
+	ctx := context.Background()
 	for i := 0; i < 50; i++ {
-		mut(t, d, Request{Kind: KindCreate, MachineID: fmt.Sprintf("z1/kvm.small/%03d", i)})
+		id := fmt.Sprintf("z1/kvm.small/%03d", i)
+		a, _ := mut(t, d, Request{Kind: KindCreate, MachineID: id})
+		settle()
+		if i%2 == 0 {
+			d.Complete(ctx, id, a.OpID, Result{Host: "h"})
+		} else {
+			d.Fail(ctx, id, a.OpID, "boom")
+		}
+		settle()
 	}
 	close(stop)
 	wg.Wait()
+	changed := 0
+	for m, first := range seen {
+		now, err := json.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(first, now) {
+			if changed++; changed <= 3 {
+				t.Errorf("machine %s was changed after it was published:\nfirst seen %s\nnow        %s", m.ID, first, now)
+			}
+		}
+	}
+	if len(seen) < 100 {
+		t.Errorf("the reader saw only %d machine values; it must see the writers' work", len(seen))
+	}
+	if changed > 0 {
+		t.Errorf("%d of %d published machine values changed", changed, len(seen))
+	}
 }
 
 func TestExecStartingIsDurableAndSurvivesRestart(t *testing.T) {

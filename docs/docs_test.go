@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -484,5 +485,56 @@ func TestEveryPackageHasDocGo(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(dir, "doc.go")); err != nil {
 			t.Errorf("package %s has no doc.go", dir)
 		}
+	}
+}
+
+// valuesPages are the pages whose chart values snippets
+// deploy/docs_test.go renders (its docPages).
+var valuesPages = []string{"install.md", "high-availability.md"}
+
+// TestChartValuesSnippetsMarked: every yaml block of the docs that is
+// Helm values for the chart (its top-level keys are the chart's) carries
+// a {chart-values name=FILE} or {chart-values on=FILE} marker, and sits on
+// a page deploy/docs_test.go renders, so each snippet is rendered as
+// written on top of the values file the page says to start from and its
+// arguments run through config.Parse (make deploy-test).
+func TestChartValuesSnippetsMarked(t *testing.T) {
+	keyRE := regexp.MustCompile(`(?m)^([A-Za-z][A-Za-z0-9]*):`)
+	b, err := os.ReadFile("../deploy/helm/values.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	chart := map[string]bool{}
+	for _, m := range keyRE.FindAllStringSubmatch(string(b), -1) {
+		chart[m[1]] = true
+	}
+	files, err := filepath.Glob("*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	marked := 0
+	for _, page := range append(files, "../README.md") {
+		for _, bl := range blocks(t, page) {
+			if !strings.HasPrefix(bl.info, "yaml") {
+				continue
+			}
+			keys := keyRE.FindAllStringSubmatch(bl.text, -1)
+			values := len(keys) > 0
+			for _, k := range keys {
+				values = values && chart[k[1]]
+			}
+			isMarked := strings.Contains(bl.info, "{chart-values ")
+			switch {
+			case values && !isMarked:
+				t.Errorf("%s:%d: a chart values snippet without a {chart-values name=FILE} or {chart-values on=FILE} marker, so no test renders it", page, bl.line)
+			case isMarked && !slices.Contains(valuesPages, page):
+				t.Errorf("%s:%d: chart values on a page deploy/docs_test.go does not render (%v)", page, bl.line, valuesPages)
+			case isMarked:
+				marked++
+			}
+		}
+	}
+	if marked < 4 {
+		t.Errorf("%d marked chart values snippets; the pages lost their examples", marked)
 	}
 }

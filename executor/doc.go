@@ -20,6 +20,15 @@
 //     the step. Writing and removing the blob are idempotent and retried.
 //     A readiness probe is re-run only after it ran to a non-zero exit or
 //     provably never started.
+//   - One leader: Options.Guard is asked before every attempt that
+//     touches a hypervisor or a guest (retries included, through
+//     retry.Policy.Before); once it refuses, the step ends without another
+//     attempt. A replica that lost its term leaves even the blob's removal
+//     to nobody rather than act on a guest the next leader now drives.
+//   - Repairs end: a change without an operation gets at most
+//     Options.RepairAttempts attempts per step (its deadline is the
+//     caller's), so a failing repair returns to the caller's backoff
+//     instead of holding a worker.
 //   - A step of a shape the hypervisor lacks (hypervisors.LibvirtSteps,
 //     hypervisors.ProxmoxSteps, found through wrappers) fails with
 //     ErrUnsupported, terminal; it never reaches the hypervisor.
@@ -28,5 +37,5 @@
 //   - The bootstrap blob is read from memory at the moment it is written to
 //     the guest; it never reaches logs, errors or last_error (hook output is
 //     bounded and scrubbed of it), and the file is removed afterwards, even
-//     when the hook failed or the deadline passed.
+//     when the hook failed or the deadline passed (not once the term ended).
 package executor

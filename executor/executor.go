@@ -50,10 +50,18 @@ type Options struct {
 	// call. Readiness probes, read-only checks the gate repeats by design,
 	// do not call it.
 	ExecStarting func(ctx context.Context, machineID, opID, stepID string) error
-	// Guard, when set, is asked right before every step acts on a
-	// hypervisor; a non-nil answer stops the step (a replica that lost its
-	// leadership must not act, even before its timers have told it).
+	// Guard, when set, is asked right before every attempt that touches
+	// a hypervisor or a guest (a step's first attempt and each retry,
+	// guest writes, commands, probes and the blob's removal included); a
+	// non-nil answer stops the step at once, never retried (a replica that
+	// lost its leadership must not act, even before its timers have told
+	// it).
 	Guard func() error
+	// RepairAttempts caps the attempts of each step of a change that
+	// carries no operation (opID "": a drift repair, or the clean-up of a
+	// FAILED machine); 0 retries them until ctx ends. Steps of an
+	// operation are bounded by its deadline only.
+	RepairAttempts int
 }
 
 // Executor runs planned changes.
@@ -79,7 +87,23 @@ func New(o Options) *Executor {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+	if o.Guard != nil {
+		// Every retry loop of the executor follows this policy, so the
+		// term is asked before each attempt, not once per step.
+		policy.Before = o.guard
+	}
 	return &Executor{o: o, policy: policy, zones: map[string]chan struct{}{}}
+}
+
+// guard asks Guard whether this replica may still act.
+func (o Options) guard() error {
+	if o.Guard == nil {
+		return nil
+	}
+	if err := o.Guard(); err != nil {
+		return fmt.Errorf("not acting: %w", err)
+	}
+	return nil
 }
 
 // Outcome is what a run learned.
@@ -304,10 +328,9 @@ func (e *Executor) runStep(ctx context.Context, machine, opID string, s planner.
 			return 0, ctx.Err()
 		}
 	}
-	if e.o.Guard != nil {
-		if err := e.o.Guard(); err != nil {
-			return 0, fmt.Errorf("not acting: %w", err)
-		}
+	// Asked here too, before ExecStarting records a guest command's start.
+	if err := e.o.guard(); err != nil {
+		return 0, err
 	}
 	switch s.Action {
 	case planner.ActionExecBootstrap:
@@ -317,7 +340,11 @@ func (e *Executor) runStep(ctx context.Context, machine, opID string, s planner.
 	case planner.ActionExecReady:
 		return 0, e.ready(ctx, s)
 	}
-	return retry.Value(ctx, e.policy, hypervisors.Retryable, func(ctx context.Context) (int, error) {
+	policy := e.policy
+	if opID == "" && e.o.RepairAttempts > 0 {
+		policy.Attempts = e.o.RepairAttempts
+	}
+	return retry.Value(ctx, policy, hypervisors.Retryable, func(ctx context.Context) (int, error) {
 		return e.apply(ctx, machine, s)
 	})
 }

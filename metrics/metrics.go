@@ -9,7 +9,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/bigfleet-vm/provider/planner"
 	"github.com/bigfleet-vm/provider/version"
 )
 
@@ -19,25 +18,20 @@ const ns = "bigfleet_provider"
 type Metrics struct {
 	Registry *prometheus.Registry
 
-	drift         *prometheus.GaugeVec
-	pending       *prometheus.GaugeVec
-	reconciles    *prometheus.CounterVec
-	reconcileDur  *prometheus.HistogramVec
-	lastObserved  *prometheus.GaugeVec
-	zoneUp        *zoneUpCollector
-	steps         *prometheus.CounterVec
-	stepDur       *prometheus.HistogramVec
-	hvCalls       *prometheus.CounterVec
-	hvDur         *prometheus.HistogramVec
-	grpc          *grpcprom.ServerMetrics
-	commits       prometheus.Counter
-	commitRecords prometheus.Counter
-	fsyncDur      prometheus.Histogram
-	stateSize     prometheus.GaugeFunc
-	planSteps     prometheus.Gauge
-	lastPlanUnix  prometheus.Gauge
-	queue         *queueMetrics
-	interval      prometheus.Gauge
+	reconciles     *prometheus.CounterVec
+	reconcileDur   *prometheus.HistogramVec
+	repairFailures *prometheus.CounterVec
+	steps          *prometheus.CounterVec
+	stepDur        *prometheus.HistogramVec
+	hvCalls        *prometheus.CounterVec
+	hvDur          *prometheus.HistogramVec
+	grpc           *grpcprom.ServerMetrics
+	commits        prometheus.Counter
+	commitRecords  prometheus.Counter
+	fsyncDur       prometheus.Histogram
+	stateSize      prometheus.GaugeFunc
+	queue          *queueMetrics
+	interval       prometheus.Gauge
 	// health reports the state store's health for the state_healthy
 	// gauge; nil until StateHealth is called (reported healthy).
 	health atomic.Pointer[func() error]
@@ -46,6 +40,15 @@ type Metrics struct {
 	// certs is registered by the first CertificateExpiry call.
 	certsOnce sync.Once
 	certs     *certExpiry
+	// term is the term whose series are exported (Serve); nil on a
+	// replica that serves no desired state.
+	term     atomic.Pointer[Term]
+	provider atomic.Pointer[string]
+	// zoneHealth, when set, makes zone_up live (SetZoneHealth).
+	zoneHealth atomic.Pointer[func() map[string]error]
+	// followLag reports how far behind the committed state this replica
+	// is (FollowLag); nil without a replicated store.
+	followLag atomic.Pointer[func() (float64, bool)]
 }
 
 // Counts reports machines by (state, zone, instance type).
@@ -60,21 +63,14 @@ func New(counts Counts, stateSize func() float64) *Metrics {
 	f := func(c prometheus.Collector) { r.MustRegister(c) }
 	lat := prometheus.ExponentialBuckets(0.0005, 4, 10) // 0.5ms .. ~131s
 
-	f(&machineCollector{desc: prometheus.NewDesc(ns+"_machines", "Machines by lifecycle state, zone and instance type.",
-		[]string{"state", "zone", "instance_type"}, nil), counts: counts})
-	m.drift = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "drift",
-		Help: "Drift findings in the last full plan by zone and kind."}, []string{"zone", "kind"})
-	m.pending = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "plan_pending_steps",
-		Help: "Steps pending in the last full plan by action."}, []string{"action"})
+	f(&termCollector{m: m, counts: counts})
+	f(&replicaCollector{m: m})
 	m.reconciles = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "reconciles_total",
 		Help: "Reconciles (per machine, and full passes) by outcome."}, []string{"outcome"})
 	m.reconcileDur = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "reconcile_duration_seconds",
 		Help: "Duration of reconciles by outcome.", Buckets: lat}, []string{"outcome"})
-	m.lastObserved = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "zone_last_observed_timestamp_seconds",
-		Help: "Unix time of the last successful observation of a zone."}, []string{"zone"})
-	m.zoneUp = &zoneUpCollector{desc: prometheus.NewDesc(ns+"_zone_up",
-		"1 while a zone is up (adapters that track connection health: computed at scrape time from the same status /readyz shows; others: the last observation succeeded), else 0.",
-		[]string{"zone"}, nil), observed: map[string]float64{}}
+	m.repairFailures = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "repair_failures_total",
+		Help: "Drift repairs that ran out of attempts (--repair-attempts) or time (--repair-timeout), or failed terminally, by zone; the machine went back to the work queue with backoff (/debug/repairs lists them)."}, []string{"zone"})
 	m.steps = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "executor_steps_total",
 		Help: "Executed plan steps by action and outcome."}, []string{"action", "outcome"})
 	m.stepDur = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "executor_step_duration_seconds",
@@ -99,7 +95,7 @@ func New(counts Counts, stateSize func() float64) *Metrics {
 		ConstLabels: prometheus.Labels{"version": version.String(), "goversion": version.Go()}})
 	buildInfo.Set(1)
 	stateHealthy := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "state_healthy",
-		Help: "1 while the state store can commit (what /readyz checks), else 0."}, func() float64 {
+		Help: "1 while the state store is usable: on the serving replica it can commit (what /readyz checks), on a standby of a replicated store it can be read; else 0 (a failed write or fsync, a lost etcd quorum)."}, func() float64 {
 		if f := m.health.Load(); f != nil && (*f)() != nil {
 			return 0
 		}
@@ -111,37 +107,17 @@ func New(counts Counts, stateSize func() float64) *Metrics {
 		Help: "Records made durable by the state store."})
 	m.fsyncDur = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "state_fsync_duration_seconds",
 		Help: "fsync latency of state commits.", Buckets: lat})
-	m.planSteps = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "plan_steps",
-		Help: "Steps in the last full plan."})
-	m.lastPlanUnix = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "plan_last_timestamp_seconds",
-		Help: "Unix time of the last full plan."})
 	if stateSize == nil {
 		stateSize = func() float64 { return 0 }
 	}
 	m.stateSize = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "state_size_bytes",
 		Help: "Bytes the state store occupies on disk."}, stateSize)
-	for _, c := range []prometheus.Collector{m.drift, m.pending, m.reconciles, m.reconcileDur, m.lastObserved, m.zoneUp,
+	for _, c := range []prometheus.Collector{m.reconciles, m.reconcileDur, m.repairFailures,
 		m.steps, m.stepDur, m.hvCalls, m.hvDur, m.grpc, m.commits, m.commitRecords, m.fsyncDur,
-		m.stateSize, m.planSteps, m.lastPlanUnix, m.interval, buildInfo, stateHealthy, m.rejected} {
+		m.stateSize, m.interval, buildInfo, stateHealthy, m.rejected} {
 		f(c)
 	}
 	return m
-}
-
-type machineCollector struct {
-	desc   *prometheus.Desc
-	counts Counts
-}
-
-func (c *machineCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
-
-func (c *machineCollector) Collect(ch chan<- prometheus.Metric) {
-	if c.counts == nil {
-		return
-	}
-	for k, n := range c.counts() {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), k[0], k[1], k[2])
-	}
 }
 
 // Reconciled counts one reconcile.
@@ -153,17 +129,6 @@ func (m *Metrics) Reconciled(outcome string, d time.Duration) {
 	m.reconcileDur.WithLabelValues(outcome).Observe(d.Seconds())
 }
 
-// ZoneObserved records a zone observation.
-func (m *Metrics) ZoneObserved(zone string, ok bool, at time.Time) {
-	if m == nil {
-		return
-	}
-	if ok {
-		m.lastObserved.WithLabelValues(zone).Set(float64(at.UnixNano()) / 1e9)
-	}
-	m.zoneUp.observe(zone, ok)
-}
-
 // SetZoneHealth makes zone_up live: at every scrape it reports the zones
 // health returns (nil error: up) instead of the last observation, so it
 // always agrees with /readyz, which reads the same function.
@@ -171,77 +136,27 @@ func (m *Metrics) SetZoneHealth(health func() map[string]error) {
 	if m == nil {
 		return
 	}
-	m.zoneUp.mu.Lock()
-	m.zoneUp.health = health
-	m.zoneUp.mu.Unlock()
+	m.zoneHealth.Store(&health)
 }
 
-// zoneUpCollector reports zone_up from live health when it has a source,
-// else from the last observation of each zone.
-type zoneUpCollector struct {
-	desc     *prometheus.Desc
-	mu       sync.Mutex
-	health   func() map[string]error
-	observed map[string]float64
-}
-
-func (c *zoneUpCollector) observe(zone string, ok bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.observed[zone] = 0
-	if ok {
-		c.observed[zone] = 1
-	}
-}
-
-func (c *zoneUpCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
-
-func (c *zoneUpCollector) Collect(ch chan<- prometheus.Metric) {
-	c.mu.Lock()
-	health := c.health
-	vals := make(map[string]float64, len(c.observed))
-	for z, v := range c.observed {
-		vals[z] = v
-	}
-	c.mu.Unlock()
-	if health != nil {
-		if h := health(); h != nil {
-			vals = make(map[string]float64, len(h))
-			for z, err := range h {
-				vals[z] = 0
-				if err == nil {
-					vals[z] = 1
-				}
-			}
-		}
-	}
-	for z, v := range vals {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, v, z)
-	}
-}
-
-// Planned publishes a full plan's drift and pending steps.
-func (m *Metrics) Planned(p *planner.Plan) {
+// SetProvider names the provider (--provider) on the serving gauge, so
+// the replicas of one provider are told from other providers scraped
+// under the same job.
+func (m *Metrics) SetProvider(name string) {
 	if m == nil {
 		return
 	}
-	m.drift.Reset()
-	for _, z := range p.Zones {
-		for _, k := range planner.DriftKinds {
-			m.drift.WithLabelValues(z.Name, string(k)).Set(0)
-		}
+	m.provider.Store(&name)
+}
+
+// FollowLag makes state_follow_lag_seconds report lag at every scrape:
+// how many seconds this replica is behind the committed state of a
+// replicated store (ok false: not exported, e.g. a single replica).
+func (m *Metrics) FollowLag(lag func() (float64, bool)) {
+	if m == nil || lag == nil {
+		return
 	}
-	for _, d := range p.Drift {
-		m.drift.WithLabelValues(d.Zone, string(d.Kind)).Inc()
-	}
-	m.pending.Reset()
-	for _, c := range p.Changes {
-		for _, s := range c.Steps {
-			m.pending.WithLabelValues(string(s.Action)).Inc()
-		}
-	}
-	m.planSteps.Set(float64(p.Summary.Steps))
-	m.lastPlanUnix.Set(float64(p.PlannedAt.UnixNano()) / 1e9)
+	m.followLag.Store(&lag)
 }
 
 // StepDone counts an executed step.

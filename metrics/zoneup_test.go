@@ -45,8 +45,10 @@ func zoneUp(t *testing.T, m *Metrics) map[string]float64 {
 // observation said.
 func TestZoneUpFollowsLiveHealth(t *testing.T) {
 	m := New(nil, nil)
-	m.ZoneObserved("a", false, time.Now()) // the first pass ran before the dial finished
-	m.ZoneObserved("b", true, time.Now())
+	tm := m.NewTerm(nil)
+	m.Serve(tm)
+	tm.ZoneObserved("a", false, time.Now()) // the first pass ran before the dial finished
+	tm.ZoneObserved("b", true, time.Now())
 	if d := cmp.Diff(map[string]float64{"a": 0, "b": 1}, zoneUp(t, m)); d != "" {
 		t.Errorf("without a health source (-want +got):\n%s", d)
 	}

@@ -16,4 +16,11 @@
 //     FAILED with a readable last_error, and a late success is discarded
 //     by desired.Complete.
 //   - An unknown zone is never planned on; work there waits and retries.
+//   - A drift repair ends: its run is bounded by RepairTimeout (and the
+//     executor's attempts per step), then it goes back to the queue's
+//     per-machine backoff and RepairFailures reports it.
+//   - The published plan totals follow every machine's reconcile, are
+//     replaced whole (never reset and rebuilt in place), and an older
+//     observation never overwrites a newer one; reads (Plan, ObserveAll)
+//     publish nothing.
 package reconciler

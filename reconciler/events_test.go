@@ -18,8 +18,9 @@ import (
 )
 
 // quietRig is a reconciler over the libvirt simulator that is not
-// running: the test drives single passes itself.
-func quietRig(t *testing.T, hv hypervisors.Hypervisor) *Reconciler {
+// running: the test drives single passes itself (tune adjusts the
+// options).
+func quietRig(t *testing.T, hv hypervisors.Hypervisor, tune ...func(*Options)) *Reconciler {
 	t.Helper()
 	var slots []desired.Slot
 	for i := 0; i < 2; i++ {
@@ -34,7 +35,11 @@ func quietRig(t *testing.T, hv hypervisors.Hypervisor) *Reconciler {
 	pc := planner.Config{Shape: hypervisors.ShapeLibvirt, Installation: "inst", StopGrace: time.Second, ReapFailed: true,
 		Pool: "default", Image: "golden.qcow2", Network: "default", DomainType: "kvm"}
 	ex := executor.New(executor.Options{Hypervisor: hv, Installation: "inst", Blob: doc.Blob, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
-	return New(Options{Doc: doc, Hypervisor: hv, Executor: ex, Planner: pc, Workers: 2})
+	o := Options{Doc: doc, Hypervisor: hv, Executor: ex, Planner: pc, Workers: 2}
+	for _, f := range tune {
+		f(&o)
+	}
+	return New(o)
 }
 
 func volumeNames(t *testing.T, sim *fake.Libvirt) []string {
@@ -96,12 +101,15 @@ func (e *eventHV) Events() <-chan hypervisors.Event { return e.ch }
 // A zone-up event re-drives the zone's pending work at once (issue 12:
 // after a restart it waited for a retry 5 s later), and a VM event
 // re-reconciles the VM's machine without waiting for the periodic pass:
-// a stopped IDLE VM is started again.
+// a stopped IDLE VM is started again. Nothing else can wake the machine:
+// there is no periodic pass and the queue's retry of a machine waiting
+// for its zone is an hour away (issue 18: with the default 1 s retry the
+// test passed with the zone-up handler deleted).
 func TestEventsWakeWork(t *testing.T) {
 	sim := fake.NewLibvirt(fake.Options{Zones: []string{"z1"}})
 	defer sim.Close()
 	hv := &eventHV{Libvirt: sim, ch: make(chan hypervisors.Event, 16)}
-	r := quietRig(t, hv)
+	r := quietRig(t, hv, func(o *Options) { o.RetryMin, o.RetryMax = time.Hour, time.Hour })
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	id := "z1/t/001"
@@ -119,14 +127,14 @@ func TestEventsWakeWork(t *testing.T) {
 	}
 	sim.SetUnreachable("z1", false)
 	hv.ch <- hypervisors.Event{Zone: "z1", Kind: hypervisors.EventZoneUp}
-	m := waitState(t, r, id, desired.Idle, 2*time.Second) // well before the 5 s wait retry
+	m := waitState(t, r, id, desired.Idle, 20*time.Second) // generous: only the event can get it there
 
 	tg := hypervisors.Target{Zone: "z1", Name: m.VMName}
 	if err := sim.StopVM(tg); err != nil {
 		t.Fatal(err)
 	}
 	hv.ch <- hypervisors.Event{Zone: "z1", Kind: hypervisors.EventVM, VM: m.VMName, Detail: "stopped"}
-	deadline := time.Now().Add(2 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for {
 		vm, err := sim.Lookup(ctx, tg)
 		if err == nil && vm.Power == "running" {

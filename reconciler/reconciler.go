@@ -26,8 +26,12 @@ type TypeSpec func(instanceType string) (vcpu, memoryMiB int, ok bool)
 // Metrics receives the loop's measurements; it may be nil.
 type Metrics interface {
 	Reconciled(outcome string, d time.Duration)
-	Planned(p *planner.Plan)
+	// PlanTotals publishes the drift and pending steps the newest plans
+	// found; t is never changed afterwards.
+	PlanTotals(t *planner.Totals)
 	ZoneObserved(zone string, ok bool, at time.Time)
+	// RepairFailed counts a drift repair that ran out of attempts or time.
+	RepairFailed(zone string)
 }
 
 // Options configure a Reconciler.
@@ -54,8 +58,15 @@ type Options struct {
 	// until the drift has lasted that long, however it was found (a full
 	// pass or an adapter event), so an operator can see it pending in a
 	// plan; 0 repairs at once. Intents, failures and adoptions are never
-	// delayed.
+	// delayed. A repair that failed is retried with the queue's backoff,
+	// not held again.
 	RepairDelay time.Duration
+	// RepairTimeout bounds one run of a change without an intent (a drift
+	// repair, the clean-up of a FAILED machine); when it passes (or the
+	// executor's per-step attempts are spent) the machine goes back to the
+	// queue with its per-machine backoff, and RepairFailures reports it.
+	// 0: no deadline of its own.
+	RepairTimeout time.Duration
 	// MinPassGap spaces full passes asked for by Trigger or events
 	// (default 500ms), so an event storm costs at most two passes a second.
 	MinPassGap time.Duration
@@ -82,6 +93,12 @@ type Reconciler struct {
 	// (RepairDelay).
 	driftMu    sync.Mutex
 	driftSince map[string]time.Time
+
+	// totals keeps the plan totals the metrics publish.
+	totals *tally
+	// failures are the machines whose newest repair failed.
+	failMu   sync.Mutex
+	failures map[string]RepairFailure
 }
 
 // New returns a Reconciler; call Run to start it.
@@ -109,8 +126,14 @@ func New(o Options) *Reconciler {
 	}
 	cfg := workqueue.TypedRateLimitingQueueConfig[string]{Name: "reconcile", MetricsProvider: o.QueueMetrics}
 	limiter := workqueue.NewTypedItemExponentialFailureRateLimiter[string](o.RetryMin, o.RetryMax)
-	return &Reconciler{o: o, queue: workqueue.NewTypedRateLimitingQueueWithConfig(limiter, cfg), kick: make(chan struct{}, 1),
-		driftSince: map[string]time.Time{}}
+	r := &Reconciler{o: o, queue: workqueue.NewTypedRateLimitingQueueWithConfig(limiter, cfg), kick: make(chan struct{}, 1),
+		driftSince: map[string]time.Time{}, failures: map[string]RepairFailure{}}
+	var publish func(*planner.Totals)
+	if o.Metrics != nil {
+		publish = o.Metrics.PlanTotals
+	}
+	r.totals = newTally(publish)
+	return r
 }
 
 // Enqueue asks for a machine to be reconciled soon. It never blocks.
@@ -243,7 +266,14 @@ func (r *Reconciler) worker(work context.Context) {
 }
 
 // ObserveAll lists every zone concurrently; a zone that fails is Unknown.
+// It changes no metric (a read such as provider plan calls it).
 func (r *Reconciler) ObserveAll(ctx context.Context) *observed.Snapshot {
+	return r.observeAll(ctx, false)
+}
+
+// observeAll is ObserveAll; record reports each zone's observation to the
+// metrics (the loop's own passes).
+func (r *Reconciler) observeAll(ctx context.Context, record bool) *observed.Snapshot {
 	hv := r.o.Hypervisor
 	zones := hv.Zones()
 	snap := &observed.Snapshot{Zones: make(map[string]*observed.Zone, len(zones)), At: r.o.Now()}
@@ -265,7 +295,7 @@ func (r *Reconciler) ObserveAll(ctx context.Context) *observed.Snapshot {
 					obs.VolumesAt = at
 				}
 			}
-			if r.o.Metrics != nil {
+			if record && r.o.Metrics != nil {
 				r.o.Metrics.ZoneObserved(z, err == nil, at)
 			}
 			mu.Lock()
@@ -278,15 +308,9 @@ func (r *Reconciler) ObserveAll(ctx context.Context) *observed.Snapshot {
 }
 
 // Plan observes everything and plans without executing (live `provider
-// plan`). The drift it finds is published like a full pass's, since it is
-// the freshest observation there is.
+// plan`, /debug/plan). It is a read: it changes no metric and no state.
 func (r *Reconciler) Plan(ctx context.Context) *planner.Plan {
-	snap := r.ObserveAll(ctx)
-	plan := r.build(snap, nil)
-	if r.o.Metrics != nil {
-		r.o.Metrics.Planned(plan)
-	}
-	return plan
+	return r.build(r.ObserveAll(ctx), nil)
 }
 
 func (r *Reconciler) build(snap *observed.Snapshot, ix *observed.Index) *planner.Plan {
@@ -298,7 +322,7 @@ func (r *Reconciler) build(snap *observed.Snapshot, ix *observed.Index) *planner
 // every machine with something to do.
 func (r *Reconciler) fullPass(ctx context.Context) {
 	start := time.Now()
-	snap := r.ObserveAll(ctx)
+	snap := r.observeAll(ctx, true)
 	ix := observed.NewIndex(snap, r.o.Planner.Installation)
 	r.last.Store(&lastObservation{snap: snap, ix: ix})
 	machines := r.o.Doc.All()
@@ -313,9 +337,8 @@ func (r *Reconciler) fullPass(ctx context.Context) {
 	r.byVMMu.Unlock()
 	plan := planner.Build(planner.Inputs{Config: r.o.Planner, Machines: machines, Observed: snap, Index: ix,
 		Lineage: r.o.Doc.Lineage(), Serial: r.o.Doc.Revision(), Now: r.o.Now()})
-	if r.o.Metrics != nil {
-		r.o.Metrics.Planned(plan)
-	}
+	r.totals.full(plan, snap.At)
+	r.prune()
 	for _, c := range plan.Changes {
 		if c.Empty() {
 			continue
@@ -448,13 +471,18 @@ func (r *Reconciler) target(m *desired.Machine, prev *observed.VM) (hypervisors.
 func (r *Reconciler) reconcile(ctx context.Context, id string) {
 	m := r.o.Doc.Get(id)
 	if m == nil {
+		r.forget(id)
 		return
 	}
 	start := time.Now()
 	wctx, cancel := r.intentContext(ctx, m)
 	defer cancel()
 	snap := r.view(wctx, m)
-	change, _ := planner.Machine(r.o.Planner, m, observed.NewIndex(snap, r.o.Planner.Installation), r.o.Now())
+	change, drift := planner.Machine(r.o.Planner, m, observed.NewIndex(snap, r.o.Planner.Installation), r.o.Now())
+	r.totals.machine(id, snap.At, planner.Of(change, drift))
+	if !isRepair(change) {
+		r.repaired(id) // nothing (left) to repair
+	}
 	if wait := r.holdRepair(id, change); wait > 0 {
 		r.queue.AddAfter(id, wait)
 		return
@@ -466,6 +494,10 @@ func (r *Reconciler) reconcile(ctx context.Context, id string) {
 	default:
 		r.queue.Forget(id)
 	}
+	if outcome == OutcomeOK || outcome == OutcomeAdopted {
+		// The steps ran: what is left is the drift no step repairs.
+		r.totals.machine(id, r.o.Now(), planner.Reported(drift))
+	}
 	if r.o.Metrics != nil {
 		r.o.Metrics.Reconciled(outcome, time.Since(start))
 	}
@@ -473,13 +505,14 @@ func (r *Reconciler) reconcile(ctx context.Context, id string) {
 
 // holdRepair returns how much longer a drift repair must wait under
 // RepairDelay (0: run it now). It remembers when each machine's drift was
-// first seen and forgets it once the machine needs no repair; the memory
-// holds at most one entry per machine.
+// first seen and forgets it once the machine needs no repair or its repair
+// succeeded (a failed repair is retried with backoff, not held again); the
+// memory holds at most one entry per machine.
 func (r *Reconciler) holdRepair(id string, c planner.Change) time.Duration {
 	if r.o.RepairDelay <= 0 {
 		return 0
 	}
-	repair := c.Intent == nil && c.Fail == "" && c.Adopt == nil && len(c.Steps) > 0
+	repair := isRepair(c)
 	r.driftMu.Lock()
 	defer r.driftMu.Unlock()
 	if !repair {
@@ -495,8 +528,13 @@ func (r *Reconciler) holdRepair(id string, c planner.Change) time.Duration {
 	if wait := r.o.RepairDelay - now.Sub(since); wait > 0 {
 		return wait
 	}
-	delete(r.driftSince, id)
 	return 0
+}
+
+// isRepair reports whether a change is a drift repair: steps without an
+// intent, a failure or an adoption.
+func isRepair(c planner.Change) bool {
+	return c.Intent == nil && c.Fail == "" && c.Adopt == nil && len(c.Steps) > 0
 }
 
 // Outcomes of Apply, also the outcome label of the reconcile metrics.
@@ -510,9 +548,13 @@ const (
 	OutcomeError       = "error"       // the outcome could not be recorded
 )
 
-// intentContext bounds work on a machine by its transition's deadline.
+// intentContext bounds work on a machine by its transition's deadline,
+// or, without a transition, by RepairTimeout.
 func (r *Reconciler) intentContext(ctx context.Context, m *desired.Machine) (context.Context, context.CancelFunc) {
 	if m.Intent == nil {
+		if r.o.RepairTimeout > 0 {
+			return context.WithTimeout(ctx, r.o.RepairTimeout)
+		}
 		return context.WithCancel(ctx)
 	}
 	return context.WithTimeout(ctx, m.Intent.Deadline.Sub(r.o.Now()))
@@ -561,7 +603,7 @@ func (r *Reconciler) Apply(ctx context.Context, m *desired.Machine, c planner.Ch
 		case ctx.Err() != nil:
 			return OutcomeInterrupted // the durable intent is re-driven at restart
 		case m.Intent == nil:
-			r.o.Logger.Warn("drift repair failed; will retry", "machine", m.ID, "err", err)
+			r.repairFailed(m, err)
 			return OutcomeRetry
 		case wctx.Err() != nil:
 			r.fail(ctx, m, opID, fmt.Sprintf("%s timed out after %s (at %v)", m.Intent.Kind,
@@ -570,6 +612,9 @@ func (r *Reconciler) Apply(ctx context.Context, m *desired.Machine, c planner.Ch
 			r.fail(ctx, m, opID, fmt.Sprintf("%s failed: %v", m.Intent.Kind, err))
 		}
 		return OutcomeFailed
+	}
+	if m.Intent == nil {
+		r.repaired(m.ID)
 	}
 	if c.Finish == "" || m.Intent == nil {
 		return OutcomeOK

@@ -15,6 +15,8 @@
 //     call retried inside an executor retry multiplies attempts); polling
 //     a task or process to completion is not a retry and uses Poll or a
 //     Backoff.
+//   - Policy.Before, when set, is asked before every attempt; once it
+//     answers an error no further attempt is made.
 //   - A Backoff is a schedule for one loop (not safe for concurrent use);
 //     Reset starts it over, e.g. after a reconnect succeeded.
 package retry

@@ -25,6 +25,11 @@ type Policy struct {
 	NoJitter bool
 	// Attempts caps the number of attempts (0: until the context ends).
 	Attempts int
+	// Before, when set, is asked right before every attempt, the first
+	// included; a non-nil answer ends the loop at once with that error
+	// (never retried, never shown to the classifier). The executor asks
+	// whether its leadership term still holds.
+	Before func() error
 }
 
 // The provider's policies. Step and Poll are bounded by the caller's
@@ -121,6 +126,12 @@ func Value[T any](ctx context.Context, p Policy, retryable func(error) bool, op 
 	b := p.Backoff()
 	attempts := p.withDefaults().Attempts
 	for n := 1; ; n++ {
+		if p.Before != nil {
+			if err := p.Before(); err != nil {
+				var zero T
+				return zero, err
+			}
+		}
 		v, err := op(ctx)
 		if err == nil {
 			return v, nil

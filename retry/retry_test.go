@@ -54,6 +54,49 @@ func TestDo(t *testing.T) {
 	}
 }
 
+// TestBeforeEveryAttempt: Before is asked before each attempt, and the
+// first refusal ends the loop without another attempt, even while the
+// last failure was retryable.
+func TestBeforeEveryAttempt(t *testing.T) {
+	errDeposed := errors.New("deposed")
+	tests := []struct {
+		name       string
+		allow      int // Before answers nil this many times, then errDeposed
+		wantCalls  int
+		wantBefore int
+		wantErr    error
+	}{
+		{name: "refused before the first attempt", allow: 0, wantCalls: 0, wantBefore: 1, wantErr: errDeposed},
+		{name: "refused between attempts", allow: 2, wantCalls: 2, wantBefore: 3, wantErr: errDeposed},
+		{name: "never refused", allow: 100, wantCalls: 5, wantBefore: 5},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			asked, calls := 0, 0
+			p := fast
+			p.Before = func() error {
+				asked++
+				if asked > tc.allow {
+					return errDeposed
+				}
+				return nil
+			}
+			err := Do(context.Background(), p, isAgain, func(context.Context) error {
+				if calls++; calls < 5 {
+					return errAgain
+				}
+				return nil
+			})
+			if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil && err != nil) {
+				t.Errorf("err = %v, want %v", err, tc.wantErr)
+			}
+			if diff := cmp.Diff([2]int{tc.wantCalls, tc.wantBefore}, [2]int{calls, asked}); diff != "" {
+				t.Errorf("[attempts, Before calls] (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
 func TestValue(t *testing.T) {
 	calls := 0
 	v, err := Value(context.Background(), fast, isAgain, func(context.Context) (int, error) {

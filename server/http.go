@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -29,6 +30,7 @@ import (
 	"github.com/bigfleet-vm/provider/jsonplan"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
+	"github.com/bigfleet-vm/provider/reconciler"
 )
 
 // MetricsHealthService is the gRPC health service name that reports the
@@ -107,7 +109,8 @@ func (p *Provider) adminEnabled() bool {
 	return p.cfg.Backend == config.BackendFake && p.cfg.Fake.Admin
 }
 
-// httpHandler serves /metrics, /healthz, /readyz, /debug/plan and, on the
+// httpHandler serves /metrics, /healthz, /readyz, /debug/plan,
+// /debug/repairs and, on the
 // simulator with --fake-admin, the /admin/ drift endpoints.
 func (p *Provider) httpHandler(serving *atomic.Bool) http.Handler {
 	mux := http.NewServeMux()
@@ -156,6 +159,7 @@ func (p *Provider) httpHandler(serving *atomic.Bool) http.Handler {
 		}
 	})
 	mux.HandleFunc("/debug/plan", p.debugPlan)
+	mux.HandleFunc("/debug/repairs", p.debugRepairs)
 	switch {
 	case p.adminEnabled():
 		mux.HandleFunc("/admin/", p.admin)
@@ -198,6 +202,34 @@ func (p *Provider) debugPlan(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Age", strconv.Itoa(int(time.Since(at).Seconds())))
 	w.Write(body)
+}
+
+// maxRepairsListed bounds the machines /debug/repairs lists.
+const maxRepairsListed = 1000
+
+// debugRepairs serves the machines whose newest drift repair failed, each
+// with its last error, how many runs failed in a row and the backoff
+// before the next (reconciler.RepairFailure), as JSON: {"total": N,
+// "machines": [...]} with at most maxRepairsListed machines.
+func (p *Provider) debugRepairs(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		http.Error(w, "use GET", http.StatusMethodNotAllowed)
+		return
+	}
+	t := p.current()
+	if t == nil {
+		http.Error(w, "this replica is not serving the desired state", http.StatusServiceUnavailable)
+		return
+	}
+	all := t.rec.RepairFailures()
+	out := struct {
+		Total    int                        `json:"total"`
+		Machines []reconciler.RepairFailure `json:"machines"`
+	}{Total: len(all), Machines: all[:min(len(all), maxRepairsListed)]}
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(out)
 }
 
 // planCache computes plans for /debug/plan. At most one computation runs
@@ -295,9 +327,10 @@ type simulator interface {
 	ResizeVM(hypervisors.Target, int, int) error
 	RemoveVM(hypervisors.Target) error
 	SetUnreachable(zone string, on bool)
+	SetFlaky(zone, op string, on bool) error
 }
 
-// admin serves POST /admin/{stop,pause,resize,delete,add-foreign,add-owned,unreachable}
+// admin serves POST /admin/{stop,pause,resize,delete,add-foreign,add-owned,unreachable,flaky}
 // on the current term's simulator. VMs are named by zone plus name
 // (libvirt) or vmid (Proxmox).
 func (p *Provider) admin(w http.ResponseWriter, r *http.Request) {
@@ -374,6 +407,8 @@ func (p *Provider) admin(w http.ResponseWriter, r *http.Request) {
 		}
 	case "unreachable":
 		sim.SetUnreachable(t.Zone, q.Get("on") != "false")
+	case "flaky":
+		err = sim.SetFlaky(t.Zone, q.Get("op"), q.Get("on") != "false")
 	default:
 		http.Error(w, "unknown admin action "+bounded(action, 64), http.StatusNotFound)
 		return

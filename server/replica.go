@@ -29,6 +29,7 @@ type replica struct {
 	elector *etcdstore.Elector
 	self    string                 // this replica's identity
 	leader  atomic.Pointer[string] // the leader's identity, "" while none
+	follow  *follower
 }
 
 // newReplica connects to the cluster and prepares the campaign.
@@ -43,7 +44,7 @@ func (p *Provider) newReplica(ctx context.Context) (*replica, error) {
 		client.Close()
 		return nil, err
 	}
-	return &replica{client: client, elector: elector, self: e.Identity}, nil
+	return &replica{client: client, elector: elector, self: e.Identity, follow: newFollower(client, e.Prefix)}, nil
 }
 
 // standbyError is what a standby answers every RPC with. It never names
@@ -67,6 +68,7 @@ func (r *replica) standbyError() error {
 // resigns, so a standby takes over without waiting for the lease.
 func (p *Provider) lead(ctx context.Context, hs *health.Server, serving *atomic.Bool) {
 	r, cfg, log := p.ha, p.cfg, p.log
+	go r.follow.run(ctx)
 	go r.elector.Observe(ctx, func(id string) {
 		r.leader.Store(&id)
 		log.Info("leader", "identity", id)
@@ -92,14 +94,14 @@ func (p *Provider) lead(ctx context.Context, hs *health.Server, serving *atomic.
 			_ = retry.Sleep(ctx, backoff.Next())
 			continue
 		}
-		p.cur.Store(t)
+		p.setTerm(t)
 		t.start()
 		setServing(hs, serving, true)
 		log.Info("leading: serving the desired state", "machines", t.doc.Len(), "took", time.Since(started).Round(time.Millisecond))
 		select {
 		case <-tm.Done():
 			// Stop acting at once: the next leader owns the state now.
-			p.cur.Store(nil)
+			p.setTerm(nil)
 			setServing(hs, serving, false)
 			log.Warn("leadership lost: stopping the executor and the reconcile loop", "err", tm.Err())
 			t.abort("this replica lost its leadership")
@@ -109,7 +111,7 @@ func (p *Provider) lead(ctx context.Context, hs *health.Server, serving *atomic.
 		case <-ctx.Done():
 			setServing(hs, serving, false)
 			t.drain(cfg.ShutdownGrace, "the provider is shutting down")
-			p.cur.Store(nil)
+			p.setTerm(nil)
 			if err := t.close(); err != nil {
 				log.Warn("closing the term", "err", err)
 			}

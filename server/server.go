@@ -73,9 +73,20 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Provider
 		return 0
 	})
 	p.Metrics.ReconcileInterval(cfg.ReconcileInterval)
+	p.Metrics.SetProvider(cfg.Provider)
+	// state_healthy: the serving term's store can commit (its lease
+	// holds); a standby's store can be read.
 	p.Metrics.StateHealth(func() error {
 		if t := p.cur.Load(); t != nil {
+			if t.guard != nil {
+				if err := t.guard(); err != nil {
+					return err
+				}
+			}
 			return t.doc.Healthy()
+		}
+		if p.ha != nil {
+			return p.ha.follow.health()
 		}
 		return nil
 	})
@@ -90,6 +101,12 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Provider
 			return nil, err
 		}
 		p.ha = r
+		p.Metrics.FollowLag(func() (float64, bool) {
+			if p.current() != nil {
+				return 0, true // the leader writes the state
+			}
+			return r.follow.lag(), true
+		})
 		return p, nil
 	}
 	var store stateStore
@@ -108,8 +125,19 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Provider
 	if err != nil {
 		return nil, err
 	}
-	p.cur.Store(t)
+	p.setTerm(t)
 	return p, nil
+}
+
+// setTerm makes t the term this replica serves (nil: none, a standby),
+// and its metrics the ones exported.
+func (p *Provider) setTerm(t *term) {
+	p.cur.Store(t)
+	if t == nil {
+		p.Metrics.Serve(nil)
+		return
+	}
+	p.Metrics.Serve(t.metrics)
 }
 
 // current returns the term this replica serves, or nil on a standby.
@@ -192,6 +220,7 @@ func plannerConfig(cfg *config.Config, installation string) planner.Config {
 // store).
 func (p *Provider) Close() error {
 	var errs []error
+	p.Metrics.Serve(nil)
 	if t := p.cur.Swap(nil); t != nil {
 		errs = append(errs, t.close())
 	}

@@ -28,6 +28,8 @@ type term struct {
 	rec     *reconciler.Reconciler
 	planner planner.Config
 	log     *slog.Logger
+	// metrics are this term's series, exported while it is served.
+	metrics *metrics.Term
 	// guard, when set, says whether the leadership term still holds (an
 	// etcd Term's Err, which checks the lease deadline on every call).
 	guard func() error
@@ -82,14 +84,15 @@ func openTerm(ctx context.Context, cfg *config.Config, log *slog.Logger, m *metr
 		// A guest command's start is committed before it is sent, so a
 		// transition re-driven after a restart or fail-over never sends it
 		// again (the planner fails it instead).
-		ExecStarting: doc.ExecStarting, Guard: guard})
+		ExecStarting: doc.ExecStarting, Guard: guard, RepairAttempts: cfg.RepairAttempts})
 	capacity := desired.OnDemand
 	if cfg.BareMetal {
 		capacity = desired.BareMetal
 	}
+	t.metrics = m.NewTerm(guard)
 	t.rec = reconciler.New(reconciler.Options{Doc: doc, Hypervisor: t.hv, Executor: exec, Planner: t.planner,
-		Interval: cfg.ReconcileInterval, Capacity: capacity, Logger: log, Metrics: m, QueueMetrics: m.QueueMetrics(),
-		RepairDelay: cfg.DriftRepairDelay,
+		Interval: cfg.ReconcileInterval, Capacity: capacity, Logger: log, Metrics: t.metrics, QueueMetrics: m.QueueMetrics(),
+		RepairDelay: cfg.DriftRepairDelay, RepairTimeout: cfg.RepairTimeout,
 		Types: func(name string) (int, int, bool) {
 			it, ok := cfg.Catalog[name]
 			return it.VCPU, it.MemoryMiB, ok

@@ -91,10 +91,9 @@ type File struct {
 	state        map[string][]byte
 	queue        []*batch // oldest first; Apply and Commit append to the last one
 	orphans      []func(error)
-	lastSeq      uint64 // last sequence number handed out
-	lastQueued   uint64 // last sequence number queued for the disk
-	durable      uint64 // every record up to here is fsynced
-	rejected     map[uint64]error
+	lastSeq      uint64        // last sequence number handed out
+	lastQueued   uint64        // last sequence number queued for the disk
+	durable      uint64        // every record up to here is fsynced
 	err          error         // sticky failure
 	changed      chan struct{} // closed and replaced when durable, err, snapGen or closed change
 	closing      bool
@@ -199,7 +198,6 @@ func Open(path string, opts Options) (*File, error) {
 		opts:          opts,
 		log:           log.With("state", path),
 		lock:          lock,
-		rejected:      make(map[uint64]error),
 		changed:       make(chan struct{}),
 		committerDone: make(chan struct{}),
 	}
@@ -554,7 +552,9 @@ func (f *File) Snapshot() map[string][]byte {
 // order of the Apply calls. Apply copies the values, never touches the
 // disk and is safe for concurrent use. With no ops it returns the latest
 // sequence number, so Wait(Apply()) is a barrier. A record over 256 MiB is
-// rejected: Wait on it returns an error and nothing is applied.
+// rejected: nothing is applied, and Apply returns a refusal number (see
+// refused) that Wait always answers with the size error. A refusal keeps
+// nothing in memory, however many there are.
 func (f *File) Apply(ops ...Op) uint64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -566,14 +566,18 @@ func (f *File) Apply(ops ...Op) uint64 {
 		return f.lastSeq
 	}
 	if n := recordSize(ops); n > maxRecord {
-		f.lastSeq++
-		f.rejected[f.lastSeq] = fmt.Errorf("record %d of %d bytes exceeds the %d-byte limit", f.lastSeq, n, maxRecord)
-		return f.lastSeq
+		return refused | uint64(n)
 	}
 	b := f.queueLocked(ops)
 	f.markUrgent(b) // Apply's callers Wait
 	return b.last
 }
+
+// refused marks the numbers Apply returns for records it refused: the top
+// bit set, the record's size in the others (a real sequence number never
+// gets near 2^63). Wait answers them with the size error without looking
+// anything up, so a refusal costs no memory.
+const refused = 1 << 63
 
 // queueLocked appends ops as the next record to the queue and to the
 // in-memory state. Callers hold f.mu.
@@ -607,15 +611,14 @@ func (f *File) queueLocked(ops []Op) *batch {
 // Records applied after Close began are never written: Wait returns
 // ErrClosed for them.
 func (f *File) Wait(ctx context.Context, seq uint64) error {
+	if seq&refused != 0 {
+		return fmt.Errorf("record of %d bytes exceeds the %d-byte limit; nothing was applied", seq&^refused, maxRecord)
+	}
 	for {
 		f.mu.Lock()
 		switch {
 		case f.err != nil:
 			err := f.err
-			f.mu.Unlock()
-			return err
-		case f.rejected[seq] != nil:
-			err := f.rejected[seq]
 			f.mu.Unlock()
 			return err
 		case seq <= f.durable:

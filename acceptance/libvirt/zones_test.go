@@ -92,7 +92,7 @@ func TestUnreachableZone(t *testing.T) {
 	t.Run("offline-plan", func(t *testing.T) {
 		pl, out, ok := p.offlinePlan()
 		if !ok {
-			t.Skipf("provider plan --json unusable in this build: %s", out)
+			t.Fatalf("provider plan --json (offline) failed: %s", out)
 		}
 		checkUnknownHost(t, pl, "provider plan --json (offline)")
 	})

@@ -9,7 +9,7 @@
 // scripted per call. Tests steer them only through the world (the
 // out-of-band methods such as StopVM, RemoveVM, AddForeignVM), options
 // (Latency, AgentDelay, Faults) and per-call hooks (Hook, FailN,
-// SetUnreachable).
+// SetUnreachable, SetFlaky: one kind of call on a zone fails transiently).
 //
 // The simulated guest agent answers once the VM has been running for
 // Options.AgentDelay (never while stopped or paused). AgentExec knows:

@@ -479,3 +479,39 @@ func TestSlowOKFinishesAfterTheCallerGaveUp(t *testing.T) {
 		})
 	}
 }
+
+// SetFlaky fails one kind of call on one zone, transiently, and nothing
+// else; an unknown call or zone is refused.
+func TestSetFlaky(t *testing.T) {
+	ctx := context.Background()
+	for _, f := range []interface {
+		hypervisors.Hypervisor
+		SetFlaky(zone, op string, on bool) error
+	}{NewLibvirt(Options{Zones: []string{"a", "b"}}), NewProxmox(Options{Zones: []string{"a", "b"}})} {
+		t.Run(string(f.Shape()), func(t *testing.T) {
+			if err := f.SetFlaky("a", "Start", true); err != nil {
+				t.Fatal(err)
+			}
+			if err := f.Start(ctx, hypervisors.Target{Zone: "a", Name: "x", VMID: 100}); !errors.Is(err, hypervisors.ErrTransient) {
+				t.Errorf("Start on the flaky zone: %v, want ErrTransient", err)
+			}
+			if err := f.Start(ctx, hypervisors.Target{Zone: "b", Name: "x", VMID: 100}); errors.Is(err, hypervisors.ErrTransient) {
+				t.Errorf("Start on the other zone: %v", err)
+			}
+			if _, err := f.Observe(ctx, "a"); err != nil {
+				t.Errorf("Observe on the flaky zone: %v", err)
+			}
+			if err := f.SetFlaky("a", "Start", false); err != nil {
+				t.Fatal(err)
+			}
+			if err := f.Start(ctx, hypervisors.Target{Zone: "a", Name: "x", VMID: 100}); errors.Is(err, hypervisors.ErrTransient) {
+				t.Errorf("Start after SetFlaky off: %v", err)
+			}
+			for _, bad := range [][2]string{{"a", "Reboot"}, {"c", "Start"}} {
+				if err := f.SetFlaky(bad[0], bad[1], true); !errors.Is(err, hypervisors.ErrInvalid) {
+					t.Errorf("SetFlaky(%q, %q): %v, want ErrInvalid", bad[0], bad[1], err)
+				}
+			}
+		})
+	}
+}

@@ -184,6 +184,13 @@ func (f *Libvirt) SetHook(h Hook) { f.sim.setHook(h) }
 // or restores it.
 func (f *Libvirt) SetUnreachable(zone string, on bool) { f.sim.setUnreachable(zone, on) }
 
+// SetFlaky makes every call op (one of FlakyOps) on zone fail with
+// ErrTransient after the usual latency (on), as a flapping host answers a
+// call it cannot complete with a timeout, or restores it; the zone's other
+// calls are unaffected. An unknown op or zone is an ErrInvalid error, so
+// the set stays bounded by zones times ops.
+func (f *Libvirt) SetFlaky(zone, op string, on bool) error { return f.sim.setFlaky(zone, op, on) }
+
 // ZoneHealth implements hypervisors.HealthReporter.
 func (f *Libvirt) ZoneHealth() map[string]error { return f.sim.zoneHealth(f.zones) }
 

@@ -163,6 +163,11 @@ func (f *Proxmox) SetHook(h Hook) { f.sim.setHook(h) }
 // or restores it.
 func (f *Proxmox) SetUnreachable(zone string, on bool) { f.sim.setUnreachable(zone, on) }
 
+// SetFlaky makes every call op (one of FlakyOps) on zone fail with
+// ErrTransient after the usual latency (on), or restores it (see
+// Libvirt.SetFlaky).
+func (f *Proxmox) SetFlaky(zone, op string, on bool) error { return f.sim.setFlaky(zone, op, on) }
+
 // ZoneHealth implements hypervisors.HealthReporter.
 func (f *Proxmox) ZoneHealth() map[string]error { return f.sim.zoneHealth(f.zones) }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -23,6 +24,7 @@ type sim struct {
 	mu          sync.Mutex
 	counts      map[string]int
 	unreachable map[string]bool
+	flaky       map[string]map[string]bool // zone -> ops that fail transiently
 	closed      bool
 	pids        int // guest process ids handed out
 
@@ -41,6 +43,7 @@ func (s *sim) init(opts Options, vms resolver) {
 	s.vms = vms
 	s.counts = map[string]int{}
 	s.unreachable = map[string]bool{}
+	s.flaky = map[string]map[string]bool{}
 	s.hook = opts.Hook
 	s.stop = make(chan struct{})
 }
@@ -53,7 +56,7 @@ func (s *sim) now() time.Time { return s.opts.Clock() }
 func (s *sim) enter(ctx context.Context, op, zone string, t hypervisors.Target) error {
 	s.mu.Lock()
 	s.counts[op]++
-	closed, unreachable := s.closed, s.unreachable[zone]
+	closed, unreachable, flaky := s.closed, s.unreachable[zone], s.flaky[zone][op]
 	s.mu.Unlock()
 	if closed {
 		return fmt.Errorf("%s: fake hypervisor closed: %w", op, hypervisors.ErrUnreachable)
@@ -66,7 +69,13 @@ func (s *sim) enter(ctx context.Context, op, zone string, t hypervisors.Target) 
 	if unreachable {
 		return fmt.Errorf("%s: zone %s: connection refused: %w", op, zone, hypervisors.ErrUnreachable)
 	}
-	return sleep(ctx, s.opts.Latency)
+	if err := sleep(ctx, s.opts.Latency); err != nil {
+		return err
+	}
+	if flaky {
+		return fmt.Errorf("%s: zone %s: the host did not answer in time (simulated flapping host): %w", op, zone, hypervisors.ErrTransient)
+	}
+	return nil
 }
 
 // enterWrite is enter for a call that changes the world: it also fails
@@ -103,6 +112,35 @@ func (s *sim) setUnreachable(zone string, on bool) {
 	} else {
 		delete(s.unreachable, zone)
 	}
+}
+
+// FlakyOps are the calls SetFlaky can make fail: every call a simulator
+// makes on a zone.
+var FlakyOps = []string{"Observe", "Lookup", "ReadVolumes", "Start", "Resume", "Stop", "SetAutostart", "SetMarker",
+	"DefineDomain", "UndefineDomain", "CreateOverlay", "CreateSeed", "DeleteVolume", "CloneVM", "ConfigureVM", "DeleteVM",
+	"AgentPing", "AgentExec", "AgentWriteFile", "AgentRemoveFile"}
+
+func (s *sim) setFlaky(zone, op string, on bool) error {
+	if !slices.Contains(FlakyOps, op) {
+		return fmt.Errorf("unknown call %q; one of %s: %w", op, strings.Join(FlakyOps, ", "), hypervisors.ErrInvalid)
+	}
+	if !slices.Contains(s.opts.Zones, zone) {
+		return fmt.Errorf("unknown zone %q: %w", zone, hypervisors.ErrInvalid)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case on && s.flaky[zone] == nil:
+		s.flaky[zone] = map[string]bool{op: true}
+	case on:
+		s.flaky[zone][op] = true
+	default:
+		delete(s.flaky[zone], op)
+		if len(s.flaky[zone]) == 0 {
+			delete(s.flaky, zone)
+		}
+	}
+	return nil
 }
 
 // zoneHealth never names the zone: /readyz prints "zone <name>: <health>".

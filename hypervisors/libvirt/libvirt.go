@@ -34,9 +34,12 @@ type Hypervisor struct {
 
 	// owners maps "zone\x00domain name" to the machine id the adapter
 	// last saw in its marker or defined it for, so lifecycle events name
-	// their machine even after the domain is gone.
+	// their machine even after the domain is gone. Each Observe of a zone
+	// forgets the zone's entries its listing did not show that are older
+	// than the listing (pruneOwners), so the map holds the listed domains
+	// plus those defined since, however many come and go between listings.
 	ownersMu sync.Mutex
-	owners   map[string]string
+	owners   map[string]ownerNote
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -64,7 +67,7 @@ func New(cfg Config, logger *slog.Logger) (*Hypervisor, error) {
 	h := &Hypervisor{
 		cfg: cfg, log: logger, cancel: cancel, now: time.Now,
 		zones: map[string]*zoneConn{}, caches: map[string]*zoneCache{},
-		events: hypervisors.NewEventQueue(), owners: map[string]string{},
+		events: hypervisors.NewEventQueue(), owners: map[string]ownerNote{},
 	}
 	for _, z := range cfg.Zones {
 		u, _ := ParseURI(z.URI) // validated above
@@ -101,6 +104,12 @@ func (h *Hypervisor) Probes() int64 { return h.probes.Load() }
 // domain lifecycle event of every connected zone, coalesced per domain.
 func (h *Hypervisor) Events() <-chan hypervisors.Event { return h.events.C() }
 
+// ownerNote is a domain's machine and when the adapter noted it.
+type ownerNote struct {
+	id string
+	at time.Time
+}
+
 // setOwner records that a domain belongs to a machine (id "" forgets it).
 func (h *Hypervisor) setOwner(zone, name, id string) {
 	h.ownersMu.Lock()
@@ -109,13 +118,28 @@ func (h *Hypervisor) setOwner(zone, name, id string) {
 		delete(h.owners, zone+"\x00"+name)
 		return
 	}
-	h.owners[zone+"\x00"+name] = id
+	h.owners[zone+"\x00"+name] = ownerNote{id: id, at: h.now()}
 }
 
 func (h *Hypervisor) owner(zone, name string) string {
 	h.ownersMu.Lock()
 	defer h.ownersMu.Unlock()
-	return h.owners[zone+"\x00"+name]
+	return h.owners[zone+"\x00"+name].id
+}
+
+// pruneOwners forgets the zone's owner notes of domains a listing started
+// at listed did not show (listed names), unless noted after it started
+// (a domain defined since, which the listing could not show).
+func (h *Hypervisor) pruneOwners(zone string, names map[string]bool, listed time.Time) {
+	h.ownersMu.Lock()
+	defer h.ownersMu.Unlock()
+	prefix := zone + "\x00"
+	for k, n := range h.owners {
+		name, ok := strings.CutPrefix(k, prefix)
+		if ok && !names[name] && n.at.Before(listed) {
+			delete(h.owners, k)
+		}
+	}
 }
 
 // ZoneHealth implements hypervisors.HealthReporter.

@@ -192,12 +192,16 @@ func (h *Hypervisor) observe(ctx context.Context, zone string, at time.Time) (*o
 		}
 		out.VMs = append(out.VMs, h.vmFrom(zone, e.dom, power(ld.state), auto[ld.dom.UUID]))
 	}
-	for u, e := range cache.doms {
+	names := make(map[string]bool, len(doms))
+	for _, ld := range doms {
+		names[ld.dom.Name] = true
+	}
+	for u := range cache.doms {
 		if !seen[u] {
 			delete(cache.doms, u)
-			h.setOwner(zone, e.dom.Name, "")
 		}
 	}
+	h.pruneOwners(zone, names, at)
 	sort.Slice(out.VMs, func(i, j int) bool { return out.VMs[i].Name < out.VMs[j].Name })
 
 	if pool := h.poolOf(zone); pool != "" {

@@ -4,6 +4,7 @@ package libvirt
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -58,5 +59,48 @@ func TestIntegrationTestDriver(t *testing.T) {
 	}
 	if err := h.DeleteVolume(ctx, "t", "default-pool", "bf-missing"); err != nil {
 		t.Errorf("DeleteVolume of a missing volume: %v", err)
+	}
+}
+
+// TestIntegrationOwnersStayFlat defines and undefines many domains on a
+// real daemon (the test driver) between listings, then lists: the owner
+// notes of the domains that came and went are gone (issue 18: the map
+// kept one per domain ever defined between two listings).
+func TestIntegrationOwnersStayFlat(t *testing.T) {
+	e := needEnv(t)
+	h := newIT(t, e, ZoneURI{Zone: "t", URI: "test:///default"})
+	h.cfg.Pool = "default-pool"
+	ctx := ctxT(t, 2*time.Minute)
+	ownerCount := func() int {
+		h.ownersMu.Lock()
+		defer h.ownersMu.Unlock()
+		return len(h.owners)
+	}
+	if _, err := h.Observe(ctx, "t"); err != nil {
+		t.Fatalf("Observe: %v", err)
+	}
+	base := ownerCount()
+	const rounds, perRound = 5, 20
+	for r := range rounds {
+		for i := range perRound {
+			m := newMachine(h, fmt.Sprintf("own-%d-%d", r, i))
+			spec := smallSpec("default-pool", m)
+			spec.Network = "default"
+			if err := h.DefineDomain(ctx, "t", spec); err != nil {
+				t.Fatalf("DefineDomain: %v", err)
+			}
+			if err := h.UndefineDomain(ctx, hypervisors.Target{Zone: "t", Name: m.name}); err != nil {
+				t.Fatalf("UndefineDomain: %v", err)
+			}
+		}
+		if n := ownerCount(); n < base+perRound {
+			t.Logf("round %d: %d notes before the listing", r, n)
+		}
+		if _, err := h.Observe(ctx, "t"); err != nil {
+			t.Fatalf("Observe: %v", err)
+		}
+		if n := ownerCount(); n != base {
+			t.Fatalf("round %d: %d owner notes after the listing, want %d (the domains defined and undefined since the last one stay noted)", r, n, base)
+		}
 	}
 }

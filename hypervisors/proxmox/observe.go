@@ -136,6 +136,9 @@ func (a *Adapter) Observe(ctx context.Context, zone string) (*observed.Zone, err
 
 // forget drops cache entries of VMs no longer listed anywhere, keeping
 // owner notes made after the listing was sent (a clone it cannot show).
+// A dirty mark goes with its VM: a VM that comes back has no config entry,
+// so its config is read anyway. So every map stays bounded by the VMs
+// listed plus those changed since the listing was sent.
 func (a *Adapter) forget(l *listing) {
 	live := make(map[int]bool, len(l.vms))
 	for i := range l.vms {
@@ -146,6 +149,11 @@ func (a *Adapter) forget(l *listing) {
 	for id := range a.configs {
 		if !live[id] {
 			delete(a.configs, id)
+		}
+	}
+	for id := range a.dirty {
+		if !live[id] {
+			delete(a.dirty, id)
 		}
 	}
 	for id, o := range a.owners {
