@@ -161,7 +161,7 @@ func (f *File) due() bool {
 // another process (or another File) holds it or holds one of its
 // journals. It fails if the directory cannot be written.
 func Open(path string, opts Options) (*File, error) {
-	if err := checkPath(path); err != nil {
+	if err := CheckPath(path); err != nil {
 		return nil, fmt.Errorf("open state %q: %w", path, err)
 	}
 	p := pathsFor(path)

@@ -391,6 +391,49 @@ func TestStatePathNamesAFile(t *testing.T) {
 	}
 }
 
+// TestStatePathIsNoDevice: a device, a FIFO, a path in /dev, a blank or
+// dashed name is not a state path; Open and ReadOnly refuse it and write
+// nothing (before, /dev/null made Open write its files into /dev).
+func TestStatePathIsNoDevice(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct{ path, want string }{
+		{"/dev/null", "character device"},
+		{fifo, "named pipe"},
+		{"/dev/bigfleet-test-state", "kernel's /dev file system"},
+		{"/proc/self/state", "kernel's /proc file system"},
+		{"-", "starts with '-'"},
+		{" ", "blank"},
+		{dir + "/a\nb", "control character"},
+	} {
+		t.Run(tt.path, func(t *testing.T) {
+			if f, err := Open(tt.path, Options{}); err == nil || !strings.Contains(err.Error(), tt.want) {
+				if f != nil {
+					f.Close()
+				}
+				t.Errorf("Open(%q) = %v, want an error saying %q", tt.path, err, tt.want)
+			}
+			if _, err := ReadOnly(tt.path); err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("ReadOnly(%q) = %v, want an error saying %q", tt.path, err, tt.want)
+			}
+		})
+	}
+	for _, base := range []string{"/dev/null", "/dev/bigfleet-test-state"} {
+		for _, suffix := range []string{".lock", ".snap", ".journal", ".journal.next", ".mark"} {
+			if _, err := os.Stat(base + suffix); err == nil {
+				t.Errorf("%s was created", base+suffix)
+				os.Remove(base + suffix)
+			}
+		}
+	}
+	if diff := cmp.Diff([]string{"fifo"}, existing(t, filepath.Join(dir, "x"))); diff != "" {
+		t.Errorf("files in the directory (-want +got):\n%s", diff)
+	}
+}
+
 // unprivilegedEnv marks a re-executed test binary that dropped root.
 const unprivilegedEnv = "STATEFILE_UNPRIVILEGED_OPEN"
 

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -36,20 +37,75 @@ func (p paths) temps() []string {
 	return []string{p.snap + ".tmp", p.journal + ".tmp", p.next + ".tmp", p.probe}
 }
 
-// checkPath rejects a state path that names a directory: the state's files
-// would land next to it (or, for a trailing separator, inside it as
-// hidden files).
-func checkPath(path string) error {
+// CheckPath says why path cannot name a state, nil if it can: it must be
+// a file path (not a directory, not ending in a separator), spelled
+// without surrounding blanks, control characters or a leading '-' (which
+// would read as standard input or a flag), and not a device or other
+// special file: if it exists it is a regular file, and its directory is
+// a directory outside the kernel's pseudo file systems (/dev, /proc,
+// /sys), where the state's files could not live. Open and ReadOnly call
+// it; configuration calls it to report a bad --state at startup.
+func CheckPath(path string) error {
 	switch {
 	case path == "":
 		return errors.New("empty path")
+	case strings.TrimSpace(path) == "":
+		return errors.New("the path is blank")
+	case strings.TrimSpace(path) != path:
+		return errors.New("the path starts or ends with white space; quote it correctly")
+	case strings.IndexFunc(path, func(r rune) bool { return r < 0x20 || r == 0x7f }) >= 0:
+		return errors.New("the path holds a control character")
+	case path[0] == '-':
+		return errors.New("the path starts with '-', which reads as standard input or a flag; write ./" + path + " for a file of that name")
 	case strings.HasSuffix(path, "/") || strings.HasSuffix(path, string(filepath.Separator)):
 		return errors.New("the path ends in a separator; name a file, not a directory")
 	}
-	if st, err := os.Stat(path); err == nil && st.IsDir() {
-		return errors.New("the path is a directory; name a file inside it, e.g. " + filepath.Join(path, "state"))
+	if st, err := os.Stat(path); err == nil {
+		switch {
+		case st.IsDir():
+			return errors.New("the path is a directory; name a file inside it, e.g. " + filepath.Join(path, "state"))
+		case !st.Mode().IsRegular():
+			return fmt.Errorf("the path is a %s, not a regular file; the state needs files of its own next to it", fileKind(st.Mode()))
+		}
+	}
+	dir := filepath.Dir(path)
+	st, err := os.Stat(dir)
+	if err != nil {
+		return nil // Open creates it, or reports why it cannot
+	}
+	if !st.IsDir() {
+		return fmt.Errorf("%s is not a directory", dir)
+	}
+	for _, pseudo := range []string{"/dev", "/proc", "/sys"} {
+		if p, err := os.Stat(pseudo); err == nil && sameDevice(st, p) {
+			return fmt.Errorf("%s is on the kernel's %s file system, where a state's files cannot live", dir, pseudo)
+		}
 	}
 	return nil
+}
+
+// fileKind names a special file's type for an error.
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeCharDevice != 0:
+		return "character device"
+	case m&fs.ModeDevice != 0:
+		return "block device"
+	case m&fs.ModeNamedPipe != 0:
+		return "named pipe"
+	case m&fs.ModeSocket != 0:
+		return "socket"
+	case m&fs.ModeSymlink != 0:
+		return "symbolic link"
+	}
+	return "special file"
+}
+
+// sameDevice reports whether two files live on one mounted file system.
+func sameDevice(a, b fs.FileInfo) bool {
+	as, ok1 := a.Sys().(*syscall.Stat_t)
+	bs, ok2 := b.Sys().(*syscall.Stat_t)
+	return ok1 && ok2 && as.Dev == bs.Dev
 }
 
 // errNoState means no state exists yet: none of the files, or only the
@@ -627,7 +683,7 @@ func replayLegacyJournal(path string, f io.ReaderAt, size int64, gen uint64, sta
 // It may include records that are written but not yet acknowledged. When
 // no state exists the error matches fs.ErrNotExist.
 func ReadOnly(path string) (map[string][]byte, error) {
-	if err := checkPath(path); err != nil {
+	if err := CheckPath(path); err != nil {
 		return nil, fmt.Errorf("read state %q: %w", path, err)
 	}
 	p := pathsFor(path)
