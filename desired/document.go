@@ -220,6 +220,9 @@ func decode(stored map[string][]byte, opts Options) (*loaded, error) {
 			if err := json.Unmarshal(raw, m); err != nil {
 				return nil, fmt.Errorf("state: decode machine %s: %w", Clip(strings.TrimPrefix(k, keyMachine), maxEcho), err)
 			}
+			if err := validMachine(k, m); err != nil {
+				return nil, fmt.Errorf("state: record %s: %v: the document never writes such a value, so it is refused rather than served (the state was damaged, or written by something else)", Clip(k, maxEcho), err)
+			}
 			m.memo = &memo{}
 			if m.Ops == nil {
 				m.Ops = map[Kind]OpRecord{}
