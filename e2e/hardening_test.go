@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -263,5 +264,42 @@ func TestFullDiskChangeIsNeverVisible(t *testing.T) {
 	}
 	if m := get(t, s.c, ids[0]); m.State != stIdle {
 		t.Errorf("committed machine after a restart: %v", m.State)
+	}
+}
+
+// TestDeletedStateStopsTheWriter (issue 17, item 6d): deleting every state
+// file under a running provider used to let a second provider start on
+// the same path while the first kept acknowledging into deleted files.
+// The first now stops by itself (non-zero, saying why) without a further
+// request, and a provider started afterwards is the only writer.
+func TestDeletedStateStopsTheWriter(t *testing.T) {
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state")
+	s := start(t, "--seed-count", "4", "--state", state)
+	id := speculative(t, s.c, 1)[0]
+	toIdle(t, s.c, id)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-s.Done():
+	case <-time.After(time.Minute):
+		t.Fatal("the provider kept running on deleted state files")
+	}
+	if s.ExitCode() == 0 {
+		t.Errorf("exit code 0 after losing the state files")
+	}
+	if log := s.Log(); !strings.Contains(log, "removed or replaced under the running provider") || !strings.Contains(log, state+".journal") {
+		t.Errorf("the log does not say why:\n%s", log)
+	}
+	second := start(t, "--seed-count", "4", "--state", state)
+	if m := get(t, second.c, id); m.State != stSpec {
+		t.Errorf("the second provider's state shows %v for %s, want a fresh SPECULATIVE slot", m.State, id)
 	}
 }

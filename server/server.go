@@ -268,19 +268,30 @@ func (p *Provider) Serve(ctx context.Context) error {
 		setServing(hs, &serving, true)
 		log.Info("serving CapacityProvider", "addr", lis.Addr().String(), "provider", cfg.Provider, "hypervisor", cfg.Hypervisor,
 			"backend", cfg.Backend, "security", security, "machines", t.doc.Len(), "zones", strings.Join(cfg.Zones, ","))
+		var lostErr error
 		select {
 		case <-ctx.Done():
 		case serveErr = <-grpcErr:
+		case lostErr = <-t.lost():
 		}
-		// A graceful stop: refuse new mutations (UNAVAILABLE) and report
-		// NOT_SERVING, but keep answering reads while the reconciler
-		// finishes the queued and in-flight work; only kill -9 or an
-		// exhausted grace may interrupt a transition (and so fail a
-		// Configure at the next start).
-		log.Info("shutting down")
 		serving.Store(false)
 		hs.Shutdown()
-		t.drain(cfg.ShutdownGrace, "the provider is shutting down")
+		if lostErr != nil {
+			// Nothing this process does is recorded any more, and with the
+			// lock gone another writer may have started: stop acting at
+			// once and exit with the reason.
+			log.Error("the state's files were removed or replaced under the running provider; stopping now, without finishing in-flight work (its intents were durable before; restore the files and start again)", "err", lostErr)
+			t.abort("the state's files were removed under the running provider")
+			serveErr = fmt.Errorf("stopped: %w", lostErr)
+		} else {
+			// A graceful stop: refuse new mutations (UNAVAILABLE) and
+			// report NOT_SERVING, but keep answering reads while the
+			// reconciler finishes the queued and in-flight work; only kill
+			// -9 or an exhausted grace may interrupt a transition (and so
+			// fail a Configure at the next start).
+			log.Info("shutting down")
+			t.drain(cfg.ShutdownGrace, "the provider is shutting down")
+		}
 	}
 	stopped := make(chan struct{})
 	go func() { gs.GracefulStop(); close(stopped) }()

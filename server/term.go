@@ -14,6 +14,7 @@ import (
 	"github.com/bigfleet-vm/provider/metrics"
 	"github.com/bigfleet-vm/provider/planner"
 	"github.com/bigfleet-vm/provider/reconciler"
+	"github.com/bigfleet-vm/provider/statefile"
 )
 
 // term is one tenure of the desired state on this replica: the store it
@@ -150,6 +151,28 @@ func (t *term) close() error {
 		errs = append(errs, fmt.Errorf("close state store: %w", err))
 	}
 	return errors.Join(errs...)
+}
+
+// lost returns a channel that yields the store's failure once the store
+// stops because its files were removed under it (statefile.ErrLost); it
+// never yields for other stores or other failures.
+func (t *term) lost() <-chan error {
+	ch := make(chan error, 1)
+	j, ok := t.store.(journaled)
+	if !ok {
+		return ch
+	}
+	f, ok := j.backend.(*statefile.File)
+	if !ok {
+		return ch
+	}
+	go func() {
+		<-f.Stopped()
+		if err := f.Healthy(); errors.Is(err, statefile.ErrLost) {
+			ch <- err
+		}
+	}()
+	return ch
 }
 
 // loadOnce remembers what the document loaded, so the simulator's world

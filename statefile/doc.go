@@ -54,6 +54,11 @@
 //     sealed one until it is replaced), so deleting P.lock lets no second
 //     writer in. (Only removing P.lock during the milliseconds another
 //     Open takes to create a brand-new state is not covered.)
+//   - A writer whose journal or snapshot is removed or replaced under it
+//     (rm of the whole state lets a second writer in) stops with ErrLost:
+//     every commit checks, before it is acknowledged, that its journal is
+//     still the file a later Open reads, and an idle writer checks every
+//     500 ms; Stopped is closed then. Removing only P.lock stops nothing.
 //   - Open fails, naming the directory, unless it can create, write, fsync
 //     and remove a file next to the state.
 //   - Only a torn tail — a partially written last frame of the newest

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"os"
@@ -57,6 +58,11 @@ var (
 	// ErrClosed is returned for records that were never written because
 	// the store was closed.
 	ErrClosed = errors.New("state store is closed")
+	// ErrLost stops a File whose files were removed or replaced under it
+	// (rm of the state, a restore over it): whatever it wrote after that is
+	// in no file a later Open reads, and the lock that kept other writers
+	// out may be gone, so it must not write, or act, any more.
+	ErrLost = errors.New("the state's files were removed or replaced under the running writer")
 )
 
 // DefaultCompactBytes is the smallest journal size that triggers a
@@ -117,6 +123,19 @@ type File struct {
 
 	journal       *os.File // owned by the committer
 	committerDone chan struct{}
+	// watch is what checkFiles compares the paths with: the journal
+	// being appended to, under the name it has now.
+	watch struct {
+		sync.Mutex
+		journal *os.File
+		path    string
+	}
+	stopWatch chan struct{}
+	watchDone chan struct{}
+	// stopped is closed when the File fails for good (Healthy says why)
+	// or is closed.
+	stopped  chan struct{}
+	stopOnce sync.Once
 	compactions   sync.WaitGroup
 	// callbacks runs every Commit callback, one at a time and in order,
 	// off the committer, so the next fsync never waits for the callers.
@@ -202,6 +221,7 @@ func Open(path string, opts Options) (*File, error) {
 		rejected:      make(map[uint64]error),
 		changed:       make(chan struct{}),
 		committerDone: make(chan struct{}),
+		stopped:       make(chan struct{}),
 	}
 	f.wake = sync.NewCond(&f.mu)
 	err = f.restore(journal, next)
@@ -210,6 +230,7 @@ func Open(path string, opts Options) (*File, error) {
 			h.Close()
 		}
 	}
+	f.watch.journal, f.watch.path = f.journal, f.journalPath
 	if err != nil {
 		if f.journal != nil {
 			f.journal.Close()
@@ -217,8 +238,59 @@ func Open(path string, opts Options) (*File, error) {
 		lock.Unlock()
 		return nil, fmt.Errorf("open state %s: %w", path, err)
 	}
+	f.stopWatch, f.watchDone = make(chan struct{}), make(chan struct{})
 	go f.commitLoop()
+	go f.watchFiles()
 	return f, nil
+}
+
+// watchInterval is how often an idle File checks that its files are
+// still there; a commit checks before it is acknowledged.
+var watchInterval = 500 * time.Millisecond
+
+// watchFiles stops the File (ErrLost) once its files are gone, also while
+// nothing is written, so that it stops acting before a second writer,
+// which the missing lock no longer keeps out, gets far.
+func (f *File) watchFiles() {
+	defer close(f.watchDone)
+	t := time.NewTicker(watchInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-f.stopWatch:
+			return
+		case <-t.C:
+		}
+		if err := f.checkFiles(); err != nil {
+			f.fail(err)
+			return
+		}
+	}
+}
+
+// checkFiles returns an error matching ErrLost unless the journal being
+// appended to and the snapshot are still where this File put them. (The
+// lock file alone may go: the journals this File holds locked keep other
+// writers out, and the next Open makes a new one.)
+func (f *File) checkFiles() error {
+	f.watch.Lock()
+	defer f.watch.Unlock()
+	lost := func(format string, a ...any) error {
+		return fmt.Errorf("%w: %s", ErrLost, fmt.Sprintf(format, a...))
+	}
+	same, err := names(f.watch.path, f.watch.journal)
+	switch {
+	case err != nil:
+		return err
+	case !same:
+		return lost("journal %s is gone or was replaced", f.watch.path)
+	}
+	if _, err := os.Stat(f.p.snap); errors.Is(err, fs.ErrNotExist) {
+		return lost("snapshot %s is gone", f.p.snap)
+	} else if err != nil {
+		return fmt.Errorf("stat %s: %w", f.p.snap, err)
+	}
+	return nil
 }
 
 // restore loads the files, repairs what a crash left behind and sets
@@ -657,6 +729,12 @@ func (f *File) Healthy() error {
 	return nil
 }
 
+// Stopped is closed once the File has failed for good (Healthy returns
+// the failure) or has been closed (Healthy returns ErrClosed). A failure matching ErrLost means the state's files are gone:
+// the process must stop acting, since nothing it does is recorded any more
+// and another writer may have started.
+func (f *File) Stopped() <-chan struct{} { return f.stopped }
+
 // Size returns the bytes on disk: snapshot plus journal(s).
 func (f *File) Size() int64 {
 	return f.snapBytes.Load() + f.oldJournalBytes.Load() + f.journalBytes.Load()
@@ -676,6 +754,8 @@ func (f *File) Close() error {
 	f.wake.Broadcast()
 	f.mu.Unlock()
 
+	close(f.stopWatch)
+	<-f.watchDone
 	<-f.committerDone
 	f.mu.Lock()
 	if f.lazyTimer != nil {
@@ -699,6 +779,7 @@ func (f *File) Close() error {
 	f.closed = true
 	f.notify()
 	f.mu.Unlock()
+	f.stopOnce.Do(func() { close(f.stopped) })
 	return errors.Join(errs...)
 }
 
@@ -722,6 +803,7 @@ func (f *File) failLocked(err error) {
 		return
 	}
 	f.err = fmt.Errorf("state %s failed: %w", f.p.base, err)
+	f.stopOnce.Do(func() { close(f.stopped) })
 	var dones []func(error)
 	for _, b := range f.queue {
 		dones = append(dones, b.dones...)
@@ -839,6 +921,10 @@ func (f *File) commit(b *batch, path string) error {
 			return err
 		}
 		took := time.Since(start)
+		// The frame counts only if a later Open will read it.
+		if err := f.checkFiles(); err != nil {
+			return err
+		}
 		f.journalBytes.Add(int64(len(b.buf)))
 		f.mu.Lock()
 		f.durable = b.last
@@ -890,6 +976,9 @@ func (f *File) rotate(gen uint64, snap map[string][]byte, path string) error {
 	f.mu.Lock()
 	f.journalPath = f.p.next
 	f.mu.Unlock()
+	f.watch.Lock()
+	f.watch.journal, f.watch.path = next, f.p.next
+	f.watch.Unlock()
 	f.oldJournalBytes.Store(f.journalBytes.Load() + int64(len(seal)))
 	f.journalBytes.Store(int64(len(journalStart(gen))))
 	f.compactions.Add(1)
@@ -908,7 +997,12 @@ func (f *File) compact(gen uint64, snap map[string][]byte, old *os.File) {
 	size, err := writeSnapshot(f.p.snap, gen, snap, f.journalBytes.Load(), f.opts.NoSync)
 	if err == nil {
 		hook("snapshot-installed")
+		f.watch.Lock()
 		err = os.Rename(f.p.next, f.p.journal)
+		if err == nil {
+			f.watch.path = f.p.journal
+		}
+		f.watch.Unlock()
 		if err != nil {
 			err = fmt.Errorf("rename %s: %w", f.p.next, err)
 		} else {

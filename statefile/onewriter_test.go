@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -559,5 +560,85 @@ func TestDiskFull(t *testing.T) {
 	}
 	if want := "append to " + path + ".journal: "; !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), ".tmp") {
 		t.Errorf("error %q does not name the journal as %q", err, want)
+	}
+}
+
+// TestLostFilesStopTheWriter (issue 17, item 6d): once every file of the
+// state is deleted under a running writer, a second writer can open a new
+// state there; the first must stop instead of acknowledging records into
+// files nobody will read: the next commit fails with ErrLost, and so does
+// an idle writer, found by its watch.
+func TestLostFilesStopTheWriter(t *testing.T) {
+	removeAll := func(t *testing.T, path string) {
+		p := pathsFor(path)
+		for _, f := range []string{p.lock, p.snap, p.journal, p.next} {
+			if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				t.Fatal(err)
+			}
+		}
+	}
+	t.Run("commit", func(t *testing.T) {
+		path := statePath(t)
+		f := mustOpen(t, path, Options{})
+		mustApply(t, f, put("m/a", "1"))
+		removeAll(t, path)
+		second := mustOpen(t, path, Options{}) // nothing keeps it out now
+		defer mustClose(t, second)
+		seq := f.Apply(put("m/b", "2"))
+		if err := f.Wait(context.Background(), seq); !errors.Is(err, ErrLost) {
+			t.Errorf("commit after the files were deleted: %v, want ErrLost", err)
+		}
+		done := make(chan error, 1)
+		f.Commit([]Op{put("m/c", "3")}, func(err error) { done <- err })
+		if err := <-done; !errors.Is(err, ErrLost) {
+			t.Errorf("later commit: %v, want ErrLost", err)
+		}
+		waitStopped(t, f)
+		if err := f.Healthy(); !errors.Is(err, ErrLost) {
+			t.Errorf("Healthy = %v, want ErrLost", err)
+		}
+		f.Close()
+		if got := second.Snapshot(); len(got) != 0 {
+			t.Errorf("the second writer's state holds %v", got)
+		}
+	})
+	t.Run("idle", func(t *testing.T) {
+		path := statePath(t)
+		f := mustOpen(t, path, Options{})
+		mustApply(t, f, put("m/a", "1"))
+		removeAll(t, path)
+		waitStopped(t, f) // the watch finds it without a commit
+		if err := f.Healthy(); !errors.Is(err, ErrLost) || !strings.Contains(err.Error(), path+".journal") {
+			t.Errorf("Healthy = %v, want ErrLost naming the journal", err)
+		}
+		f.Close()
+	})
+	t.Run("journal replaced", func(t *testing.T) {
+		path := statePath(t)
+		f := mustOpen(t, path, Options{})
+		mustApply(t, f, put("m/a", "1"))
+		p := pathsFor(path)
+		other := statePath(t)
+		g := mustOpen(t, other, Options{})
+		mustClose(t, g)
+		if err := os.Rename(pathsFor(other).journal, p.journal); err != nil {
+			t.Fatal(err)
+		}
+		seq := f.Apply(put("m/b", "2"))
+		if err := f.Wait(context.Background(), seq); !errors.Is(err, ErrLost) {
+			t.Errorf("commit after the journal was replaced: %v, want ErrLost", err)
+		}
+		f.Close()
+	})
+}
+
+// waitStopped waits for f to stop; the bound only keeps a broken watch
+// from hanging the suite.
+func waitStopped(t *testing.T, f *File) {
+	t.Helper()
+	select {
+	case <-f.Stopped():
+	case <-time.After(time.Minute):
+		t.Fatal("the File never stopped")
 	}
 }
