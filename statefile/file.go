@@ -134,9 +134,9 @@ type File struct {
 	watchDone chan struct{}
 	// stopped is closed when the File fails for good (Healthy says why)
 	// or is closed.
-	stopped  chan struct{}
-	stopOnce sync.Once
-	compactions   sync.WaitGroup
+	stopped     chan struct{}
+	stopOnce    sync.Once
+	compactions sync.WaitGroup
 	// callbacks runs every Commit callback, one at a time and in order,
 	// off the committer, so the next fsync never waits for the callers.
 	callbacks serial
