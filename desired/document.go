@@ -805,7 +805,7 @@ func (d *Document) mutateLocked(t *txn, r Request) (Ack, error) {
 		fp = strconv.FormatInt(grace, 10)
 	}
 	if m.State == Failed {
-		return Ack{}, errorf(CodeConflict, "machine %s is FAILED and accepts no further transitions: %s", m.ID, m.LastError)
+		return Ack{}, errorf(CodeConflict, "machine %s is FAILED and accepts no further transitions: %s", m.ID, Clip(m.LastError, maxLastErrorBytes))
 	}
 
 	// Idempotency: a retry toward the same target returns the original op.

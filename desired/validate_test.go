@@ -84,3 +84,21 @@ func TestImpossibleRecordsAreRefused(t *testing.T) {
 		t.Fatalf("undamaged document: %v", err)
 	}
 }
+
+// TestFailedReasonIsEchoedEscaped (issue 17, item 4): the refusal of a
+// mutation on a FAILED machine repeats its last_error, which may hold a
+// hook's output; control characters in it are echoed escaped.
+func TestFailedReasonIsEchoedEscaped(t *testing.T) {
+	d := open(t, NewMemoryStore(nil), slots(1))
+	id := "z1/kvm.small/000"
+	if _, err := d.Fail(context.Background(), id, "", "hook said \x1b[2J\x1b[31mall good\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := mut(t, d, Request{Kind: KindCreate, MachineID: id})
+	if code(err) != CodeConflict {
+		t.Fatalf("create on a FAILED machine: %v", err)
+	}
+	if msg := err.Error(); strings.ContainsAny(msg, "\x1b\r\n") || !strings.Contains(msg, `"hook said \x1b[2J\x1b[31mall good\r\n"`) {
+		t.Errorf("refusal = %q, want the reason quoted", msg)
+	}
+}
