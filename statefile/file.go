@@ -83,6 +83,25 @@ type Options struct {
 	OnCommit func(records int, bytes int, fsync time.Duration)
 	// NoSync skips every fsync. Only for tests: a crash loses data.
 	NoSync bool
+	// Recover lets Open get past damage to acknowledged records: a journal
+	// frame that fails its checksum within what the mark records as
+	// acknowledged (or, without a mark, a complete final frame that does),
+	// a journal cut short of the mark, a missing journal or mark. Open then
+	// rebuilds the state from what precedes the first damage as a new
+	// generation, restores the pinned keys from the mark, stores a report
+	// under LossKey and logs exactly what was dropped (Recovered returns
+	// it). Without Recover such damage fails Open with a *CorruptError
+	// whose Recoverable is set. Damage to the snapshot is never recovered.
+	Recover bool
+	// Pinned selects the keys whose newest acknowledged value is also kept
+	// in the mark, so that it survives the loss of the journal's tail
+	// (counters that must never regress). Their values together are at
+	// most MaxPinnedBytes.
+	Pinned func(key string) bool
+	// LossKey, if set, is where a recovery that dropped records stores its
+	// report (JSON), so the state's owner learns of the loss even after a
+	// crash right after the recovery.
+	LossKey string
 }
 
 // File is a durable Store backed by the files described in doc.go.
@@ -123,6 +142,14 @@ type File struct {
 
 	journal       *os.File // owned by the committer
 	committerDone chan struct{}
+	// Owned by the committer (and Open before it starts): the mark file,
+	// the newest values of the pinned keys, and the records in the
+	// journal being appended to.
+	mark    *markWriter
+	pinned  map[string][]byte
+	records uint64
+	// recovered is what Open with Recover dropped, nil if nothing.
+	recovered *Recovery
 	// watch is what checkFiles compares the paths with: the journal
 	// being appended to, under the name it has now.
 	watch struct {
@@ -150,7 +177,8 @@ type batch struct {
 	records int
 	last    uint64
 	dones   []func(error)
-	urgent  bool // someone waits for it: a callback, or an Apply
+	urgent  bool              // someone waits for it: a callback, or an Apply
+	pinned  map[string][]byte // the newest values of pinned keys it puts (nil: deletes)
 }
 
 // lazyFlush bounds how long a record nobody waits for (a Commit without
@@ -285,6 +313,15 @@ func (f *File) checkFiles() error {
 	case !same:
 		return lost("journal %s is gone or was replaced", f.watch.path)
 	}
+	if f.mark != nil {
+		same, err := f.mark.named()
+		switch {
+		case err != nil:
+			return err
+		case !same:
+			return lost("mark %s is gone or was replaced", f.p.mark)
+		}
+	}
 	if _, err := os.Stat(f.p.snap); errors.Is(err, fs.ErrNotExist) {
 		return lost("snapshot %s is gone", f.p.snap)
 	} else if err != nil {
@@ -308,15 +345,20 @@ func (f *File) restore(journal, next *os.File) error {
 		}
 	}
 	o := openFiles{journal: journal, next: next}
-	snap, err := os.Open(f.p.snap)
-	switch {
-	case err == nil:
-		o.snap = snap
-		defer snap.Close()
-	case !errors.Is(err, os.ErrNotExist):
-		return fmt.Errorf("open %s: %w", f.p.snap, err)
+	for _, s := range []struct {
+		path string
+		dst  **os.File
+	}{{f.p.mark, &o.mark}, {f.p.snap, &o.snap}} {
+		h, err := os.Open(s.path)
+		switch {
+		case err == nil:
+			*s.dst = h
+			defer h.Close()
+		case !errors.Is(err, os.ErrNotExist):
+			return fmt.Errorf("open %s: %w", s.path, err)
+		}
 	}
-	ld, err := load(f.p, o, true)
+	ld, err := load(f.p, o, loadOptions{keepRotation: true, recover: f.opts.Recover})
 	switch {
 	case errors.Is(err, errNoState):
 		return f.create(start)
@@ -326,11 +368,34 @@ func (f *File) restore(journal, next *os.File) error {
 	f.state = ld.state
 	f.snapGen = ld.snapGen
 	f.snapBytes.Store(ld.snapSize)
+	f.pinned = f.pinnedOf(f.state)
+	if ld.damage != nil || ld.markTrouble != "" {
+		return f.rebuild(ld, start)
+	}
+	if f.opts.Recover {
+		f.log.Warn("--state-recover is set but the state has no damage it would drop; remove the flag")
+	}
+	if ld.mark != nil && (ld.version != legacyVersion || ld.upgrading) {
+		if f.mark, err = openMark(f.p.mark, *ld.mark, f.opts.NoSync); err != nil {
+			return err
+		}
+	}
 	if ld.version == legacyVersion || ld.upgrading {
 		return f.upgrade(ld, start)
 	}
 
 	j := ld.chain[len(ld.chain)-1]
+	if f.mark == nil {
+		// A state of the previous release: from now on the mark records
+		// what is acknowledged; a compaction soon writes a snapshot that
+		// promises it.
+		if err := f.setMark(mark{gen: j.gen, length: j.end, sum: j.lastSum, records: uint64(j.records)}); err != nil {
+			return err
+		}
+		f.forceCompact = true
+		f.log.Info("state upgraded: a mark file now records what is acknowledged", "file", f.p.mark)
+	}
+	f.records = uint64(j.records)
 	fd := journal
 	if j.path == f.p.next {
 		fd = next
@@ -400,6 +465,9 @@ func (f *File) upgrade(ld *loaded, start time.Time) error {
 	hook("upgrade-started")
 	empty := int64(len(journalStart(gen)))
 	install := func() error {
+		if err := f.setMark(mark{gen: gen, length: empty, sum: startSum(gen)}); err != nil {
+			return fmt.Errorf("upgrade from format %d: %w", legacyVersion, err)
+		}
 		size, err := writeSnapshot(f.p.snap, gen, ld.state, empty, f.opts.NoSync)
 		if err != nil {
 			return fmt.Errorf("upgrade from format %d: %w", legacyVersion, err)
@@ -442,6 +510,15 @@ func (f *File) upgrade(ld *loaded, start time.Time) error {
 	f.journalPath = f.p.journal
 	f.gen = gen
 	f.journalBytes.Store(empty)
+	if f.mark == nil {
+		// Finishing an upgrade the previous release began: its snapshot
+		// promises no mark; from now on one is kept, and a compaction
+		// writes a snapshot that promises it.
+		if err := f.setMark(mark{gen: gen, length: empty, sum: startSum(gen)}); err != nil {
+			return err
+		}
+		f.forceCompact = true
+	}
 	f.logUpgraded(ld, start)
 	return nil
 }
@@ -464,7 +541,12 @@ func (f *File) create(start time.Time) error {
 	}
 	hook("created-journal")
 	f.state = make(map[string][]byte)
+	f.pinned = make(map[string][]byte)
 	n := int64(len(journalStart(gen)))
+	if err := f.setMark(mark{gen: gen, length: n, sum: startSum(gen)}); err != nil {
+		jf.Close()
+		return err
+	}
 	size, err := writeSnapshot(f.p.snap, gen, f.state, n, f.opts.NoSync)
 	if err != nil {
 		jf.Close()
@@ -668,6 +750,12 @@ func (f *File) queueLocked(ops []Op) *batch {
 		} else {
 			f.state[op.Key] = cloneValue(op.Value)
 		}
+		if f.opts.Pinned != nil && f.opts.Pinned(op.Key) {
+			if b.pinned == nil {
+				b.pinned = make(map[string][]byte)
+			}
+			b.pinned[op.Key] = f.state[op.Key]
+		}
 	}
 	// No wake-up here: a record is due only once someone waits for it
 	// (markUrgent, Wait, Close) or lazyFire, and those wake the committer.
@@ -768,6 +856,9 @@ func (f *File) Close() error {
 	var errs []error
 	if err := f.journal.Close(); err != nil {
 		errs = append(errs, fileErr("close", f.journalPath, err))
+	}
+	if err := f.mark.close(); err != nil {
+		errs = append(errs, fileErr("close", f.p.mark, err))
 	}
 	if err := f.lock.Unlock(); err != nil {
 		errs = append(errs, fmt.Errorf("unlock %s: %w", f.p.lock, err))
@@ -881,6 +972,7 @@ func (f *File) commitLoop() {
 		// queued behind b.
 		var snap map[string][]byte
 		var gen uint64
+		current := f.gen // the generation b goes to
 		if len(f.queue) == 0 && f.needCompact() {
 			snap = maps.Clone(f.state)
 			f.compacting, f.forceCompact = true, false
@@ -891,7 +983,7 @@ func (f *File) commitLoop() {
 		f.mu.Unlock()
 
 		if b != nil {
-			if err := f.commit(b, path); err != nil {
+			if err := f.commit(b, path, current); err != nil {
 				f.mu.Lock()
 				f.failLocked(err)
 				err = f.err
@@ -908,9 +1000,9 @@ func (f *File) commitLoop() {
 	}
 }
 
-// commit appends b as one frame to the journal, which path names, fsyncs
-// it and runs b's callbacks.
-func (f *File) commit(b *batch, path string) error {
+// commit appends b as one frame to the journal of gen, which path names,
+// fsyncs it, records it in the mark and runs b's callbacks.
+func (f *File) commit(b *batch, path string, gen uint64) error {
 	if b.records > 0 {
 		putFrameHeader(b.buf)
 		if _, err := f.journal.Write(b.buf); err != nil {
@@ -920,7 +1012,20 @@ func (f *File) commit(b *batch, path string) error {
 		if err := syncFile(f.journal, path, f.opts.NoSync); err != nil {
 			return err
 		}
+		// Nothing in the frame is acknowledged before the mark records it.
+		for k, v := range b.pinned {
+			if v == nil {
+				delete(f.pinned, k)
+			} else {
+				f.pinned[k] = v
+			}
+		}
+		end := f.journalBytes.Load() + int64(len(b.buf))
+		if err := f.mark.write(mark{gen: gen, length: end, sum: frameSum(b.buf), records: f.records + uint64(b.records), pinned: f.pinned}); err != nil {
+			return err
+		}
 		took := time.Since(start)
+		f.records += uint64(b.records)
 		// The frame counts only if a later Open will read it.
 		if err := f.checkFiles(); err != nil {
 			return err
@@ -981,6 +1086,7 @@ func (f *File) rotate(gen uint64, snap map[string][]byte, path string) error {
 	f.watch.Unlock()
 	f.oldJournalBytes.Store(f.journalBytes.Load() + int64(len(seal)))
 	f.journalBytes.Store(int64(len(journalStart(gen))))
+	f.records = 0
 	f.compactions.Add(1)
 	go f.compact(gen, snap, old)
 	return nil
