@@ -174,6 +174,15 @@ func TestErrors(t *testing.T) {
 		{"state is in /proc", with(fakeArgs, "--state", "/proc/state"), []string{
 			`--state: "/proc/state": /proc is on the kernel's /proc file system, where a state's files cannot live`,
 		}},
+		{"state-recover with an unknown value", with(fakeArgs, "--state", "$DIR/state", "--state-recover", "yes"), []string{
+			`--state-recover: unknown value "yes"; the only one is truncate`,
+		}},
+		{"state-recover without a file state", with(fakeArgs, "--state-recover", "truncate"), []string{
+			"--state-recover: only applies to a file --state (an etcd state does not lose acknowledged records this way)",
+		}},
+		{"state-recover with an etcd state", with(fakeArgs, "--state", "etcd://127.0.0.1:2379/bf", "--state-recover", "truncate"), []string{
+			"--state-recover: only applies to a file --state (an etcd state does not lose acknowledged records this way)",
+		}},
 		{"state is another URL", with(fakeArgs, "--state", "S3://bucket/state"), []string{
 			`--state: "S3://bucket/state" looks like a s3:// URL, which is not a state store this build supports; pass a file path such as /var/lib/bigfleet/state, or etcd://HOST:PORT/PREFIX`,
 		}},
@@ -414,5 +423,9 @@ func TestStatePathAccepted(t *testing.T) {
 				t.Errorf("StatePath = %q, want %q", c.StatePath, path)
 			}
 		})
+	}
+	c, err := Parse(append(append([]string{}, fakeArgs...), "--state", f.dir+"/state", "--state-recover", "truncate"), io.Discard)
+	if err != nil || !c.StateRecover {
+		t.Errorf("--state-recover truncate: %v, StateRecover %t", err, c != nil && c.StateRecover)
 	}
 }

@@ -328,6 +328,7 @@ func (f *Flags) resolveCommon(c *Config, set map[string]bool, p *problems) {
 		p.add("state", "%v", err)
 	}
 	f.resolveEtcd(c, set, p)
+	f.resolveState(c, set, p)
 	switch strings.ToLower(*f.logFormat) {
 	case "text", "json":
 		c.LogFormat = strings.ToLower(*f.logFormat)

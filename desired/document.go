@@ -145,6 +145,7 @@ type Document struct {
 	// Working view.
 	work   map[string]*Machine
 	fences *fences
+	epochs epochs
 	meta   meta
 	last   *change // newest change handed to the store
 	failed error
@@ -173,6 +174,10 @@ type change struct {
 // with the offerings and recovering interrupted transitions.
 type LoadReport struct {
 	Added, Removed, Slotless, Redriven, FailedConfigure int
+	// Lost is the store's report of acknowledged records an explicit
+	// recovery dropped (LossKey), empty if none: Open then raised the
+	// fence floors and started a new List lineage.
+	Lost string
 }
 
 // loaded is a decoded stored document.
@@ -182,6 +187,8 @@ type loaded struct {
 	machines []*Machine // sorted by revision, then id
 	marks    map[fenceKey]mark
 	migrate  []Op // format-1 fence keys to rewrite
+	epochs   epochs
+	lost     []byte // the store's loss report (LossKey), nil if none
 }
 
 // decode reads a stored document. It checks the format and the
@@ -211,6 +218,12 @@ func decode(stored map[string][]byte, opts Options) (*loaded, error) {
 	if ld.meta.Installation == "" {
 		return nil, errors.New("state: no installation id")
 	}
+	if raw, ok := stored[keyEpochs]; ok {
+		if err := json.Unmarshal(raw, &ld.epochs); err != nil {
+			return nil, fmt.Errorf("state: decode fence epochs: %w", err)
+		}
+	}
+	ld.lost = stored[LossKey]
 	ids := map[string]bool{}
 	var fenceKeys []string
 	for k, raw := range stored {
@@ -300,6 +313,7 @@ func Open(ctx context.Context, opts Options, slots []Slot) (*Document, LoadRepor
 		rev:          ld.meta.Rev,
 	}
 	d.meta.Version = formatVersion
+	d.epochs = ld.epochs
 	for _, m := range ld.machines {
 		d.work[m.ID] = m
 		d.machines[m.ID] = m
@@ -313,6 +327,18 @@ func Open(ctx context.Context, opts Options, slots []Slot) (*Document, LoadRepor
 	d.mu.Lock()
 	t := d.begin()
 	t.ops = append(t.ops, ld.migrate...)
+	if ld.lost != nil {
+		// The store dropped acknowledged records: their fence marks are
+		// unknown, so every epoch accepted so far is refused from now on,
+		// and List cursors from before may name revisions that are gone,
+		// so a new lineage makes every client list afresh.
+		rep.Lost = string(ld.lost)
+		d.epochs.lost()
+		t.epochsDirty = true
+		d.meta.Lineage = newLineage()
+		d.lineageHex, d.lineage = d.meta.Lineage, lineageBytes(d.meta.Lineage)
+		t.ops = append(t.ops, Op{Key: LossKey, Delete: true})
+	}
 	inSlots := make(map[string]bool, len(slots))
 	for _, s := range slots {
 		inSlots[s.ID] = true
@@ -457,6 +483,8 @@ type txn struct {
 	puts   map[string]int // index in c.puts
 	dirty  bool           // meta must be written
 	notify bool
+	// epochsDirty: the fence epochs must be written.
+	epochsDirty bool
 }
 
 func (d *Document) begin() *txn {
@@ -514,6 +542,9 @@ func (t *txn) commit() *change {
 	if t.dirty {
 		raw, _ := json.Marshal(d.meta)
 		t.ops = append(t.ops, Op{Key: keyMeta, Value: raw})
+	}
+	if t.epochsDirty {
+		t.ops = append(t.ops, Op{Key: keyEpochs, Value: d.epochs.encode()})
 	}
 	if len(t.ops) == 0 {
 		return nil
@@ -743,6 +774,11 @@ func (d *Document) Mutate(ctx context.Context, r Request) (Ack, error) {
 	}
 	t := d.begin()
 	if !r.Token.zero() {
+		if floor, ok := d.epochs.floor(r.Token.Shard); ok && r.Token.Epoch <= floor {
+			d.mu.Unlock()
+			return Ack{}, errorf(CodeFenced, "stale fencing token for shard %s on machine %s: epoch %d; the state lost acknowledged records in a recovery, so this shard's epochs up to %d are refused: present a newer epoch",
+				Clip(r.Token.Shard, maxEcho), Clip(r.MachineID, maxEcho), r.Token.Epoch, floor)
+		}
 		k := fenceKey{shard: r.Token.Shard, machine: r.MachineID}
 		old, seen := d.fences.marks[k]
 		if seen && !r.Token.newer(old) {
@@ -758,6 +794,9 @@ func (d *Document) Mutate(ctx context.Context, r Request) (Ack, error) {
 		}
 		// The mark advances even when the mutation is then rejected.
 		t.fence(k, mark{Epoch: r.Token.Epoch, Seq: r.Token.Seq})
+		if d.epochs.observe(r.Token.Shard, r.Token.Epoch) {
+			t.epochsDirty = true
+		}
 	}
 	ack, err := d.mutateLocked(t, r)
 	c := t.commit()

@@ -96,8 +96,12 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Provider
 	if cfg.StatePath != "" {
 		f, err := statefile.Open(cfg.StatePath, statefile.Options{Logger: log, OnCommit: func(records, bytes int, fsync time.Duration) {
 			p.Metrics.Commit(records, bytes, fsync)
-		}})
+		}, Pinned: desired.Pinned, LossKey: desired.LossKey, Recover: cfg.StateRecover})
 		if err != nil {
+			var ce *statefile.CorruptError
+			if errors.As(err, &ce) && ce.Recoverable {
+				err = fmt.Errorf("%w; to start past it, dropping what follows and keeping operation ids and fences safe, start once with --state-recover=truncate (docs/operations.md)", err)
+			}
 			return nil, err
 		}
 		store = journaled{f}

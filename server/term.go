@@ -67,6 +67,9 @@ func openTerm(ctx context.Context, cfg *config.Config, log *slog.Logger, m *metr
 	t.doc = doc
 	log.Info("state loaded", "machines", doc.Len(), "added", rep.Added, "removed", rep.Removed, "slotless", rep.Slotless,
 		"redriven", rep.Redriven, "failed_configure", rep.FailedConfigure, "installation", doc.Installation())
+	if rep.Lost != "" {
+		log.Error("the state lost acknowledged records in a recovery: every fence epoch accepted before is refused from now on (shards continue with a new epoch), operation ids continue above every one issued, and List cursors from before are void", "report", rep.Lost)
+	}
 
 	world := simWorld{}
 	if cfg.StatePath != "" {
