@@ -394,12 +394,85 @@ func Open(ctx context.Context, opts Options, slots []Slot) (*Document, LoadRepor
 		t.put(m)
 	}
 	t.writeMeta()
-	c := t.commit()
+	c := t.commitSplit(maxOpenRecordBytes)
 	d.mu.Unlock()
 	if err := c.wait(ctx); err != nil {
 		return nil, rep, fmt.Errorf("state: commit recovered document: %w", err)
 	}
 	return d, rep, nil
+}
+
+// maxOpenRecordBytes bounds one record of Open's first commit: a million
+// new slots (or a quarter of a million with 1 KiB of labels each) would
+// otherwise be one record of hundreds of MiB, over the journal's record
+// limit (256 MiB) and far over what one etcd txn carries.
+var maxOpenRecordBytes = 16 << 20
+
+// commitSplit is commit for a change too large to be one record: the puts
+// of machines the change writes once (new slots, changed offerings) go
+// first, in records of at most limit bytes, each one atomic change of its
+// own; everything else (deletes, a machine written twice, fence keys, the
+// header) goes in the last. A crash in between leaves a document that
+// loads: the machines of the records written, the header of before (the
+// revision is the newest of the machines'), and the next Open writes the
+// rest again. It returns the last change.
+func (t *txn) commitSplit(limit int) *change {
+	size := 0
+	for _, op := range t.ops {
+		size += len(op.Key) + len(op.Value)
+	}
+	if size <= limit {
+		return t.commit()
+	}
+	d := t.d
+	count := make(map[string]int, len(t.ops))
+	for _, op := range t.ops {
+		count[op.Key]++
+	}
+	byID := make(map[string]*Machine, len(t.c.puts))
+	for _, m := range t.c.puts {
+		byID[m.ID] = m
+	}
+	var rest []Op
+	var chunk []Op
+	var puts []*Machine
+	bytes := 0
+	flush := func() {
+		if len(chunk) == 0 {
+			return
+		}
+		c := &change{puts: puts, done: make(chan struct{})}
+		for _, m := range puts {
+			c.rev = max(c.rev, m.Rev)
+		}
+		d.opts.Store.Commit(chunk, func(err error) { d.settle(c, err) })
+		chunk, puts, bytes = nil, nil, 0
+	}
+	moved := make(map[string]bool)
+	for _, op := range t.ops {
+		m := byID[strings.TrimPrefix(op.Key, keyMachine)]
+		if op.Delete || !strings.HasPrefix(op.Key, keyMachine) || count[op.Key] != 1 || m == nil {
+			rest = append(rest, op)
+			continue
+		}
+		if bytes > 0 && bytes+len(op.Key)+len(op.Value) > limit {
+			flush()
+		}
+		chunk = append(chunk, op)
+		puts = append(puts, m)
+		moved[m.ID] = true
+		bytes += len(op.Key) + len(op.Value)
+	}
+	flush()
+	t.ops = rest
+	kept := t.c.puts[:0]
+	for _, m := range t.c.puts {
+		if !moved[m.ID] {
+			kept = append(kept, m)
+		}
+	}
+	t.c.puts = kept
+	return t.commit()
 }
 
 // checkSlots refuses offerings that disagree with the stored document on

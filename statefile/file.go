@@ -78,8 +78,9 @@ type Options struct {
 	// the snapshot; negative disables automatic compaction.
 	CompactBytes int64
 	// OnCommit, if set, is called after every group commit with the number
-	// of records and bytes it made durable and how long the fsync took. It
-	// runs on the commit goroutine and must return quickly.
+	// of records and bytes it made durable and how long that took (the
+	// journal's fsync and the mark's fdatasync). It runs on the commit
+	// goroutine and must return quickly.
 	OnCommit func(records int, bytes int, fsync time.Duration)
 	// NoSync skips every fsync. Only for tests: a crash loses data.
 	NoSync bool
