@@ -18,7 +18,6 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
@@ -209,12 +208,10 @@ func (p *Provider) Close() error {
 func (p *Provider) Serve(ctx context.Context) error {
 	cfg, log := p.cfg, p.log
 	svc := service.New(p, cfg.Provider)
-	gopts := []grpc.ServerOption{
+	gopts := append([]grpc.ServerOption{
 		grpc.MaxRecvMsgSize(maxRecvBytes),
 		grpc.ForceServerCodecV2(svc.Codec()),
-		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: 15 * time.Minute, Time: 2 * time.Hour, Timeout: 20 * time.Second}),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 30 * time.Second, PermitWithoutStream: true}),
-	}
+	}, limitOptions()...)
 	gopts = append(gopts, p.interceptors()...)
 	security := "insecure"
 	if cfg.TLS.Enabled() {
@@ -236,10 +233,11 @@ func (p *Provider) Serve(ctx context.Context) error {
 		reflection.Register(gs)
 	}
 	p.Metrics.InitializeGRPC(gs)
-	lis, err := net.Listen("tcp", cfg.Addr)
+	tcp, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("listen on --addr %s: %w", cfg.Addr, err)
 	}
+	lis := newLimitListener(tcp, MaxConnections, log, svc.ConnClosed)
 	var serving atomic.Bool
 	setServing(hs, &serving, false)
 	hsrv, err := p.serveHTTP(ctx, &serving, hs)
