@@ -261,4 +261,3 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 		}
 	}
 }
-
