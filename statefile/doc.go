@@ -30,8 +30,8 @@
 //
 //   - Commit's callback runs exactly once, never inside Commit, one at a
 //     time and in Commit order, on a goroutine of the store's own (File:
-//     right after the fsync of the frame holding the batch, handed off so
-//     the next fsync never waits for the callers). It gets nil once the
+//     right after the mark records the frame holding the batch, handed off
+//     so the next fsync never waits for the callers). It gets nil once the
 //     batch is durable and an error once it is not known to be; after one
 //     error every later batch gets the same error (ErrClosed once Close
 //     began). Once Wait(ctx, seq) returns nil, the Apply call that
@@ -68,7 +68,10 @@
 //     generation, the length it is acknowledged up to, the checksum of the
 //     frame that ends there, the number of records up to there and the
 //     newest values of the pinned keys (Options.Pinned), with a second
-//     fdatasync. Only a torn tail — a last frame of the newest journal
+//     fdatasync. The marker goroutine writes it while the committer
+//     writes and fsyncs the next frame, and one mark write covers every
+//     frame fsynced meanwhile, so the second sync costs latency (one
+//     acknowledgement waits for both), not throughput. Only a torn tail — a last frame of the newest journal
 //     beyond what the mark records, which was never acknowledged — is
 //     dropped on recovery, and Open truncates it away. Any damage to what
 //     the mark records (a flipped bit or zeroed range in the last frame as

@@ -146,9 +146,17 @@ type File struct {
 	// Owned by the committer (and Open before it starts): the mark file,
 	// the newest values of the pinned keys, and the records in the
 	// journal being appended to.
-	mark    *markWriter
+	mark    *markWriter // the marker's once the committer runs
 	pinned  map[string][]byte
 	records uint64
+	// The marker: the committer hands it every fsynced frame (and every
+	// callback, so callbacks keep Commit order); it records the newest in
+	// the mark, one fdatasync for all of them, and then acknowledges them,
+	// while the committer writes and fsyncs the next frame. Guarded by mu.
+	marks      []markItem
+	markWake   *sync.Cond
+	markClose  bool
+	markerDone chan struct{}
 	// recovered is what Open with Recover dropped, nil if nothing.
 	recovered *Recovery
 	// watch is what checkFiles compares the paths with: the journal
@@ -253,6 +261,8 @@ func Open(path string, opts Options) (*File, error) {
 		stopped:       make(chan struct{}),
 	}
 	f.wake = sync.NewCond(&f.mu)
+	f.markWake = sync.NewCond(&f.mu)
+	f.markerDone = make(chan struct{})
 	err = f.restore(journal, next)
 	for _, h := range []*os.File{journal, next} {
 		if h != nil && h != f.journal {
@@ -269,6 +279,7 @@ func Open(path string, opts Options) (*File, error) {
 	}
 	f.stopWatch, f.watchDone = make(chan struct{}), make(chan struct{})
 	go f.commitLoop()
+	go f.markLoop()
 	go f.watchFiles()
 	return f, nil
 }
@@ -952,6 +963,13 @@ func (f *File) commitLoop() {
 				continue
 			}
 			if f.closing {
+				// Everything handed to the marker is acknowledged (or
+				// failed) before callbacks may bypass it.
+				f.markClose = true
+				f.markWake.Signal()
+				f.mu.Unlock()
+				<-f.markerDone
+				f.mu.Lock()
 				f.exited = true
 				f.mu.Unlock()
 				return
@@ -1002,50 +1020,72 @@ func (f *File) commitLoop() {
 }
 
 // commit appends b as one frame to the journal of gen, which path names,
-// fsyncs it, records it in the mark and runs b's callbacks.
+// fsyncs it and hands it to the marker, which acknowledges it once the
+// mark records it.
 func (f *File) commit(b *batch, path string, gen uint64) error {
-	if b.records > 0 {
-		putFrameHeader(b.buf)
-		if _, err := f.journal.Write(b.buf); err != nil {
-			return fileErr("append to", path, err)
-		}
-		start := time.Now()
-		if err := syncFile(f.journal, path, f.opts.NoSync); err != nil {
-			return err
-		}
-		// Nothing in the frame is acknowledged before the mark records it.
+	if b.records == 0 {
+		f.run(b.dones, nil)
+		return nil
+	}
+	putFrameHeader(b.buf)
+	if _, err := f.journal.Write(b.buf); err != nil {
+		return fileErr("append to", path, err)
+	}
+	start := time.Now()
+	if err := syncFile(f.journal, path, f.opts.NoSync); err != nil {
+		return err
+	}
+	if len(b.pinned) > 0 {
+		// Copied, since the marker may still be writing the previous one.
+		pinned := maps.Clone(f.pinned)
 		for k, v := range b.pinned {
 			if v == nil {
-				delete(f.pinned, k)
+				delete(pinned, k)
 			} else {
-				f.pinned[k] = v
+				pinned[k] = v
 			}
 		}
-		end := f.journalBytes.Load() + int64(len(b.buf))
-		if err := f.mark.write(mark{gen: gen, length: end, sum: frameSum(b.buf), records: f.records + uint64(b.records), pinned: f.pinned}); err != nil {
-			return err
-		}
-		took := time.Since(start)
-		f.records += uint64(b.records)
-		// The frame counts only if a later Open will read it.
-		if err := f.checkFiles(); err != nil {
-			return err
-		}
-		f.journalBytes.Add(int64(len(b.buf)))
-		f.mu.Lock()
-		f.durable = b.last
-		f.notify()
-		f.mu.Unlock()
-		if f.opts.OnCommit != nil {
-			defer f.opts.OnCommit(b.records, len(b.buf), took)
-		}
+		f.pinned = pinned
 	}
-	f.run(b.dones, nil)
+	f.records += uint64(b.records)
+	end := f.journalBytes.Add(int64(len(b.buf)))
+	m := mark{gen: gen, length: end, sum: frameSum(b.buf), records: f.records, pinned: f.pinned}
+	f.hand(markItem{mark: &m, last: b.last, dones: b.dones, records: b.records, bytes: len(b.buf), start: start})
 	return nil
 }
 
-// run hands callbacks to the callback runner, in order.
+// markItem is what the committer hands the marker: a frame to record in
+// the mark (mark set) and acknowledge, or callbacks to run with err in
+// their place in the order.
+type markItem struct {
+	mark    *mark
+	last    uint64
+	dones   []func(error)
+	err     error
+	records int
+	bytes   int
+	start   time.Time
+}
+
+// hand queues it for the marker.
+func (f *File) hand(it markItem) {
+	f.mu.Lock()
+	f.marks = append(f.marks, it)
+	f.markWake.Signal()
+	f.mu.Unlock()
+}
+
+// run hands callbacks to the callback runner through the marker, so they
+// keep their place after the acknowledgements before them.
 func (f *File) run(dones []func(error), err error) {
+	if len(dones) == 0 {
+		return
+	}
+	f.hand(markItem{dones: dones, err: err})
+}
+
+// post runs callbacks on the callback runner, in order.
+func (f *File) post(dones []func(error), err error) {
 	if len(dones) == 0 {
 		return
 	}
@@ -1054,6 +1094,67 @@ func (f *File) run(dones []func(error), err error) {
 			done(err)
 		}
 	})
+}
+
+// markLoop is the marker: it takes every item queued, writes the newest
+// mark among them (one fdatasync covers them all), checks the files are
+// still the ones a later Open reads, publishes the durable sequence number
+// and runs the callbacks in order. After a failure, nothing more is
+// acknowledged: the items get the store's failure.
+func (f *File) markLoop() {
+	defer close(f.markerDone)
+	for {
+		f.mu.Lock()
+		for len(f.marks) == 0 && !f.markClose {
+			f.markWake.Wait()
+		}
+		items := f.marks
+		f.marks = nil
+		failed := f.err
+		f.mu.Unlock()
+		if len(items) == 0 {
+			return
+		}
+		var newest *markItem
+		for i := range items {
+			if items[i].mark != nil {
+				newest = &items[i]
+			}
+		}
+		err := failed
+		if newest != nil && err == nil {
+			err = f.mark.write(*newest.mark)
+			if err == nil {
+				// The frames count only if a later Open will read them.
+				err = f.checkFiles()
+			}
+			if err != nil {
+				f.fail(err)
+				f.mu.Lock()
+				err = f.err
+				f.mu.Unlock()
+			}
+		}
+		if newest != nil && err == nil {
+			f.mu.Lock()
+			f.durable = newest.last
+			f.notify()
+			f.mu.Unlock()
+		}
+		for _, it := range items {
+			switch {
+			case it.mark == nil:
+				f.post(it.dones, it.err)
+			case err != nil:
+				f.post(it.dones, err)
+			default:
+				f.post(it.dones, nil)
+				if f.opts.OnCommit != nil {
+					f.opts.OnCommit(it.records, it.bytes, time.Since(it.start))
+				}
+			}
+		}
+	}
 }
 
 // rotate is step 1 of a compaction: create the journal of gen, seal the
