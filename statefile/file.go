@@ -969,8 +969,14 @@ func (f *File) commitLoop() {
 				f.markWake.Signal()
 				f.mu.Unlock()
 				<-f.markerDone
+				// Callbacks orphaned while the marker finished go now, ahead
+				// of any later ones (which orphan posts directly from here
+				// on).
 				f.mu.Lock()
 				f.exited = true
+				dones, err := f.orphans, f.stopErr()
+				f.orphans = nil
+				f.post(dones, err)
 				f.mu.Unlock()
 				return
 			}
