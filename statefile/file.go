@@ -79,8 +79,9 @@ type Options struct {
 	CompactBytes int64
 	// OnCommit, if set, is called after every group commit with the number
 	// of records and bytes it made durable and how long that took (the
-	// journal's fsync and the mark's fdatasync). It runs on the commit
-	// goroutine and must return quickly.
+	// journal's fsync and the mark's fdatasync). It runs on the marker
+	// goroutine, after the commit's callbacks were handed off, and must
+	// return quickly: later acknowledgements wait for it.
 	OnCommit func(records int, bytes int, fsync time.Duration)
 	// NoSync skips every fsync. Only for tests: a crash loses data.
 	NoSync bool

@@ -633,7 +633,7 @@ func TestWait(t *testing.T) {
 	release := make(chan struct{})
 	var once sync.Once
 	f := mustOpen(t, path, Options{OnCommit: func(int, int, time.Duration) {
-		once.Do(func() { <-release }) // hold the committer after the first commit
+		once.Do(func() { <-release }) // hold the marker after the first commit
 	}})
 	first := f.Apply(put("m/a", "1"))
 	if err := f.Wait(context.Background(), first); err != nil {
@@ -643,7 +643,7 @@ func TestWait(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
 	if err := f.Wait(ctx, second); !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("Wait while the committer is held = %v, want DeadlineExceeded", err)
+		t.Errorf("Wait while the marker is held = %v, want DeadlineExceeded", err)
 	}
 	if err := f.Wait(context.Background(), second+1); err == nil {
 		t.Errorf("Wait for an unissued record succeeded")
