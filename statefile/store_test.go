@@ -131,20 +131,9 @@ func TestReplay(t *testing.T) {
 	}
 }
 
-// writeFrames creates a state with one journal frame per record and
-// returns the journal's frame offsets and length.
-func writeFrames(t *testing.T, path string, n int) ([]int64, int64) {
-	t.Helper()
-	f := mustOpen(t, path, Options{})
-	for i := range n {
-		mustApply(t, f, put(fmt.Sprintf("m/%d", i), fmt.Sprintf(`{"n":%d,"pad":"%s"}`, i, strings.Repeat("p", 40))))
-	}
-	mustClose(t, f)
-	return frameOffsets(t, pathsFor(path).journal)
-}
-
-// writeFramesUnmarked is writeFrames, except that the mark is left as it
-// was before the last frame: the files a crash between the last frame's
+// writeFramesUnmarked creates a state with one journal frame per record
+// and returns the journal's frame offsets and length, with the mark left
+// as it was before the last frame: the files a crash between the last frame's
 // fsync and its mark's leaves, so that frame was never acknowledged.
 func writeFramesUnmarked(t *testing.T, path string, n int) ([]int64, int64) {
 	t.Helper()
