@@ -26,7 +26,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 RACE := $(shell [ "$$($(GO) env CGO_ENABLED)" = 1 ] && command -v "$$($(GO) env CC | cut -d' ' -f1)" >/dev/null 2>&1 && echo -race)
 FUZZTIME ?= 30s
 
-.PHONY: help build run test bench fuzz golden proto lint check integration ha ha-bench pve-sim clean image local-base deploy-test container-test
+.PHONY: help build run test bench bench-scale fuzz golden proto lint check integration ha ha-bench pve-sim clean image local-base deploy-test container-test
 
 help: ## List the targets.
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -79,6 +79,11 @@ ha: ## High-availability suite: fail-over under load, zombie leader, etcd faults
 ha-bench: ## HA benchmarks at 100,000 machines (etcd store): Create ack, 16-client throughput, takeover.
 	$(GO) test -tags ha -run '^$$' -bench 'HACreateAck|HAMutations16' -benchtime 2000x -timeout 60m ./acceptance/ha/
 	$(GO) test -tags ha -run '^$$' -bench 'HATakeover' -benchtime 10x -timeout 60m ./acceptance/ha/
+
+# The documented cap, at a million slots: minutes and several GiB each.
+bench-scale: ## The cap: 100,000 and 1,000,000 slots (and 250,000 with 1 KiB labels), file journal and etcd: boot, RSS, full List, Create ack.
+	BIGFLEET_BENCH_SCALE=1 $(GO) test -run '^$$' -bench 'BenchmarkScale' -benchtime 1x -timeout 60m ./e2e/
+	BIGFLEET_BENCH_SCALE=1 $(GO) test -tags ha -run '^$$' -bench 'BenchmarkHAScale' -benchtime 1x -timeout 90m ./acceptance/ha/
 
 check: lint test ## Everything CI runs by default (.ci/run runs it).
 

@@ -45,6 +45,9 @@ type Config struct {
 	LogFormat      string // "text" or "json"
 	LogLevel       slog.Level
 	StatePath      string // "" keeps state in memory only
+	// StateRecover is --state-recover=truncate: open a file state past
+	// damage to acknowledged records, dropping them (statefile Recover).
+	StateRecover bool
 	// Etcd is set when StatePath is an etcd:// URL (replicas, one leader).
 	Etcd              *Etcd
 	ReconcileInterval time.Duration

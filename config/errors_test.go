@@ -149,6 +149,45 @@ func TestErrors(t *testing.T) {
 			"--etcd-cert-file: etcd client certificate given without --etcd-key-file",
 			"--leader-lease: must be whole seconds between 2s and 1m0s, got 2.5s (etcd leases count whole seconds)",
 		}},
+		{"state is an etcd URL without slashes", with(fakeArgs, "--state", "etcd:/x"), []string{
+			`--state: "etcd:/x" looks like an etcd URL but does not start with etcd://; write etcd://HOST:PORT/PREFIX, or ./etcd:/x for a file of that name`,
+		}},
+		{"state is an etcd URL without a path", with(fakeArgs, "--state", "ETCD:state"), []string{
+			`--state: "ETCD:state" looks like an etcd URL but does not start with etcd://; write etcd://HOST:PORT/PREFIX, or ./ETCD:state for a file of that name`,
+		}},
+		{"state is a file URL", with(fakeArgs, "--state", "file:/var/lib/state"), []string{
+			`--state: "file:/var/lib/state" looks like a file: URL, which is not a state store this build supports; pass a file path such as /var/lib/bigfleet/state, or etcd://HOST:PORT/PREFIX (./file:/var/lib/state for a file of that name)`,
+		}},
+		{"state is a dash", with(fakeArgs, "--state", "-"), []string{
+			`--state: "-": the path starts with '-', which reads as standard input or a flag; write ./- for a file of that name`,
+		}},
+		{"state is blank", with(fakeArgs, "--state", " "), []string{
+			`--state: " ": the path is blank`,
+		}},
+		{"state has surrounding blanks", with(fakeArgs, "--state", " /var/lib/state"), []string{
+			`--state: " /var/lib/state": the path starts or ends with white space; quote it correctly`,
+		}},
+		{"state holds a control character", with(fakeArgs, "--state", "/tmp/a\x1b[2Jb"), []string{
+			`--state: "/tmp/a\x1b[2Jb": the path holds a control character`,
+		}},
+		{"state is a device", with(fakeArgs, "--state", "/dev/null"), []string{
+			`--state: "/dev/null": the path is a character device, not a regular file; the state needs files of its own next to it`,
+		}},
+		{"state is in /dev", with(fakeArgs, "--state", "/dev/bigfleet-state"), []string{
+			`--state: "/dev/bigfleet-state": /dev is on the kernel's /dev file system, where a state's files cannot live`,
+		}},
+		{"state is in /proc", with(fakeArgs, "--state", "/proc/state"), []string{
+			`--state: "/proc/state": /proc is on the kernel's /proc file system, where a state's files cannot live`,
+		}},
+		{"state-recover with an unknown value", with(fakeArgs, "--state", "$DIR/state", "--state-recover", "yes"), []string{
+			`--state-recover: unknown value "yes"; the only one is truncate`,
+		}},
+		{"state-recover without a file state", with(fakeArgs, "--state-recover", "truncate"), []string{
+			"--state-recover: only applies to a file --state (an etcd state does not lose acknowledged records this way)",
+		}},
+		{"state-recover with an etcd state", with(fakeArgs, "--state", "etcd://127.0.0.1:2379/bf", "--state-recover", "truncate"), []string{
+			"--state-recover: only applies to a file --state (an etcd state does not lose acknowledged records this way)",
+		}},
 		{"state is another URL", with(fakeArgs, "--state", "S3://bucket/state"), []string{
 			`--state: "S3://bucket/state" looks like a s3:// URL, which is not a state store this build supports; pass a file path such as /var/lib/bigfleet/state, or etcd://HOST:PORT/PREFIX`,
 		}},
@@ -379,7 +418,7 @@ func TestBareConnectOnFakeWithBadDefaultZone(t *testing.T) {
 // that are not URLs.
 func TestStatePathAccepted(t *testing.T) {
 	f := newFiles(t)
-	for _, path := range []string{"", f.dir + "/state", f.empty, "etcd:state", "./a/b://c", "state"} {
+	for _, path := range []string{"", f.dir + "/state", f.empty, "./etcd:state", "./etcd:/x", "./-", "state:v2", "./a/b://c", "state", "/dev/shm/state"} {
 		t.Run(path, func(t *testing.T) {
 			c, err := Parse(append(append([]string{}, fakeArgs...), "--state", path), io.Discard)
 			if err != nil {
@@ -389,5 +428,9 @@ func TestStatePathAccepted(t *testing.T) {
 				t.Errorf("StatePath = %q, want %q", c.StatePath, path)
 			}
 		})
+	}
+	c, err := Parse(append(append([]string{}, fakeArgs...), "--state", f.dir+"/state", "--state-recover", "truncate"), io.Discard)
+	if err != nil || !c.StateRecover {
+		t.Errorf("--state-recover truncate: %v, StateRecover %t", err, c != nil && c.StateRecover)
 	}
 }

@@ -13,6 +13,7 @@ import (
 // Flags holds the flag values registered on a FlagSet by RegisterFlags.
 // It is opaque: call Resolve after the set has been parsed.
 type Flags struct {
+	stateFlags
 	hypervisor, installationID                   *string
 	useFake                                      *bool
 	addr, provider, defaultZone, state           *string
@@ -79,6 +80,7 @@ func RegisterFlags(fs *flag.FlagSet) *Flags {
 	f.defaultZone = fs.String("default-zone", "", "Zone label for a single bare --connect URI, and the seed of the fake backend's two zones <zone>-a, <zone>-b (default local, or pve for Proxmox).")
 	f.state = fs.String("state", "", "Durable state: a file path, or etcd://HOST:PORT[,HOST:PORT...]/PREFIX for replicas that share it and elect a leader. Empty: in-memory only (state is lost on restart).")
 	f.registerEtcd(fs.String, fs.Duration)
+	f.registerState(fs)
 
 	// libvirt.
 	f.libvirtBackend = fs.String("libvirt-backend", "auto", "libvirt, fake or auto (libvirt when --connect is set; otherwise refuse unless --use-fake-backend).")
@@ -153,7 +155,7 @@ var usageGroups = []struct {
 	title string
 	flags []string
 }{
-	{"Core", []string{"hypervisor", "addr", "provider", "installation-id", "default-zone", "state", "use-fake-backend"}},
+	{"Core", []string{"hypervisor", "addr", "provider", "installation-id", "default-zone", "state", "state-recover", "use-fake-backend"}},
 	{"High availability (--state etcd://...)", []string{"etcd-ca-file", "etcd-cert-file", "etcd-key-file", "leader-lease", "advertise-addr"}},
 	{"libvirt connection and launch parameters", []string{"libvirt-backend", "connect", "image", "storage-pool", "network", "base-user-data", "capacity-type", "domain-type", "kernel", "initrd", "kernel-cmdline"}},
 	{"Proxmox connection and clone parameters", []string{"proxmox-backend", "proxmox-api-url", "proxmox-token-id", "proxmox-token-secret", "proxmox-token-file", "proxmox-ca-file", "proxmox-tls-fingerprint", "proxmox-pool", "nodes", "template-vmid", "bootstrap-path", "bootstrap-exec", "proxmox-poll-interval"}},

@@ -19,6 +19,7 @@ import (
 	"github.com/bigfleet-vm/provider/etcdstore"
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/inventory"
+	"github.com/bigfleet-vm/provider/statefile"
 	"github.com/hashicorp/go-multierror"
 )
 
@@ -321,6 +322,7 @@ func (f *Flags) resolveCommon(c *Config, set map[string]bool, p *problems) {
 		p.add("state", "%v", err)
 	}
 	f.resolveEtcd(c, set, p)
+	f.resolveState(c, set, p)
 	switch strings.ToLower(*f.logFormat) {
 	case "text", "json":
 		c.LogFormat = strings.ToLower(*f.logFormat)
@@ -380,7 +382,7 @@ var stateURLRE = regexp.MustCompile(`^([A-Za-z][A-Za-z0-9+.-]*)://`)
 // one place that knows which schemes are built in), or a path that names
 // a directory. Empty means in memory and is fine.
 func checkStatePath(path string) error {
-	if etcdstore.IsURL(path) {
+	if path == "" || etcdstore.IsURL(path) {
 		return nil // resolveEtcd reads it
 	}
 	if m := stateURLRE.FindStringSubmatch(path); m != nil {
@@ -389,14 +391,27 @@ func checkStatePath(path string) error {
 		}
 		return fmt.Errorf("%q looks like a %s:// URL, which is not a state store this build supports; pass a file path such as /var/lib/bigfleet/state, or etcd://HOST:PORT/PREFIX", clip(path), clip(strings.ToLower(m[1])))
 	}
+	if scheme, _, ok := strings.Cut(path, ":"); ok && strings.EqualFold(scheme, "etcd") {
+		return fmt.Errorf("%q looks like an etcd URL but does not start with %s; write etcd://HOST:PORT/PREFIX, or ./%s for a file of that name", clip(path), etcdstore.Scheme, clip(path))
+	}
+	if m := stateSchemeRE.FindStringSubmatch(path); m != nil {
+		return fmt.Errorf("%q looks like a %s: URL, which is not a state store this build supports; pass a file path such as /var/lib/bigfleet/state, or etcd://HOST:PORT/PREFIX (./%s for a file of that name)", clip(path), clip(strings.ToLower(m[1])), clip(path))
+	}
 	if strings.HasSuffix(path, "/") {
 		return fmt.Errorf("%q ends in '/'; name the state file, not its directory, e.g. %q", clip(path), clip(path+"state"))
 	}
 	if st, err := os.Stat(path); err == nil && st.IsDir() {
 		return fmt.Errorf("%q is a directory; name the state file inside it, e.g. %q", clip(path), clip(filepath.Join(path, "state")))
 	}
+	if err := statefile.CheckPath(path); err != nil {
+		return fmt.Errorf("%q: %v", clip(path), err)
+	}
 	return nil
 }
+
+// stateSchemeRE matches a --state value that starts like a URL without
+// "//": a scheme, a colon and a slash (file:/x, etcd:/x).
+var stateSchemeRE = regexp.MustCompile(`^([A-Za-z][A-Za-z0-9+.-]*):/`)
 
 // clip bounds a flag value echoed in an error.
 func clip(s string) string {

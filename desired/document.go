@@ -145,6 +145,7 @@ type Document struct {
 	// Working view.
 	work   map[string]*Machine
 	fences *fences
+	epochs epochs
 	meta   meta
 	last   *change // newest change handed to the store
 	failed error
@@ -173,6 +174,10 @@ type change struct {
 // with the offerings and recovering interrupted transitions.
 type LoadReport struct {
 	Added, Removed, Slotless, Redriven, FailedConfigure int
+	// Lost is the store's report of acknowledged records an explicit
+	// recovery dropped (LossKey), empty if none: Open then raised the
+	// fence floors and started a new List lineage.
+	Lost string
 }
 
 // loaded is a decoded stored document.
@@ -182,6 +187,8 @@ type loaded struct {
 	machines []*Machine // sorted by revision, then id
 	marks    map[fenceKey]mark
 	migrate  []Op // format-1 fence keys to rewrite
+	epochs   epochs
+	lost     []byte // the store's loss report (LossKey), nil if none
 }
 
 // decode reads a stored document. It checks the format and the
@@ -211,6 +218,12 @@ func decode(stored map[string][]byte, opts Options) (*loaded, error) {
 	if ld.meta.Installation == "" {
 		return nil, errors.New("state: no installation id")
 	}
+	if raw, ok := stored[keyEpochs]; ok {
+		if err := json.Unmarshal(raw, &ld.epochs); err != nil {
+			return nil, fmt.Errorf("state: decode fence epochs: %w", err)
+		}
+	}
+	ld.lost = stored[LossKey]
 	ids := map[string]bool{}
 	var fenceKeys []string
 	for k, raw := range stored {
@@ -219,6 +232,9 @@ func decode(stored map[string][]byte, opts Options) (*loaded, error) {
 			m := &Machine{}
 			if err := json.Unmarshal(raw, m); err != nil {
 				return nil, fmt.Errorf("state: decode machine %s: %w", Clip(strings.TrimPrefix(k, keyMachine), maxEcho), err)
+			}
+			if err := validMachine(k, m); err != nil {
+				return nil, fmt.Errorf("state: record %s: %v: the document never writes such a value, so it is refused rather than served (the state was damaged, or written by something else)", Clip(k, maxEcho), err)
 			}
 			m.memo = &memo{}
 			if m.Ops == nil {
@@ -297,6 +313,7 @@ func Open(ctx context.Context, opts Options, slots []Slot) (*Document, LoadRepor
 		rev:          ld.meta.Rev,
 	}
 	d.meta.Version = formatVersion
+	d.epochs = ld.epochs
 	for _, m := range ld.machines {
 		d.work[m.ID] = m
 		d.machines[m.ID] = m
@@ -310,6 +327,18 @@ func Open(ctx context.Context, opts Options, slots []Slot) (*Document, LoadRepor
 	d.mu.Lock()
 	t := d.begin()
 	t.ops = append(t.ops, ld.migrate...)
+	if ld.lost != nil {
+		// The store dropped acknowledged records: their fence marks are
+		// unknown, so every epoch accepted so far is refused from now on,
+		// and List cursors from before may name revisions that are gone,
+		// so a new lineage makes every client list afresh.
+		rep.Lost = string(ld.lost)
+		d.epochs.lost()
+		t.epochsDirty = true
+		d.meta.Lineage = newLineage()
+		d.lineageHex, d.lineage = d.meta.Lineage, lineageBytes(d.meta.Lineage)
+		t.ops = append(t.ops, Op{Key: LossKey, Delete: true})
+	}
 	inSlots := make(map[string]bool, len(slots))
 	for _, s := range slots {
 		inSlots[s.ID] = true
@@ -365,12 +394,85 @@ func Open(ctx context.Context, opts Options, slots []Slot) (*Document, LoadRepor
 		t.put(m)
 	}
 	t.writeMeta()
-	c := t.commit()
+	c := t.commitSplit(maxOpenRecordBytes)
 	d.mu.Unlock()
 	if err := c.wait(ctx); err != nil {
 		return nil, rep, fmt.Errorf("state: commit recovered document: %w", err)
 	}
 	return d, rep, nil
+}
+
+// maxOpenRecordBytes bounds one record of Open's first commit: a million
+// new slots (or a quarter of a million with 1 KiB of labels each) would
+// otherwise be one record of hundreds of MiB, over the journal's record
+// limit (256 MiB) and far over what one etcd txn carries.
+var maxOpenRecordBytes = 16 << 20
+
+// commitSplit is commit for a change too large to be one record: the puts
+// of machines the change writes once (new slots, changed offerings) go
+// first, in records of at most limit bytes, each one atomic change of its
+// own; everything else (deletes, a machine written twice, fence keys, the
+// header) goes in the last. A crash in between leaves a document that
+// loads: the machines of the records written, the header of before (the
+// revision is the newest of the machines'), and the next Open writes the
+// rest again. It returns the last change.
+func (t *txn) commitSplit(limit int) *change {
+	size := 0
+	for _, op := range t.ops {
+		size += len(op.Key) + len(op.Value)
+	}
+	if size <= limit {
+		return t.commit()
+	}
+	d := t.d
+	count := make(map[string]int, len(t.ops))
+	for _, op := range t.ops {
+		count[op.Key]++
+	}
+	byID := make(map[string]*Machine, len(t.c.puts))
+	for _, m := range t.c.puts {
+		byID[m.ID] = m
+	}
+	var rest []Op
+	var chunk []Op
+	var puts []*Machine
+	bytes := 0
+	flush := func() {
+		if len(chunk) == 0 {
+			return
+		}
+		c := &change{puts: puts, done: make(chan struct{})}
+		for _, m := range puts {
+			c.rev = max(c.rev, m.Rev)
+		}
+		d.opts.Store.Commit(chunk, func(err error) { d.settle(c, err) })
+		chunk, puts, bytes = nil, nil, 0
+	}
+	moved := make(map[string]bool)
+	for _, op := range t.ops {
+		m := byID[strings.TrimPrefix(op.Key, keyMachine)]
+		if op.Delete || !strings.HasPrefix(op.Key, keyMachine) || count[op.Key] != 1 || m == nil {
+			rest = append(rest, op)
+			continue
+		}
+		if bytes > 0 && bytes+len(op.Key)+len(op.Value) > limit {
+			flush()
+		}
+		chunk = append(chunk, op)
+		puts = append(puts, m)
+		moved[m.ID] = true
+		bytes += len(op.Key) + len(op.Value)
+	}
+	flush()
+	t.ops = rest
+	kept := t.c.puts[:0]
+	for _, m := range t.c.puts {
+		if !moved[m.ID] {
+			kept = append(kept, m)
+		}
+	}
+	t.c.puts = kept
+	return t.commit()
 }
 
 // checkSlots refuses offerings that disagree with the stored document on
@@ -454,6 +556,8 @@ type txn struct {
 	puts   map[string]int // index in c.puts
 	dirty  bool           // meta must be written
 	notify bool
+	// epochsDirty: the fence epochs must be written.
+	epochsDirty bool
 }
 
 func (d *Document) begin() *txn {
@@ -511,6 +615,9 @@ func (t *txn) commit() *change {
 	if t.dirty {
 		raw, _ := json.Marshal(d.meta)
 		t.ops = append(t.ops, Op{Key: keyMeta, Value: raw})
+	}
+	if t.epochsDirty {
+		t.ops = append(t.ops, Op{Key: keyEpochs, Value: d.epochs.encode()})
 	}
 	if len(t.ops) == 0 {
 		return nil
@@ -740,6 +847,11 @@ func (d *Document) Mutate(ctx context.Context, r Request) (Ack, error) {
 	}
 	t := d.begin()
 	if !r.Token.zero() {
+		if floor, ok := d.epochs.floor(r.Token.Shard); ok && r.Token.Epoch <= floor {
+			d.mu.Unlock()
+			return Ack{}, errorf(CodeFenced, "stale fencing token for shard %s on machine %s: epoch %d; the state lost acknowledged records in a recovery, so this shard's epochs up to %d are refused: present a newer epoch",
+				Clip(r.Token.Shard, maxEcho), Clip(r.MachineID, maxEcho), r.Token.Epoch, floor)
+		}
 		k := fenceKey{shard: r.Token.Shard, machine: r.MachineID}
 		old, seen := d.fences.marks[k]
 		if seen && !r.Token.newer(old) {
@@ -755,6 +867,9 @@ func (d *Document) Mutate(ctx context.Context, r Request) (Ack, error) {
 		}
 		// The mark advances even when the mutation is then rejected.
 		t.fence(k, mark{Epoch: r.Token.Epoch, Seq: r.Token.Seq})
+		if d.epochs.observe(r.Token.Shard, r.Token.Epoch) {
+			t.epochsDirty = true
+		}
 	}
 	ack, err := d.mutateLocked(t, r)
 	c := t.commit()
@@ -802,7 +917,7 @@ func (d *Document) mutateLocked(t *txn, r Request) (Ack, error) {
 		fp = strconv.FormatInt(grace, 10)
 	}
 	if m.State == Failed {
-		return Ack{}, errorf(CodeConflict, "machine %s is FAILED and accepts no further transitions: %s", m.ID, m.LastError)
+		return Ack{}, errorf(CodeConflict, "machine %s is FAILED and accepts no further transitions: %s", m.ID, Clip(m.LastError, maxLastErrorBytes))
 	}
 
 	// Idempotency: a retry toward the same target returns the original op.

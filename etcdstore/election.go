@@ -150,11 +150,27 @@ func (e *Elector) Leader(ctx context.Context) (string, error) {
 	if len(resp.Kvs) == 0 {
 		return "", ErrNoLeader
 	}
-	return string(resp.Kvs[0].Value), nil
+	return e.readIdentity(resp.Kvs[0].Value), nil
+}
+
+// UnreadableIdentity is what Leader and Observe report for a leader whose
+// election value is not an identity a replica writes (a foreign writer's
+// value: empty, too long, not UTF-8, non-printable): it is never echoed.
+const UnreadableIdentity = "(a leader whose identity is unreadable)"
+
+// readIdentity checks an election value read back from etcd.
+func (e *Elector) readIdentity(v []byte) string {
+	id := string(v)
+	if err := checkIdentity(id); err != nil {
+		e.log.Warn("the leader's election value is not a replica identity; not echoed", "bytes", len(v), "err", err)
+		return UnreadableIdentity
+	}
+	return id
 }
 
 // Observe calls fn with the identity of the current leader ("" while
-// there is none) at once and again whenever it changes, until ctx ends;
+// there is none, UnreadableIdentity for a value no replica writes) at once
+// and again whenever it changes, until ctx ends;
 // a standby runs it to name the leader in its UNAVAILABLE answers. fn
 // runs on Observe's goroutine. While etcd cannot be read Observe keeps
 // the last value and retries; it returns ctx's error.
@@ -165,7 +181,7 @@ func (e *Elector) Observe(ctx context.Context, fn func(identity string)) error {
 		if err == nil {
 			cur := ""
 			if len(resp.Kvs) > 0 {
-				cur = string(resp.Kvs[0].Value)
+				cur = e.readIdentity(resp.Kvs[0].Value)
 			}
 			if first || cur != last {
 				fn(cur)

@@ -472,3 +472,38 @@ func TestZombieChild(t *testing.T) {
 	case <-time.After(wait):
 	}
 }
+
+// TestForeignLeaderValueIsNotEchoed (issue 17, item 6c): the election
+// value a standby reads and echoes (in UNAVAILABLE answers and logs) is a
+// record like any other: one no replica writes (here 64 KiB with terminal
+// escapes, written by hand) is reported as unreadable, not echoed.
+func TestForeignLeaderValueIsNotEchoed(t *testing.T) {
+	c := sharedCluster(t)
+	prefix := testPrefix("foreign")
+	cl := newClient(t, c)
+	e := newElector(t, cl, prefix, "replica-a 10.0.0.1:7443", testTTL)
+	bogus := "\x1b[2J" + strings.Repeat("x", 64<<10)
+	if _, err := cl.Put(ctxFor(t), prefix+"/election/1234", bogus); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := e.Leader(ctxFor(t)); err != nil || got != UnreadableIdentity {
+		t.Errorf("Leader = %.40q, %v; want %q", got, err, UnreadableIdentity)
+	}
+	octx, stop := context.WithCancel(context.Background())
+	defer stop()
+	seen := make(chan string, 1)
+	go e.Observe(octx, func(id string) {
+		select {
+		case seen <- id:
+		default:
+		}
+	})
+	select {
+	case got := <-seen:
+		if got != UnreadableIdentity {
+			t.Errorf("Observe reported %.40q, want %q", got, UnreadableIdentity)
+		}
+	case <-time.After(wait):
+		t.Fatal("Observe reported nothing")
+	}
+}

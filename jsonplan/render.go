@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // TextOptions shape the human plan.
@@ -78,20 +79,20 @@ func symbolColor(sym string) string {
 }
 
 func (r *textRenderer) plan(p *Plan) {
-	r.line("%s", r.paint(ansiBold, fmt.Sprintf("Plan for %s installation %s", p.Hypervisor, p.Installation)))
-	r.line("  state lineage %s serial %d; observed %s; planned %s", orDash(p.Lineage), p.Serial, stamp(p.ObservedAt), stamp(p.PlannedAt))
+	r.line("%s", r.paint(ansiBold, fmt.Sprintf("Plan for %s installation %s", esc(p.Hypervisor), esc(p.Installation))))
+	r.line("  state lineage %s serial %d; observed %s; planned %s", esc(orDash(p.Lineage)), p.Serial, stamp(p.ObservedAt), stamp(p.PlannedAt))
 	if len(p.Zones) > 0 {
 		r.line("")
 		r.line("Zones:")
 		for _, z := range p.Zones {
-			st := z.Status
+			st := esc(z.Status)
 			if z.Status != "ok" {
-				st = r.paint(ansiRed, z.Status)
+				st = r.paint(ansiRed, st)
 				if z.Error != "" {
-					st += ": " + z.Error
+					st += ": " + esc(z.Error)
 				}
 			}
-			r.line("  %s  %s", z.Name, st)
+			r.line("  %s  %s", esc(z.Name), st)
 		}
 	}
 	for i := range p.Changes {
@@ -102,15 +103,15 @@ func (r *textRenderer) plan(p *Plan) {
 		r.line("")
 		r.line("Drift:")
 		for _, d := range p.Drift {
-			who := d.Machine
+			who := esc(d.Machine)
 			if who == "" {
 				who = "-"
 			}
 			vm := ""
 			if d.VM != "" {
-				vm = " vm " + d.VM
+				vm = " vm " + esc(d.VM)
 			}
-			r.line("  %s %s %s%s: %s", r.paint(ansiMagenta, d.Kind), "("+d.Policy+")", d.Zone+" "+who, vm, d.Detail)
+			r.line("  %s %s %s%s: %s", r.paint(ansiMagenta, esc(d.Kind)), "("+esc(d.Policy)+")", esc(d.Zone)+" "+who, vm, esc(d.Detail))
 		}
 	}
 	r.line("")
@@ -146,9 +147,9 @@ func headline(c *Change) string {
 		if kind != "" {
 			kind = strings.ToUpper(kind[:1]) + kind[1:]
 		}
-		s := kind + " " + in.OpID
+		s := esc(kind) + " " + esc(in.OpID)
 		if in.Cluster != "" {
-			s += " cluster=" + in.Cluster
+			s += " cluster=" + esc(in.Cluster)
 		}
 		if in.Kind == "drain" {
 			s += " grace=" + (time.Duration(in.Grace) * time.Second).String()
@@ -157,7 +158,7 @@ func headline(c *Change) string {
 	}
 	switch {
 	case c.Fail != "":
-		parts = append(parts, "FAILED: "+c.Fail)
+		parts = append(parts, "FAILED: "+esc(c.Fail))
 	case c.Adopt != nil:
 		parts = append(parts, "adopt")
 	case c.Intent == nil && len(c.Steps) > 0:
@@ -173,22 +174,22 @@ func (r *textRenderer) change(c *Change) {
 	if c.Fail != "" {
 		head = r.paint(ansiRed, head)
 	}
-	r.line("%s %s (%s, %s): %s", r.paint(ansiBold, "#"), r.paint(ansiBold, c.Machine), c.Zone, c.State, head)
+	r.line("%s %s (%s, %s): %s", r.paint(ansiBold, "#"), r.paint(ansiBold, esc(c.Machine)), esc(c.Zone), esc(c.State), head)
 	if a := c.Adopt; a != nil {
-		s := "  adopt VM " + a.Host
+		s := "  adopt VM " + esc(a.Host)
 		if a.VMName != "" && !strings.HasSuffix(a.Host, "/"+a.VMName) {
-			s += " (" + a.VMName + ")"
+			s += " (" + esc(a.VMName) + ")"
 		}
 		if a.InstanceType != "" {
-			s += " type=" + a.InstanceType
+			s += " type=" + esc(a.InstanceType)
 		}
 		if a.Cluster != "" {
-			s += " cluster=" + a.Cluster
+			s += " cluster=" + esc(a.Cluster)
 		}
 		r.line("%s", s)
 	}
 	if c.Wait != "" {
-		r.line("  waiting: %s", c.Wait)
+		r.line("  waiting: %s", esc(c.Wait))
 	}
 	for _, s := range c.Steps {
 		sym := Glyph(s.Action)
@@ -196,10 +197,10 @@ func (r *textRenderer) change(c *Change) {
 		if detail != "" {
 			detail = "  " + detail
 		}
-		r.line("  %s %s%s  %s", r.paint(symbolColor(sym), sym), s.ID, detail, r.paint(ansiDim, "("+s.Reason+")"))
+		r.line("  %s %s%s  %s", r.paint(symbolColor(sym), esc(sym)), esc(s.ID), detail, r.paint(ansiDim, "("+esc(s.Reason)+")"))
 	}
 	if c.Finish != "" {
-		r.line("  => %s", c.Finish)
+		r.line("  => %s", esc(c.Finish))
 	}
 }
 
@@ -214,26 +215,26 @@ func stepDetail(s *Step) string {
 	}
 	switch {
 	case p.Overlay != nil:
-		parts = append(parts, "pool="+p.Overlay.Pool, "volume="+p.Overlay.Name, "base="+p.Overlay.BaseImage)
+		parts = append(parts, "pool="+esc(p.Overlay.Pool), "volume="+esc(p.Overlay.Name), "base="+esc(p.Overlay.BaseImage))
 	case p.Seed != nil:
-		parts = append(parts, "pool="+p.Seed.Pool, "volume="+p.Seed.Name)
+		parts = append(parts, "pool="+esc(p.Seed.Pool), "volume="+esc(p.Seed.Name))
 	case p.Domain != nil:
-		parts = append(parts, fmt.Sprintf("vcpu=%d memory=%dMiB", p.Domain.VCPU, p.Domain.MemoryMiB), "network="+p.Domain.Network)
+		parts = append(parts, fmt.Sprintf("vcpu=%d memory=%dMiB", p.Domain.VCPU, p.Domain.MemoryMiB), "network="+esc(p.Domain.Network))
 	case p.Clone != nil:
 		parts = append(parts, "template="+strconv.Itoa(p.Clone.TemplateVMID))
 		if p.Clone.Pool != "" {
-			parts = append(parts, "pool="+p.Clone.Pool)
+			parts = append(parts, "pool="+esc(p.Clone.Pool))
 		}
 	case p.Size != nil:
 		parts = append(parts, fmt.Sprintf("vcpu=%d memory=%dMiB onboot=%t", p.Size.VCPU, p.Size.MemoryMiB, p.Size.OnBoot))
 	case p.Marker != nil:
 		if p.Marker.Cluster != "" {
-			parts = append(parts, "cluster="+p.Marker.Cluster)
+			parts = append(parts, "cluster="+esc(p.Marker.Cluster))
 		} else {
 			parts = append(parts, "cluster=(none)")
 		}
 	case p.Volume != "":
-		parts = append(parts, "volume="+p.Pool+"/"+p.Volume)
+		parts = append(parts, "volume="+esc(p.Pool+"/"+p.Volume))
 	}
 	if s.Action == "autostart" {
 		parts = append(parts, "autostart="+strconv.FormatBool(p.Autostart))
@@ -243,13 +244,13 @@ func stepDetail(s *Step) string {
 		if g == "" {
 			g = "0s" // omitted when zero
 		}
-		parts = append(parts, "grace="+g)
+		parts = append(parts, "grace="+esc(g))
 	}
 	if len(p.Exec) > 0 && s.Action != "exec-drain" {
-		parts = append(parts, "exec="+p.Exec[0])
+		parts = append(parts, "exec="+esc(p.Exec[0]))
 	}
 	if p.BlobPath != "" {
-		parts = append(parts, "blob_path="+p.BlobPath)
+		parts = append(parts, "blob_path="+esc(p.BlobPath))
 	}
 	if len(s.DependsOn) > 1 {
 		// Only joins are worth showing; a chain is the listing order.
@@ -259,9 +260,29 @@ func stepDetail(s *Step) string {
 			deps = append(deps, strings.TrimPrefix(d, prefix))
 		}
 		sort.Strings(deps)
-		parts = append(parts, "after="+strings.Join(deps, ","))
+		parts = append(parts, "after="+esc(strings.Join(deps, ",")))
 	}
 	return strings.Join(parts, " ")
+}
+
+// esc returns s as it is when every rune is printable, and otherwise
+// Go-quoted ("a\x1b[2Jb"), so that nothing a client or a hypervisor wrote
+// (a cluster_id, a machine id, a hook's output in a last_error) can move
+// the cursor, recolour, clear or forge lines of an operator's terminal:
+// control characters (C0, DEL, C1), format characters such as bidi
+// overrides, and invalid UTF-8 are shown escaped. The quotes make an
+// escaped string distinguishable from one that merely contains a
+// backslash. The JSON plan carries the exact strings.
+func esc(s string) string {
+	if !utf8.ValidString(s) {
+		return strconv.Quote(s)
+	}
+	for _, r := range s {
+		if !strconv.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
 }
 
 func stamp(t time.Time) string {

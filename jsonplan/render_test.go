@@ -2,9 +2,12 @@ package jsonplan_test
 
 import (
 	"bytes"
+	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -107,5 +110,99 @@ func TestRenderRejectsOtherMajorVersion(t *testing.T) {
 	var b bytes.Buffer
 	if err := jsonplan.RenderText(&b, []byte(`{"format_version":"2.0"}`), jsonplan.TextOptions{}); err == nil {
 		t.Error("a 2.x plan rendered without error")
+	}
+}
+
+// evil is what a client may put in any string it controls: colours, a
+// screen clear, a carriage return and newline that forge a line, a bell,
+// a C1 control, a bidi override and an invalid byte.
+const evil = "c\x1b[31m\x1b[2J\r\nPlan: 0 to create\x07\u009b1m\u202eok\xff"
+
+// fill sets every string field reachable from v (through pointers,
+// structs, slices and maps, growing empty ones by one element) to s.
+func fill(v reflect.Value, s string) {
+	switch v.Kind() {
+	case reflect.String:
+		v.SetString(s)
+	case reflect.Pointer:
+		if v.IsNil() {
+			v.Set(reflect.New(v.Type().Elem()))
+		}
+		fill(v.Elem(), s)
+	case reflect.Struct:
+		for i := range v.NumField() {
+			if v.Type().Field(i).IsExported() {
+				fill(v.Field(i), s)
+			}
+		}
+	case reflect.Slice:
+		if v.Len() == 0 {
+			v.Set(reflect.MakeSlice(v.Type(), 1, 1))
+		}
+		for i := range v.Len() {
+			fill(v.Index(i), s)
+		}
+	case reflect.Map:
+		if v.IsNil() {
+			v.Set(reflect.MakeMap(v.Type()))
+		}
+		k := reflect.New(v.Type().Key()).Elem()
+		e := reflect.New(v.Type().Elem()).Elem()
+		fill(k, s)
+		fill(e, s)
+		v.SetMapIndex(k, e)
+	}
+}
+
+// TestRenderEscapesClientText (issue 17, item 4): `provider plan` printed
+// a client's cluster_id (and every other string a client or a hypervisor
+// wrote) as it was, so terminal escapes could recolour, clear or forge
+// plan lines. Every string field of the plan holds control characters
+// here: the text has the same lines as with harmless strings, no control
+// character but newline (and, coloured, only the renderer's own
+// colours), and shows the strings escaped; the JSON keeps them exact.
+func TestRenderEscapesClientText(t *testing.T) {
+	build := func(s string) *jsonplan.Plan {
+		p := &jsonplan.Plan{}
+		fill(reflect.ValueOf(p).Elem(), s)
+		p.FormatVersion = jsonplan.FormatVersion
+		p.Changes[0].Steps[0].Action = "define"
+		p.Changes[0].Steps[0].DependsOn = []string{s, s + "2"}
+		p.Changes[0].Intent.Kind = "configure"
+		return p
+	}
+	harmless := build("x")
+	for _, color := range []bool{false, true} {
+		out := render(t, build(evil), color)
+		if got, want := strings.Count(out, "\n"), strings.Count(render(t, harmless, color), "\n"); got != want {
+			t.Errorf("color %t: %d lines, want %d as with harmless strings:\n%s", color, got, want, out)
+		}
+		plain := out
+		for _, code := range []string{"\x1b[0m", "\x1b[1m", "\x1b[31m", "\x1b[32m", "\x1b[33m", "\x1b[36m", "\x1b[35m", "\x1b[2m"} {
+			plain = strings.ReplaceAll(plain, code, "")
+		}
+		if !utf8.ValidString(plain) {
+			t.Errorf("color %t: invalid UTF-8 in the text: %q", color, plain)
+		}
+		for _, r := range plain {
+			if r != '\n' && !strconv.IsPrint(r) {
+				t.Errorf("color %t: %U reaches the terminal in:\n%q", color, r, plain)
+				break
+			}
+		}
+		if q := strconv.Quote(strings.ToValidUTF8(evil, "\ufffd")); !strings.Contains(out, "cluster="+q) {
+			t.Errorf("color %t: the cluster is not shown escaped as %s:\n%s", color, q, out)
+		}
+	}
+	js, err := jsonplan.Marshal(build(evil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := jsonplan.Decode(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := back.Changes[0].Intent.Cluster; got != strings.ToValidUTF8(evil, "\ufffd") {
+		t.Errorf("the JSON plan changed the cluster: %q", got)
 	}
 }

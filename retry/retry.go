@@ -46,6 +46,13 @@ var (
 	// first, never more than a few seconds apart, so a host that comes
 	// back is used again soon.
 	Reconnect = Policy{Initial: 200 * time.Millisecond, Max: 2 * time.Second}
+	// Takeover paces a high-availability replica that cannot lead: its
+	// campaign failed, or it was elected but could not open the state (a
+	// damaged record, etcd refusing reads) and resigned. The wait doubles
+	// up to half a minute, so a replica that cannot open the state stops
+	// re-electing itself several times a second and leaves the election
+	// to the others; it is Reset only once a term opened.
+	Takeover = Policy{Initial: 500 * time.Millisecond, Max: 30 * time.Second}
 )
 
 func (p Policy) withDefaults() Policy {

@@ -17,4 +17,12 @@
 //     --metrics-addr that cannot be bound fails the start.
 //   - The /admin/ endpoints change the simulated world only on the
 //     simulator with --fake-admin.
+//   - What a gRPC client can hold is bounded (limits.go): connections
+//     (one beyond MaxConnections is closed on accept), streams per
+//     connection, request headers, keepalive; a closed connection gives
+//     its queued List answers back to the service's bound.
+//   - A file state whose files are removed under the running provider
+//     stops it (exit non-zero) without finishing in-flight work.
+//   - A replica of an etcd state that cannot open it backs off
+//     (retry.Takeover) and says why on /readyz.
 package server

@@ -124,7 +124,13 @@ func (p *Provider) httpHandler(serving *atomic.Bool) http.Handler {
 		t := p.current()
 		switch {
 		case t == nil:
-			problems = append(problems, "this replica is not serving the desired state")
+			msg := "this replica is not serving the desired state"
+			if p.ha != nil {
+				if tr := p.ha.trouble.Load(); tr != nil {
+					msg += ": " + tr.String()
+				}
+			}
+			problems = append(problems, msg)
 		default:
 			if err := t.doc.Healthy(); err != nil {
 				problems = append(problems, "state store: "+err.Error())

@@ -30,6 +30,36 @@ type replica struct {
 	self    string                 // this replica's identity
 	leader  atomic.Pointer[string] // the leader's identity, "" while none
 	follow  *follower
+	// trouble says why the last attempt to lead failed, nil once a term
+	// opened; /readyz reports it.
+	trouble atomic.Pointer[trouble]
+}
+
+// trouble is a failed attempt to lead and the wait before the next one.
+type trouble struct {
+	what     string // "campaign" or "open the state"
+	err      error
+	attempts int
+	wait     time.Duration
+	at       time.Time
+}
+
+// String is how /readyz reports it.
+func (t *trouble) String() string {
+	return fmt.Sprintf("cannot %s (%d attempts in a row; the last at %s, the next after %s): %v",
+		t.what, t.attempts, t.at.UTC().Format(time.RFC3339), t.wait.Round(10*time.Millisecond), t.err)
+}
+
+// failed records a failed attempt and returns how long to wait before the
+// next one.
+func (r *replica) failed(what string, err error, b *retry.Backoff) time.Duration {
+	wait := b.Next()
+	n := 1
+	if last := r.trouble.Load(); last != nil {
+		n = last.attempts + 1
+	}
+	r.trouble.Store(&trouble{what: what, err: err, attempts: n, wait: wait, at: time.Now()})
+	return wait
 }
 
 // newReplica connects to the cluster and prepares the campaign.
@@ -73,27 +103,33 @@ func (p *Provider) lead(ctx context.Context, hs *health.Server, serving *atomic.
 		r.leader.Store(&id)
 		log.Info("leader", "identity", id)
 	})
-	backoff := retry.Reconnect.Backoff()
+	// One schedule for every way of failing to lead: winning an election
+	// does not reset it, only a term that opened does, so a replica that
+	// cannot open the state backs off instead of re-electing itself.
+	backoff := retry.Takeover.Backoff()
 	for ctx.Err() == nil {
 		setServing(hs, serving, false)
 		log.Info("standing by: campaigning for leadership", "identity", r.elector.Identity())
 		tm, err := r.elector.Campaign(ctx)
 		if err != nil {
 			if ctx.Err() == nil {
-				log.Warn("campaign failed; trying again", "err", err)
-				_ = retry.Sleep(ctx, backoff.Next())
+				wait := r.failed("campaign", err, backoff)
+				log.Warn("campaign failed; trying again", "err", err, "wait", wait)
+				_ = retry.Sleep(ctx, wait)
 			}
 			continue
 		}
-		backoff.Reset()
 		started := time.Now()
 		t, err := p.openLeaderTerm(tm)
 		if err != nil {
-			log.Error("elected, but the state cannot be opened; resigning", "err", err)
+			wait := r.failed("open the state", err, backoff)
+			log.Error("elected, but the state cannot be opened; resigning", "err", err, "wait", wait)
 			resign(tm)
-			_ = retry.Sleep(ctx, backoff.Next())
+			_ = retry.Sleep(ctx, wait)
 			continue
 		}
+		backoff.Reset()
+		r.trouble.Store(nil)
 		p.setTerm(t)
 		t.start()
 		setServing(hs, serving, true)

@@ -16,7 +16,6 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
@@ -113,8 +112,12 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Provider
 	if cfg.StatePath != "" {
 		f, err := statefile.Open(cfg.StatePath, statefile.Options{Logger: log, OnCommit: func(records, bytes int, fsync time.Duration) {
 			p.Metrics.Commit(records, bytes, fsync)
-		}})
+		}, Pinned: desired.Pinned, LossKey: desired.LossKey, Recover: cfg.StateRecover})
 		if err != nil {
+			var ce *statefile.CorruptError
+			if errors.As(err, &ce) && ce.Recoverable {
+				err = fmt.Errorf("%w; to start past it, dropping what follows and keeping operation ids and fences safe, start once with --state-recover=truncate (docs/operations.md)", err)
+			}
 			return nil, err
 		}
 		store = journaled{f}
@@ -234,12 +237,10 @@ func (p *Provider) Close() error {
 func (p *Provider) Serve(ctx context.Context) error {
 	cfg, log := p.cfg, p.log
 	svc := service.New(p, cfg.Provider)
-	gopts := []grpc.ServerOption{
+	gopts := append([]grpc.ServerOption{
 		grpc.MaxRecvMsgSize(maxRecvBytes),
 		grpc.ForceServerCodecV2(svc.Codec()),
-		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: 15 * time.Minute, Time: 2 * time.Hour, Timeout: 20 * time.Second}),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 30 * time.Second, PermitWithoutStream: true}),
-	}
+	}, limitOptions()...)
 	gopts = append(gopts, p.interceptors()...)
 	security := "insecure"
 	if cfg.TLS.Enabled() {
@@ -261,10 +262,11 @@ func (p *Provider) Serve(ctx context.Context) error {
 		reflection.Register(gs)
 	}
 	p.Metrics.InitializeGRPC(gs)
-	lis, err := net.Listen("tcp", cfg.Addr)
+	tcp, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("listen on --addr %s: %w", cfg.Addr, err)
 	}
+	lis := newLimitListener(tcp, MaxConnections, log, svc.ConnClosed)
 	var serving atomic.Bool
 	setServing(hs, &serving, false)
 	hsrv, err := p.serveHTTP(ctx, &serving, hs)
@@ -301,19 +303,30 @@ func (p *Provider) Serve(ctx context.Context) error {
 		setServing(hs, &serving, true)
 		log.Info("serving CapacityProvider", "addr", lis.Addr().String(), "provider", cfg.Provider, "hypervisor", cfg.Hypervisor,
 			"backend", cfg.Backend, "security", security, "machines", t.doc.Len(), "zones", strings.Join(cfg.Zones, ","))
+		var lostErr error
 		select {
 		case <-ctx.Done():
 		case serveErr = <-grpcErr:
+		case lostErr = <-t.lost():
 		}
-		// A graceful stop: refuse new mutations (UNAVAILABLE) and report
-		// NOT_SERVING, but keep answering reads while the reconciler
-		// finishes the queued and in-flight work; only kill -9 or an
-		// exhausted grace may interrupt a transition (and so fail a
-		// Configure at the next start).
-		log.Info("shutting down")
 		serving.Store(false)
 		hs.Shutdown()
-		t.drain(cfg.ShutdownGrace, "the provider is shutting down")
+		if lostErr != nil {
+			// Nothing this process does is recorded any more, and with the
+			// lock gone another writer may have started: stop acting at
+			// once and exit with the reason.
+			log.Error("the state's files were removed or replaced under the running provider; stopping now, without finishing in-flight work (its intents were durable before; restore the files and start again)", "err", lostErr)
+			t.abort("the state's files were removed under the running provider")
+			serveErr = fmt.Errorf("stopped: %w", lostErr)
+		} else {
+			// A graceful stop: refuse new mutations (UNAVAILABLE) and
+			// report NOT_SERVING, but keep answering reads while the
+			// reconciler finishes the queued and in-flight work; only kill
+			// -9 or an exhausted grace may interrupt a transition (and so
+			// fail a Configure at the next start).
+			log.Info("shutting down")
+			t.drain(cfg.ShutdownGrace, "the provider is shutting down")
+		}
 	}
 	stopped := make(chan struct{})
 	go func() { gs.GracefulStop(); close(stopped) }()

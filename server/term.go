@@ -14,6 +14,7 @@ import (
 	"github.com/bigfleet-vm/provider/metrics"
 	"github.com/bigfleet-vm/provider/planner"
 	"github.com/bigfleet-vm/provider/reconciler"
+	"github.com/bigfleet-vm/provider/statefile"
 )
 
 // term is one tenure of the desired state on this replica: the store it
@@ -68,6 +69,9 @@ func openTerm(ctx context.Context, cfg *config.Config, log *slog.Logger, m *metr
 	t.doc = doc
 	log.Info("state loaded", "machines", doc.Len(), "added", rep.Added, "removed", rep.Removed, "slotless", rep.Slotless,
 		"redriven", rep.Redriven, "failed_configure", rep.FailedConfigure, "installation", doc.Installation())
+	if rep.Lost != "" {
+		log.Error("the state lost acknowledged records in a recovery: every fence epoch accepted before is refused from now on (shards continue with a new epoch), operation ids continue above every one issued, and List cursors from before are void", "report", rep.Lost)
+	}
 
 	world := simWorld{}
 	if cfg.StatePath != "" {
@@ -153,6 +157,28 @@ func (t *term) close() error {
 		errs = append(errs, fmt.Errorf("close state store: %w", err))
 	}
 	return errors.Join(errs...)
+}
+
+// lost returns a channel that yields the store's failure once the store
+// stops because its files were removed under it (statefile.ErrLost); it
+// never yields for other stores or other failures.
+func (t *term) lost() <-chan error {
+	ch := make(chan error, 1)
+	j, ok := t.store.(journaled)
+	if !ok {
+		return ch
+	}
+	f, ok := j.backend.(*statefile.File)
+	if !ok {
+		return ch
+	}
+	go func() {
+		<-f.Stopped()
+		if err := f.Healthy(); errors.Is(err, statefile.ErrLost) {
+			ch <- err
+		}
+	}()
+	return ch
 }
 
 // loadOnce remembers what the document loaded, so the simulator's world

@@ -2,9 +2,7 @@ package service
 
 import (
 	"fmt"
-	"runtime"
 	"sync"
-	"weak"
 
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
@@ -32,17 +30,6 @@ type wireMachine struct {
 	framed []byte
 }
 
-// frames hands a List answer's pre-encoded machines from the handler to
-// the codec. The handler stashes them under the answer's identity; the
-// codec takes them back when it marshals that very answer and checks each
-// machine is still the message the bytes were made from. An answer that
-// never reaches the codec (an interceptor replaced it) is dropped from the
-// stash when it is garbage collected, so the stash holds only answers in
-// flight.
-type frames struct{ m sync.Map } // weak.Pointer[pb.MachineList] → []*wireMachine
-
-func newFrames() *frames { return &frames{} }
-
 func encodeMachine(msg *pb.Machine) *wireMachine {
 	raw, err := proto.MarshalOptions{Deterministic: true}.Marshal(msg)
 	if err != nil {
@@ -52,76 +39,36 @@ func encodeMachine(msg *pb.Machine) *wireMachine {
 	return &wireMachine{msg: msg, framed: protowire.AppendBytes(framed, raw)}
 }
 
-func (f *frames) stash(l *pb.MachineList, ws []*wireMachine) {
-	key := weak.Make(l)
-	f.m.Store(key, ws)
-	runtime.AddCleanup(l, func(k weak.Pointer[pb.MachineList]) { f.m.Delete(k) }, key)
-}
-
-func (f *frames) take(l *pb.MachineList) []*wireMachine {
-	v, ok := f.m.LoadAndDelete(weak.Make(l))
-	if !ok {
-		return nil
-	}
-	return v.([]*wireMachine)
-}
-
 // Codec returns the server codec: gRPC's proto codec, except that
-//   - a List answer whose machines are the service's own shared messages
-//     is encoded by concatenating their pre-encoded bytes: the same bytes a
-//     deterministic proto.Marshal produces, at the cost of a copy per
-//     machine rather than an encoding (any other message, or a List an
-//     interceptor rebuilt, goes through the proto codec); and
+//   - a List answer the handler returned unchanged is sent as the encoding
+//     the handler built (the machines' pre-encoded bytes concatenated: the
+//     same bytes a deterministic proto.Marshal produces), shared between
+//     concurrent full Lists and counted until gRPC frees it (answers.go);
+//     any other message, or a List an interceptor rebuilt, goes through
+//     the proto codec; and
 //   - a request whose string fields are not valid UTF-8 still decodes, so
 //     that the service answers InvalidArgument with a reason instead of
 //     gRPC answering Internal before the handler runs. Every string field
 //     of every request is then checked by the handler (desired).
 func (s *Service) Codec() encoding.CodecV2 {
-	return codec{CodecV2: encoding.GetCodecV2("proto"), frames: s.frames}
+	return codec{CodecV2: encoding.GetCodecV2("proto"), answers: s.answers}
 }
 
 type codec struct {
 	encoding.CodecV2
-	frames *frames
+	answers *answers
 }
 
-// Marshal sends a List answer's pre-encoded bytes; everything else goes
-// through the proto codec.
+// Marshal sends a List answer's encoding, counted until gRPC frees it;
+// everything else (a List an interceptor changed included) goes through
+// the proto codec.
 func (c codec) Marshal(v any) (mem.BufferSlice, error) {
-	if l, ok := v.(*pb.MachineList); ok && c.frames != nil && len(l.ProtoReflect().GetUnknown()) == 0 {
-		return mem.BufferSlice{mem.SliceBuffer(c.encodeList(l))}, nil
+	if l, ok := v.(*pb.MachineList); ok && c.answers != nil {
+		if h := c.answers.take(l); h != nil {
+			return mem.BufferSlice{c.answers.buffer(h)}, nil
+		}
 	}
 	return c.CodecV2.Marshal(v)
-}
-
-func (c codec) encodeList(l *pb.MachineList) []byte {
-	ws := c.frames.take(l)
-	var own map[int][]byte // machines that are not the shared messages
-	n := len(l.Revision) + 12
-	for i, m := range l.Machines {
-		if i < len(ws) && ws[i].msg == m {
-			n += len(ws[i].framed)
-			continue
-		}
-		if own == nil {
-			own = map[int][]byte{}
-		}
-		own[i] = encodeMachine(m).framed
-		n += len(own[i])
-	}
-	out := make([]byte, 0, n)
-	for i := range l.Machines {
-		if b, ok := own[i]; ok {
-			out = append(out, b...)
-		} else {
-			out = append(out, ws[i].framed...)
-		}
-	}
-	if len(l.Revision) > 0 {
-		out = protowire.AppendTag(out, revisionField, protowire.BytesType)
-		out = protowire.AppendBytes(out, l.Revision)
-	}
-	return out
 }
 
 // Unmarshal decodes strictly and, if that fails, once more without UTF-8

@@ -16,4 +16,11 @@
 //     interceptor or in-process caller sees exactly what the wire carries.
 //   - A machine's wire message is built once per immutable machine value
 //     and shared; nothing may modify a returned message.
+//   - The encoded List answers gRPC has not freed yet (a reader that does
+//     not read holds them) are counted, and their bytes stay within the
+//     larger of MinListBytes and ListBytesFullAnswers full answers; a List
+//     past it answers ResourceExhausted. Full Lists of one document at one
+//     revision share one encoding. An answer is counted until gRPC frees
+//     its buffer, its message is dropped unsent, or ConnClosed reports its
+//     connection gone.
 package service

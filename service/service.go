@@ -36,14 +36,18 @@ type Service struct {
 	pb.UnimplementedCapacityProviderServer
 	docs     Documents
 	provider string
-	frames   *frames
+	answers  *answers
 	shapes   sync.Map // [vcpu, memory MiB] → allocatable map
 }
 
 // New returns the service. provider is the label stamped on HostRef.
 func New(docs Documents, provider string) *Service {
-	return &Service{docs: docs, provider: provider, frames: newFrames()}
+	return &Service{docs: docs, provider: provider, answers: &answers{}}
 }
+
+// ListBytesHeld returns the bytes of encoded List answers that gRPC has
+// not finished sending (readers that do not read hold them).
+func (s *Service) ListBytesHeld() int64 { return s.answers.Held() }
 
 // still checks, once an answer from doc is ready, that doc is still the
 // document to serve (see Documents).
@@ -124,8 +128,11 @@ func (s *Service) Get(_ context.Context, r *pb.MachineRef) (*pb.Machine, error) 
 }
 
 // List returns machines in revision order; see desired.Document.List for
-// the cursor semantics. A cursor it cannot read is treated as none.
-func (s *Service) List(_ context.Context, f *pb.ListFilter) (*pb.MachineList, error) {
+// the cursor semantics. A cursor it cannot read is treated as none. The
+// answer's encoding is counted against the bound of List bytes waiting
+// for readers (answers.go); concurrent full Lists at one revision share
+// one encoding.
+func (s *Service) List(ctx context.Context, f *pb.ListFilter) (*pb.MachineList, error) {
 	var states map[desired.State]bool
 	if len(f.GetStates()) > 0 {
 		states = make(map[desired.State]bool, len(f.GetStates()))
@@ -137,19 +144,37 @@ func (s *Service) List(_ context.Context, f *pb.ListFilter) (*pb.MachineList, er
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	ms, next := doc.List(states, max(int(f.GetMaxResults()), 0), f.GetSinceRevision())
-	if err := s.still(doc); err != nil {
+	list := func() ([]*desired.Machine, []byte) {
+		return doc.List(states, max(int(f.GetMaxResults()), 0), f.GetSinceRevision())
+	}
+	var e *encoded
+	switch {
+	case len(states) == 0 && f.GetMaxResults() <= 0 && len(f.GetSinceRevision()) == 0:
+		e, err = s.answers.fullAnswer(ctx, doc, doc.Cursor(), list, s.wire)
+	case f.GetMaxResults() <= 0 || f.GetMaxResults() > smallList:
+		if err = s.answers.room(); err != nil {
+			break
+		}
+		fallthrough
+	default:
+		ms, next := list()
+		e, err = s.answers.add(doc, ms, next, s.wire)
+	}
+	if err != nil {
 		return nil, err
 	}
-	out := &pb.MachineList{Machines: make([]*pb.Machine, len(ms)), Revision: next}
-	ws := make([]*wireMachine, len(ms))
-	for i, m := range ms {
-		ws[i] = s.wire(m)
-		out.Machines[i] = ws[i].msg
+	if err := s.still(doc); err != nil {
+		s.answers.release(e)
+		return nil, err
 	}
-	s.frames.stash(out, ws)
-	return out, nil
+	return s.answers.hand(ctx, e), nil
 }
+
+// ConnClosed tells the service that the connection from remote (its
+// address, as gRPC's peer reports it) closed: the List answers queued for
+// it are given back to the bound, since gRPC does not free what it had
+// queued for a connection that died.
+func (s *Service) ConnClosed(remote string) { s.answers.connClosed(remote) }
 
 // wire returns the message of a machine value and its encoding, built
 // once per value.

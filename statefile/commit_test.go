@@ -157,8 +157,9 @@ func TestCommitCallbacks(t *testing.T) {
 	}
 }
 
-// TestCommitCallbackRunsAfterFsync holds the committer after one group
-// commit and checks that callbacks of records it has not written yet wait.
+// TestCommitCallbackRunsAfterFsync holds the marker after one group
+// commit and checks that callbacks of records it has not recorded yet
+// wait.
 func TestCommitCallbackRunsAfterFsync(t *testing.T) {
 	release := make(chan struct{})
 	var once sync.Once
@@ -167,7 +168,7 @@ func TestCommitCallbackRunsAfterFsync(t *testing.T) {
 	}})
 	l := newCallbackLog(t)
 	l.commit(f, 0, []Op{put("m/a", "1")})
-	l.await(1) // runs before OnCommit, which now holds the committer
+	l.await(1) // runs before OnCommit, which now holds the marker
 	l.commit(f, 1, []Op{put("m/b", "2")})
 	l.commit(f, 2, nil)
 	if got := string(f.Snapshot()["m/b"]); got != "2" {
@@ -204,11 +205,12 @@ func TestCommitFailureIsSticky(t *testing.T) {
 	l := newCallbackLog(t)
 	l.commit(f, 0, []Op{put("m/a", "1")})
 	l.await(1)
-	// The committer is held; these queue behind it.
+	// The marker is held (OnCommit); the committer is idle, and its next
+	// write fails.
+	f.journal.Close()
 	l.commit(f, 1, []Op{put("m/b", "2")})
 	l.commit(f, 2, []Op{put("m/c", "3")})
 	l.commit(f, 3, nil)
-	f.journal.Close() // the next write fails
 	close(release)
 	l.await(3)
 	errs := l.results()
@@ -377,7 +379,7 @@ func TestLoad(t *testing.T) {
 	// Load reports what is committed: it waits for queued batches.
 	first := make(chan error, 1)
 	f.Commit([]Op{del("m/a")}, func(err error) { first <- err })
-	if err := <-first; err != nil { // the committer now waits in OnCommit
+	if err := <-first; err != nil { // the marker now waits in OnCommit
 		t.Fatal(err)
 	}
 	f.Commit([]Op{put("m/c", "3")}, nil)

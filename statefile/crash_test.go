@@ -37,7 +37,7 @@ func checkRecovers(t *testing.T, image string, want map[string][]byte) {
 	}
 	mustApply(t, f, put("m/after-recovery", "1"))
 	mustClose(t, f)
-	if diff := cmp.Diff([]string{"state.journal", "state.lock", "state.snap"}, existing(t, image)); diff != "" {
+	if diff := cmp.Diff([]string{"state.journal", "state.lock", "state.mark", "state.snap"}, existing(t, image)); diff != "" {
 		t.Errorf("files after recovery (-want +got):\n%s", diff)
 	}
 	want = maps2(want, "m/after-recovery", "1")
@@ -135,13 +135,13 @@ func TestCrashDuringCompaction(t *testing.T) {
 	}
 	// The copies must show the crash states the protocol passes through.
 	wantFiles := map[string][]string{
-		"next-created":               {"state.journal", "state.journal.next", "state.snap"},
-		"sealed":                     {"state.journal", "state.journal.next", "state.snap"},
-		"rotated":                    {"state.journal", "state.journal.next", "state.snap"},
-		"finish: snapshot-installed": {"state.journal", "state.journal.next", "state.snap"},
-		"snapshot-written":           {"state.journal", "state.journal.next", "state.snap", "state.snap.tmp"},
-		"snapshot-installed":         {"state.journal", "state.journal.next", "state.snap"},
-		"compacted":                  {"state.journal", "state.snap"},
+		"next-created":               {"state.journal", "state.journal.next", "state.mark", "state.snap"},
+		"sealed":                     {"state.journal", "state.journal.next", "state.mark", "state.snap"},
+		"rotated":                    {"state.journal", "state.journal.next", "state.mark", "state.snap"},
+		"finish: snapshot-installed": {"state.journal", "state.journal.next", "state.mark", "state.snap"},
+		"snapshot-written":           {"state.journal", "state.journal.next", "state.mark", "state.snap", "state.snap.tmp"},
+		"snapshot-installed":         {"state.journal", "state.journal.next", "state.mark", "state.snap"},
+		"compacted":                  {"state.journal", "state.mark", "state.snap"},
 	}
 	for step, want := range wantFiles {
 		if diff := cmp.Diff(want, existing(t, images[step].path)); diff != "" {
@@ -181,7 +181,7 @@ func TestCrashBeforeFirstSnapshot(t *testing.T) {
 		t.Errorf("Snapshot = %v, want empty", got)
 	}
 	mustClose(t, f)
-	if diff := cmp.Diff([]string{"state.journal", "state.lock", "state.snap"}, existing(t, path)); diff != "" {
+	if diff := cmp.Diff([]string{"state.journal", "state.lock", "state.mark", "state.snap"}, existing(t, path)); diff != "" {
 		t.Errorf("files (-want +got):\n%s", diff)
 	}
 }

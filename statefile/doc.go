@@ -11,10 +11,12 @@
 //	P.snap          snapshot: every key/value pair at the start of a generation
 //	P.journal       append-only journal of changes on top of the snapshot
 //	P.journal.next  the journal a running compaction is switching to
+//	P.mark          how far the journal is acknowledged, and the pinned keys
 //	*.tmp           files being written; never read, removed by Open
 //
-// Every file starts with a 32-byte header carrying a magic string, the
-// format version (2; see "Format versions" below), the file kind and a
+// Every file but the mark starts with a 32-byte header carrying a magic
+// string, the format version (journals 2, snapshots 3; see "Format
+// versions" below), the file kind and a
 // generation number, protected by a CRC32C. After the header come frames: a little-endian payload length, the
 // CRC32C of the payload and a CRC32C of those eight bytes, then the payload.
 // A snapshot's first frame is its meta frame, recording how many bytes of
@@ -28,8 +30,8 @@
 //
 //   - Commit's callback runs exactly once, never inside Commit, one at a
 //     time and in Commit order, on a goroutine of the store's own (File:
-//     right after the fsync of the frame holding the batch, handed off so
-//     the next fsync never waits for the callers). It gets nil once the
+//     right after the mark records the frame holding the batch, handed off
+//     so the next fsync never waits for the callers). It gets nil once the
 //     batch is durable and an error once it is not known to be; after one
 //     error every later batch gets the same error (ErrClosed once Close
 //     began). Once Wait(ctx, seq) returns nil, the Apply call that
@@ -54,22 +56,48 @@
 //     sealed one until it is replaced), so deleting P.lock lets no second
 //     writer in. (Only removing P.lock during the milliseconds another
 //     Open takes to create a brand-new state is not covered.)
+//   - A writer whose journal or snapshot is removed or replaced under it
+//     (rm of the whole state lets a second writer in) stops with ErrLost:
+//     every commit checks, before it is acknowledged, that its journal is
+//     still the file a later Open reads, and an idle writer checks every
+//     500 ms; Stopped is closed then. Removing only P.lock stops nothing.
 //   - Open fails, naming the directory, unless it can create, write, fsync
 //     and remove a file next to the state.
-//   - Only a torn tail — a partially written last frame of the newest
-//     journal, which was never acknowledged — is dropped on recovery, and
-//     Open truncates it away. Any other damage fails Open and ReadOnly with
-//     a *CorruptError naming the file and offset; data is never silently
-//     skipped. That includes bad headers, unknown versions, checksum
-//     mismatches or garbage before the tail, and every broken promise one
-//     file makes about another: a missing snapshot next to a journal with
-//     records; a missing journal of the snapshot's generation, or one
-//     shorter than the snapshot's meta frame records (which covers a journal
-//     truncated to its header, since the start frame is always durable); a
-//     sealed journal whose successor is missing; records in the successor
-//     while its predecessor is unsealed or torn. A journal cut exactly at a
-//     frame boundary past the length the snapshot records cannot be told
-//     from a crash before those frames and is not detected.
+//   - Nothing acknowledged is dropped silently. Before any record of a
+//     group commit is acknowledged, P.mark records the journal's
+//     generation, the length it is acknowledged up to, the checksum of the
+//     frame that ends there, the number of records up to there and the
+//     newest values of the pinned keys (Options.Pinned), with a second
+//     fdatasync. The marker goroutine writes it while the committer
+//     writes and fsyncs the next frame, and one mark write covers every
+//     frame fsynced meanwhile, so the second sync costs latency (one
+//     acknowledgement waits for both), not throughput. Only a torn tail — a last frame of the newest journal
+//     beyond what the mark records, which was never acknowledged — is
+//     dropped on recovery, and Open truncates it away. Any damage to what
+//     the mark records (a flipped bit or zeroed range in the last frame as
+//     anywhere else, a journal cut at a frame boundary or a missing
+//     journal), and any other damage, fails Open and ReadOnly with a
+//     *CorruptError naming the file and offset. That includes bad headers,
+//     unknown versions, checksum mismatches or garbage before the tail,
+//     and every broken promise one file makes about another: a missing
+//     snapshot next to a journal with records; a missing journal of the
+//     snapshot's generation, or one shorter than the snapshot's meta frame
+//     records (which covers a journal truncated to its header, since the
+//     start frame is always durable); a sealed journal whose successor is
+//     missing; records in the successor while its predecessor is unsealed
+//     or torn; a missing or unreadable mark where the snapshot promises
+//     one. A state of the previous release has no mark: there, a complete
+//     final frame that fails its checksum is damage too (nothing says it
+//     was never acknowledged), and Open creates the mark and compacts.
+//   - Options.Recover is the explicit way past damage whose *CorruptError
+//     is Recoverable (to records, not to the snapshot or the structure):
+//     Open rebuilds the state from everything before the first damage as
+//     a new generation (journal, mark, snapshot, rename, as an upgrade
+//     does), restores the pinned keys from the mark so that counters kept
+//     there never regress, stores the report under Options.LossKey, logs
+//     exactly what was dropped (file, offset, bytes, the records and keys
+//     still readable there, the acknowledged records the mark counted) and
+//     returns it from Recovered.
 //   - A state the previous release wrote (format 1) loses nothing: ReadOnly
 //     reads it as that release recovered it, and Open upgrades it to format
 //     2 before accepting writes (see below).
@@ -104,7 +132,13 @@
 // accepting writes: with two journals it installs the snapshot of step 2
 // from the state at the end of the first, then renames as in step 3.
 //
-// Format versions. Version 1, written by the previous release, has the
+// The mark file is two 32 KiB slots written alternately in place (a torn
+// write leaves the older, which records less), each with its own
+// checksum and a sequence number; the newer whole slot counts.
+//
+// Format versions. A version-3 snapshot is a version-2 snapshot that
+// promises a mark file; version 2 (the previous release) promises none.
+// Version 1, written by the release before, has the
 // same header and frame encoding but no start, seal or meta frames: a
 // snapshot holds only entry frames and promises nothing about its journal,
 // a journal holds only record frames, and a compaction leaves no seal. It

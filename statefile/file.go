@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"os"
@@ -57,6 +58,11 @@ var (
 	// ErrClosed is returned for records that were never written because
 	// the store was closed.
 	ErrClosed = errors.New("state store is closed")
+	// ErrLost stops a File whose files were removed or replaced under it
+	// (rm of the state, a restore over it): whatever it wrote after that is
+	// in no file a later Open reads, and the lock that kept other writers
+	// out may be gone, so it must not write, or act, any more.
+	ErrLost = errors.New("the state's files were removed or replaced under the running writer")
 )
 
 // DefaultCompactBytes is the smallest journal size that triggers a
@@ -72,11 +78,32 @@ type Options struct {
 	// the snapshot; negative disables automatic compaction.
 	CompactBytes int64
 	// OnCommit, if set, is called after every group commit with the number
-	// of records and bytes it made durable and how long the fsync took. It
-	// runs on the commit goroutine and must return quickly.
+	// of records and bytes it made durable and how long that took (the
+	// journal's fsync and the mark's fdatasync). It runs on the marker
+	// goroutine, after the commit's callbacks were handed off, and must
+	// return quickly: later acknowledgements wait for it.
 	OnCommit func(records int, bytes int, fsync time.Duration)
 	// NoSync skips every fsync. Only for tests: a crash loses data.
 	NoSync bool
+	// Recover lets Open get past damage to acknowledged records: a journal
+	// frame that fails its checksum within what the mark records as
+	// acknowledged (or, without a mark, a complete final frame that does),
+	// a journal cut short of the mark, a missing journal or mark. Open then
+	// rebuilds the state from what precedes the first damage as a new
+	// generation, restores the pinned keys from the mark, stores a report
+	// under LossKey and logs exactly what was dropped (Recovered returns
+	// it). Without Recover such damage fails Open with a *CorruptError
+	// whose Recoverable is set. Damage to the snapshot is never recovered.
+	Recover bool
+	// Pinned selects the keys whose newest acknowledged value is also kept
+	// in the mark, so that it survives the loss of the journal's tail
+	// (counters that must never regress). Their values together are at
+	// most MaxPinnedBytes.
+	Pinned func(key string) bool
+	// LossKey, if set, is where a recovery that dropped records stores its
+	// report (JSON), so the state's owner learns of the loss even after a
+	// crash right after the recovery.
+	LossKey string
 }
 
 // File is a durable Store backed by the files described in doc.go.
@@ -116,7 +143,36 @@ type File struct {
 
 	journal       *os.File // owned by the committer
 	committerDone chan struct{}
-	compactions   sync.WaitGroup
+	// Owned by the committer (and Open before it starts): the mark file,
+	// the newest values of the pinned keys, and the records in the
+	// journal being appended to.
+	mark    *markWriter // the marker's once the committer runs
+	pinned  map[string][]byte
+	records uint64
+	// The marker: the committer hands it every fsynced frame (and every
+	// callback, so callbacks keep Commit order); it records the newest in
+	// the mark, one fdatasync for all of them, and then acknowledges them,
+	// while the committer writes and fsyncs the next frame. Guarded by mu.
+	marks      []markItem
+	markWake   *sync.Cond
+	markClose  bool
+	markerDone chan struct{}
+	// recovered is what Open with Recover dropped, nil if nothing.
+	recovered *Recovery
+	// watch is what checkFiles compares the paths with: the journal
+	// being appended to, under the name it has now.
+	watch struct {
+		sync.Mutex
+		journal *os.File
+		path    string
+	}
+	stopWatch chan struct{}
+	watchDone chan struct{}
+	// stopped is closed when the File fails for good (Healthy says why)
+	// or is closed.
+	stopped     chan struct{}
+	stopOnce    sync.Once
+	compactions sync.WaitGroup
 	// callbacks runs every Commit callback, one at a time and in order,
 	// off the committer, so the next fsync never waits for the callers.
 	callbacks serial
@@ -130,7 +186,8 @@ type batch struct {
 	records int
 	last    uint64
 	dones   []func(error)
-	urgent  bool // someone waits for it: a callback, or an Apply
+	urgent  bool              // someone waits for it: a callback, or an Apply
+	pinned  map[string][]byte // the newest values of pinned keys it puts (nil: deletes)
 }
 
 // lazyFlush bounds how long a record nobody waits for (a Commit without
@@ -160,7 +217,7 @@ func (f *File) due() bool {
 // another process (or another File) holds it or holds one of its
 // journals. It fails if the directory cannot be written.
 func Open(path string, opts Options) (*File, error) {
-	if err := checkPath(path); err != nil {
+	if err := CheckPath(path); err != nil {
 		return nil, fmt.Errorf("open state %q: %w", path, err)
 	}
 	p := pathsFor(path)
@@ -200,14 +257,18 @@ func Open(path string, opts Options) (*File, error) {
 		lock:          lock,
 		changed:       make(chan struct{}),
 		committerDone: make(chan struct{}),
+		stopped:       make(chan struct{}),
 	}
 	f.wake = sync.NewCond(&f.mu)
+	f.markWake = sync.NewCond(&f.mu)
+	f.markerDone = make(chan struct{})
 	err = f.restore(journal, next)
 	for _, h := range []*os.File{journal, next} {
 		if h != nil && h != f.journal {
 			h.Close()
 		}
 	}
+	f.watch.journal, f.watch.path = f.journal, f.journalPath
 	if err != nil {
 		if f.journal != nil {
 			f.journal.Close()
@@ -215,8 +276,69 @@ func Open(path string, opts Options) (*File, error) {
 		lock.Unlock()
 		return nil, fmt.Errorf("open state %s: %w", path, err)
 	}
+	f.stopWatch, f.watchDone = make(chan struct{}), make(chan struct{})
 	go f.commitLoop()
+	go f.markLoop()
+	go f.watchFiles()
 	return f, nil
+}
+
+// watchInterval is how often an idle File checks that its files are
+// still there; a commit checks before it is acknowledged.
+var watchInterval = 500 * time.Millisecond
+
+// watchFiles stops the File (ErrLost) once its files are gone, also while
+// nothing is written, so that it stops acting before a second writer,
+// which the missing lock no longer keeps out, gets far.
+func (f *File) watchFiles() {
+	defer close(f.watchDone)
+	t := time.NewTicker(watchInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-f.stopWatch:
+			return
+		case <-t.C:
+		}
+		if err := f.checkFiles(); err != nil {
+			f.fail(err)
+			return
+		}
+	}
+}
+
+// checkFiles returns an error matching ErrLost unless the journal being
+// appended to and the snapshot are still where this File put them. (The
+// lock file alone may go: the journals this File holds locked keep other
+// writers out, and the next Open makes a new one.)
+func (f *File) checkFiles() error {
+	f.watch.Lock()
+	defer f.watch.Unlock()
+	lost := func(format string, a ...any) error {
+		return fmt.Errorf("%w: %s", ErrLost, fmt.Sprintf(format, a...))
+	}
+	same, err := names(f.watch.path, f.watch.journal)
+	switch {
+	case err != nil:
+		return err
+	case !same:
+		return lost("journal %s is gone or was replaced", f.watch.path)
+	}
+	if f.mark != nil {
+		same, err := f.mark.named()
+		switch {
+		case err != nil:
+			return err
+		case !same:
+			return lost("mark %s is gone or was replaced", f.p.mark)
+		}
+	}
+	if _, err := os.Stat(f.p.snap); errors.Is(err, fs.ErrNotExist) {
+		return lost("snapshot %s is gone", f.p.snap)
+	} else if err != nil {
+		return fmt.Errorf("stat %s: %w", f.p.snap, err)
+	}
+	return nil
 }
 
 // restore loads the files, repairs what a crash left behind and sets
@@ -234,15 +356,20 @@ func (f *File) restore(journal, next *os.File) error {
 		}
 	}
 	o := openFiles{journal: journal, next: next}
-	snap, err := os.Open(f.p.snap)
-	switch {
-	case err == nil:
-		o.snap = snap
-		defer snap.Close()
-	case !errors.Is(err, os.ErrNotExist):
-		return fmt.Errorf("open %s: %w", f.p.snap, err)
+	for _, s := range []struct {
+		path string
+		dst  **os.File
+	}{{f.p.mark, &o.mark}, {f.p.snap, &o.snap}} {
+		h, err := os.Open(s.path)
+		switch {
+		case err == nil:
+			*s.dst = h
+			defer h.Close()
+		case !errors.Is(err, os.ErrNotExist):
+			return fmt.Errorf("open %s: %w", s.path, err)
+		}
 	}
-	ld, err := load(f.p, o, true)
+	ld, err := load(f.p, o, loadOptions{keepRotation: true, recover: f.opts.Recover})
 	switch {
 	case errors.Is(err, errNoState):
 		return f.create(start)
@@ -252,11 +379,34 @@ func (f *File) restore(journal, next *os.File) error {
 	f.state = ld.state
 	f.snapGen = ld.snapGen
 	f.snapBytes.Store(ld.snapSize)
+	f.pinned = f.pinnedOf(f.state)
+	if ld.damage != nil || ld.markTrouble != "" {
+		return f.rebuild(ld, start)
+	}
+	if f.opts.Recover {
+		f.log.Warn("--state-recover is set but the state has no damage it would drop; remove the flag")
+	}
+	if ld.mark != nil && (ld.version != legacyVersion || ld.upgrading) {
+		if f.mark, err = openMark(f.p.mark, *ld.mark, f.opts.NoSync); err != nil {
+			return err
+		}
+	}
 	if ld.version == legacyVersion || ld.upgrading {
 		return f.upgrade(ld, start)
 	}
 
 	j := ld.chain[len(ld.chain)-1]
+	if f.mark == nil {
+		// A state of the previous release: from now on the mark records
+		// what is acknowledged; a compaction soon writes a snapshot that
+		// promises it.
+		if err := f.setMark(mark{gen: j.gen, length: j.end, sum: j.lastSum, records: uint64(j.records)}); err != nil {
+			return err
+		}
+		f.forceCompact = true
+		f.log.Info("state upgraded: a mark file now records what is acknowledged", "file", f.p.mark)
+	}
+	f.records = uint64(j.records)
 	fd := journal
 	if j.path == f.p.next {
 		fd = next
@@ -326,6 +476,9 @@ func (f *File) upgrade(ld *loaded, start time.Time) error {
 	hook("upgrade-started")
 	empty := int64(len(journalStart(gen)))
 	install := func() error {
+		if err := f.setMark(mark{gen: gen, length: empty, sum: startSum(gen)}); err != nil {
+			return fmt.Errorf("upgrade from format %d: %w", legacyVersion, err)
+		}
 		size, err := writeSnapshot(f.p.snap, gen, ld.state, empty, f.opts.NoSync)
 		if err != nil {
 			return fmt.Errorf("upgrade from format %d: %w", legacyVersion, err)
@@ -368,6 +521,15 @@ func (f *File) upgrade(ld *loaded, start time.Time) error {
 	f.journalPath = f.p.journal
 	f.gen = gen
 	f.journalBytes.Store(empty)
+	if f.mark == nil {
+		// Finishing an upgrade the previous release began: its snapshot
+		// promises no mark; from now on one is kept, and a compaction
+		// writes a snapshot that promises it.
+		if err := f.setMark(mark{gen: gen, length: empty, sum: startSum(gen)}); err != nil {
+			return err
+		}
+		f.forceCompact = true
+	}
 	f.logUpgraded(ld, start)
 	return nil
 }
@@ -390,7 +552,12 @@ func (f *File) create(start time.Time) error {
 	}
 	hook("created-journal")
 	f.state = make(map[string][]byte)
+	f.pinned = make(map[string][]byte)
 	n := int64(len(journalStart(gen)))
+	if err := f.setMark(mark{gen: gen, length: n, sum: startSum(gen)}); err != nil {
+		jf.Close()
+		return err
+	}
 	size, err := writeSnapshot(f.p.snap, gen, f.state, n, f.opts.NoSync)
 	if err != nil {
 		jf.Close()
@@ -600,6 +767,12 @@ func (f *File) queueLocked(ops []Op) *batch {
 		} else {
 			f.state[op.Key] = cloneValue(op.Value)
 		}
+		if f.opts.Pinned != nil && f.opts.Pinned(op.Key) {
+			if b.pinned == nil {
+				b.pinned = make(map[string][]byte)
+			}
+			b.pinned[op.Key] = f.state[op.Key]
+		}
 	}
 	// No wake-up here: a record is due only once someone waits for it
 	// (markUrgent, Wait, Close) or lazyFire, and those wake the committer.
@@ -660,6 +833,12 @@ func (f *File) Healthy() error {
 	return nil
 }
 
+// Stopped is closed once the File has failed for good (Healthy returns
+// the failure) or has been closed (Healthy returns ErrClosed). A failure matching ErrLost means the state's files are gone:
+// the process must stop acting, since nothing it does is recorded any more
+// and another writer may have started.
+func (f *File) Stopped() <-chan struct{} { return f.stopped }
+
 // Size returns the bytes on disk: snapshot plus journal(s).
 func (f *File) Size() int64 {
 	return f.snapBytes.Load() + f.oldJournalBytes.Load() + f.journalBytes.Load()
@@ -679,6 +858,8 @@ func (f *File) Close() error {
 	f.wake.Broadcast()
 	f.mu.Unlock()
 
+	close(f.stopWatch)
+	<-f.watchDone
 	<-f.committerDone
 	f.mu.Lock()
 	if f.lazyTimer != nil {
@@ -692,6 +873,9 @@ func (f *File) Close() error {
 	if err := f.journal.Close(); err != nil {
 		errs = append(errs, fileErr("close", f.journalPath, err))
 	}
+	if err := f.mark.close(); err != nil {
+		errs = append(errs, fileErr("close", f.p.mark, err))
+	}
 	if err := f.lock.Unlock(); err != nil {
 		errs = append(errs, fmt.Errorf("unlock %s: %w", f.p.lock, err))
 	}
@@ -702,6 +886,7 @@ func (f *File) Close() error {
 	f.closed = true
 	f.notify()
 	f.mu.Unlock()
+	f.stopOnce.Do(func() { close(f.stopped) })
 	return errors.Join(errs...)
 }
 
@@ -725,6 +910,7 @@ func (f *File) failLocked(err error) {
 		return
 	}
 	f.err = fmt.Errorf("state %s failed: %w", f.p.base, err)
+	f.stopOnce.Do(func() { close(f.stopped) })
 	var dones []func(error)
 	for _, b := range f.queue {
 		dones = append(dones, b.dones...)
@@ -781,7 +967,20 @@ func (f *File) commitLoop() {
 				continue
 			}
 			if f.closing {
+				// Everything handed to the marker is acknowledged (or
+				// failed) before callbacks may bypass it.
+				f.markClose = true
+				f.markWake.Signal()
+				f.mu.Unlock()
+				<-f.markerDone
+				// Callbacks orphaned while the marker finished go now, ahead
+				// of any later ones (which orphan posts directly from here
+				// on).
+				f.mu.Lock()
 				f.exited = true
+				dones, err := f.orphans, f.stopErr()
+				f.orphans = nil
+				f.post(dones, err)
 				f.mu.Unlock()
 				return
 			}
@@ -802,6 +1001,7 @@ func (f *File) commitLoop() {
 		// queued behind b.
 		var snap map[string][]byte
 		var gen uint64
+		current := f.gen // the generation b goes to
 		if len(f.queue) == 0 && f.needCompact() {
 			snap = maps.Clone(f.state)
 			f.compacting, f.forceCompact = true, false
@@ -812,7 +1012,7 @@ func (f *File) commitLoop() {
 		f.mu.Unlock()
 
 		if b != nil {
-			if err := f.commit(b, path); err != nil {
+			if err := f.commit(b, path, current); err != nil {
 				f.mu.Lock()
 				f.failLocked(err)
 				err = f.err
@@ -829,34 +1029,73 @@ func (f *File) commitLoop() {
 	}
 }
 
-// commit appends b as one frame to the journal, which path names, fsyncs
-// it and runs b's callbacks.
-func (f *File) commit(b *batch, path string) error {
-	if b.records > 0 {
-		putFrameHeader(b.buf)
-		if _, err := f.journal.Write(b.buf); err != nil {
-			return fileErr("append to", path, err)
-		}
-		start := time.Now()
-		if err := syncFile(f.journal, path, f.opts.NoSync); err != nil {
-			return err
-		}
-		took := time.Since(start)
-		f.journalBytes.Add(int64(len(b.buf)))
-		f.mu.Lock()
-		f.durable = b.last
-		f.notify()
-		f.mu.Unlock()
-		if f.opts.OnCommit != nil {
-			defer f.opts.OnCommit(b.records, len(b.buf), took)
-		}
+// commit appends b as one frame to the journal of gen, which path names,
+// fsyncs it and hands it to the marker, which acknowledges it once the
+// mark records it.
+func (f *File) commit(b *batch, path string, gen uint64) error {
+	if b.records == 0 {
+		f.run(b.dones, nil)
+		return nil
 	}
-	f.run(b.dones, nil)
+	putFrameHeader(b.buf)
+	if _, err := f.journal.Write(b.buf); err != nil {
+		return fileErr("append to", path, err)
+	}
+	start := time.Now()
+	if err := syncFile(f.journal, path, f.opts.NoSync); err != nil {
+		return err
+	}
+	if len(b.pinned) > 0 {
+		// Copied, since the marker may still be writing the previous one.
+		pinned := maps.Clone(f.pinned)
+		for k, v := range b.pinned {
+			if v == nil {
+				delete(pinned, k)
+			} else {
+				pinned[k] = v
+			}
+		}
+		f.pinned = pinned
+	}
+	f.records += uint64(b.records)
+	end := f.journalBytes.Add(int64(len(b.buf)))
+	m := mark{gen: gen, length: end, sum: frameSum(b.buf), records: f.records, pinned: f.pinned}
+	f.hand(markItem{mark: &m, last: b.last, dones: b.dones, records: b.records, bytes: len(b.buf), start: start})
 	return nil
 }
 
-// run hands callbacks to the callback runner, in order.
+// markItem is what the committer hands the marker: a frame to record in
+// the mark (mark set) and acknowledge, or callbacks to run with err in
+// their place in the order.
+type markItem struct {
+	mark    *mark
+	last    uint64
+	dones   []func(error)
+	err     error
+	records int
+	bytes   int
+	start   time.Time
+}
+
+// hand queues it for the marker.
+func (f *File) hand(it markItem) {
+	f.mu.Lock()
+	f.marks = append(f.marks, it)
+	f.markWake.Signal()
+	f.mu.Unlock()
+}
+
+// run hands callbacks to the callback runner through the marker, so they
+// keep their place after the acknowledgements before them.
 func (f *File) run(dones []func(error), err error) {
+	if len(dones) == 0 {
+		return
+	}
+	f.hand(markItem{dones: dones, err: err})
+}
+
+// post runs callbacks on the callback runner, in order.
+func (f *File) post(dones []func(error), err error) {
 	if len(dones) == 0 {
 		return
 	}
@@ -865,6 +1104,67 @@ func (f *File) run(dones []func(error), err error) {
 			done(err)
 		}
 	})
+}
+
+// markLoop is the marker: it takes every item queued, writes the newest
+// mark among them (one fdatasync covers them all), checks the files are
+// still the ones a later Open reads, publishes the durable sequence number
+// and runs the callbacks in order. After a failure, nothing more is
+// acknowledged: the items get the store's failure.
+func (f *File) markLoop() {
+	defer close(f.markerDone)
+	for {
+		f.mu.Lock()
+		for len(f.marks) == 0 && !f.markClose {
+			f.markWake.Wait()
+		}
+		items := f.marks
+		f.marks = nil
+		failed := f.err
+		f.mu.Unlock()
+		if len(items) == 0 {
+			return
+		}
+		var newest *markItem
+		for i := range items {
+			if items[i].mark != nil {
+				newest = &items[i]
+			}
+		}
+		err := failed
+		if newest != nil && err == nil {
+			err = f.mark.write(*newest.mark)
+			if err == nil {
+				// The frames count only if a later Open will read them.
+				err = f.checkFiles()
+			}
+			if err != nil {
+				f.fail(err)
+				f.mu.Lock()
+				err = f.err
+				f.mu.Unlock()
+			}
+		}
+		if newest != nil && err == nil {
+			f.mu.Lock()
+			f.durable = newest.last
+			f.notify()
+			f.mu.Unlock()
+		}
+		for _, it := range items {
+			switch {
+			case it.mark == nil:
+				f.post(it.dones, it.err)
+			case err != nil:
+				f.post(it.dones, err)
+			default:
+				f.post(it.dones, nil)
+				if f.opts.OnCommit != nil {
+					f.opts.OnCommit(it.records, it.bytes, time.Since(it.start))
+				}
+			}
+		}
+	}
 }
 
 // rotate is step 1 of a compaction: create the journal of gen, seal the
@@ -893,8 +1193,12 @@ func (f *File) rotate(gen uint64, snap map[string][]byte, path string) error {
 	f.mu.Lock()
 	f.journalPath = f.p.next
 	f.mu.Unlock()
+	f.watch.Lock()
+	f.watch.journal, f.watch.path = next, f.p.next
+	f.watch.Unlock()
 	f.oldJournalBytes.Store(f.journalBytes.Load() + int64(len(seal)))
 	f.journalBytes.Store(int64(len(journalStart(gen))))
+	f.records = 0
 	f.compactions.Add(1)
 	go f.compact(gen, snap, old)
 	return nil
@@ -911,7 +1215,12 @@ func (f *File) compact(gen uint64, snap map[string][]byte, old *os.File) {
 	size, err := writeSnapshot(f.p.snap, gen, snap, f.journalBytes.Load(), f.opts.NoSync)
 	if err == nil {
 		hook("snapshot-installed")
+		f.watch.Lock()
 		err = os.Rename(f.p.next, f.p.journal)
+		if err == nil {
+			f.watch.path = f.p.journal
+		}
+		f.watch.Unlock()
 		if err != nil {
 			err = fmt.Errorf("rename %s: %w", f.p.next, err)
 		} else {

@@ -13,7 +13,13 @@ import (
 // On-disk format, version 2. See doc.go for the layout.
 const (
 	formatVersion = 2
-	// legacyVersion is the format the previous release wrote: the same
+	// snapshotVersion is the version of the snapshots this release
+	// writes: format 2, and the state has a mark file (P.mark) that the
+	// snapshot promises. A format-2 snapshot (the previous release's)
+	// promises none; Open then creates the mark and compacts, so the next
+	// snapshot makes the promise. Journals stay at formatVersion.
+	snapshotVersion = 3
+	// legacyVersion is the format the release before wrote: the same
 	// header and frame encoding, without start, seal or meta frames. It is
 	// read, and Open upgrades it; nothing writes it.
 	legacyVersion = 1
@@ -61,6 +67,11 @@ type CorruptError struct {
 	Path   string
 	Offset int64
 	Reason string
+	// Recoverable is set for damage to the journal (or a missing or
+	// unreadable journal or mark) that Open with Options.Recover can drop,
+	// rebuilding the state from what precedes it; damage to the snapshot
+	// or the structure of the files is not.
+	Recoverable bool
 }
 
 func (e *CorruptError) Error() string {
@@ -76,7 +87,7 @@ func corrupt(path string, off int64, format string, args ...any) *CorruptError {
 
 // fileHeader is the first headerSize bytes of every file.
 type fileHeader struct {
-	version uint16 // decoded only: encode always writes formatVersion
+	version uint16 // encode writes the kind's current version when zero
 	kind    byte
 	gen     uint64
 	count   uint64 // snapshot: number of entries; journal: 0
@@ -85,7 +96,14 @@ type fileHeader struct {
 func (h fileHeader) encode() []byte {
 	b := make([]byte, headerSize)
 	copy(b, magic[:])
-	binary.LittleEndian.PutUint16(b[8:], formatVersion)
+	v := uint16(formatVersion)
+	switch {
+	case h.version != 0:
+		v = h.version // tests write the files of earlier releases
+	case h.kind == kindSnapshot:
+		v = snapshotVersion
+	}
+	binary.LittleEndian.PutUint16(b[8:], v)
 	b[10] = h.kind
 	binary.LittleEndian.PutUint64(b[12:], h.gen)
 	binary.LittleEndian.PutUint64(b[20:], h.count)
@@ -104,12 +122,16 @@ func decodeHeader(path string, b []byte, want byte) (fileHeader, error) {
 		return fileHeader{}, corrupt(path, 28, "header checksum mismatch")
 	}
 	v := binary.LittleEndian.Uint16(b[8:])
-	if v != formatVersion && v != legacyVersion {
-		return fileHeader{}, corrupt(path, 8, "unsupported format version %d (this build reads versions %d and %d)", v, legacyVersion, formatVersion)
-	}
 	h := fileHeader{version: v, kind: b[10], gen: binary.LittleEndian.Uint64(b[12:]), count: binary.LittleEndian.Uint64(b[20:])}
 	if h.kind != want {
 		return fileHeader{}, corrupt(path, 10, "file kind %q, want %q", h.kind, want)
+	}
+	newest := uint16(formatVersion)
+	if want == kindSnapshot {
+		newest = snapshotVersion
+	}
+	if v < legacyVersion || v > newest {
+		return fileHeader{}, corrupt(path, 8, "unsupported format version %d (this build reads versions %d to %d)", v, legacyVersion, newest)
 	}
 	if h.gen == 0 {
 		return fileHeader{}, corrupt(path, 12, "generation 0")
@@ -290,7 +312,8 @@ func parseMeta(payload []byte) (int64, error) {
 }
 
 // applyJournalPayload replays the records of one journal frame into state
-// and returns how many records it held.
+// and returns how many records it held. With a nil state it only checks
+// the payload.
 func applyJournalPayload(payload []byte, state map[string][]byte) (int, error) {
 	if len(payload) == 0 {
 		return 0, errors.New("empty frame")
@@ -307,12 +330,12 @@ func applyJournalPayload(payload []byte, state map[string][]byte) (int, error) {
 			case opPut:
 				k := d.bytes()
 				v := d.bytes()
-				if d.err == nil {
+				if d.err == nil && state != nil {
 					state[string(k)] = cloneValue(v)
 				}
 			case opDelete:
 				k := d.bytes()
-				if d.err == nil {
+				if d.err == nil && state != nil {
 					delete(state, string(k))
 				}
 			default:
@@ -351,6 +374,7 @@ type frameReader struct {
 	size int64
 	hdr  [frameHeaderSize]byte
 	buf  []byte
+	sum  uint32 // payload checksum of the last frame read whole
 }
 
 func newFrameReader(path string, f io.ReaderAt, size int64) *frameReader {
@@ -369,6 +393,9 @@ type frameFault struct {
 	off       int64
 	reason    string
 	mayBeTorn bool
+	// complete: the frame's header is intact and its length ends exactly
+	// at the end of the file, but its payload fails the checksum.
+	complete bool
 }
 
 // next returns the next payload (valid until the following call), io.EOF
@@ -379,7 +406,7 @@ func (fr *frameReader) next() ([]byte, *frameFault, error) {
 		return nil, nil, io.EOF
 	}
 	if left < frameHeaderSize {
-		return nil, &frameFault{fr.off, fmt.Sprintf("%d trailing bytes are too short for a frame header", left), true}, nil
+		return nil, &frameFault{off: fr.off, reason: fmt.Sprintf("%d trailing bytes are too short for a frame header", left), mayBeTorn: true}, nil
 	}
 	if _, err := io.ReadFull(fr.r, fr.hdr[:]); err != nil {
 		return nil, nil, fmt.Errorf("read %s at offset %d: %w", fr.path, fr.off, err)
@@ -390,14 +417,14 @@ func (fr *frameReader) next() ([]byte, *frameFault, error) {
 		if err != nil {
 			return nil, nil, err
 		}
-		return nil, &frameFault{fr.off, "frame header checksum mismatch", torn}, nil
+		return nil, &frameFault{off: fr.off, reason: "frame header checksum mismatch", mayBeTorn: torn}, nil
 	}
 	if n > maxFrame {
-		return nil, &frameFault{fr.off, fmt.Sprintf("frame length %d exceeds the %d limit", n, maxFrame), false}, nil
+		return nil, &frameFault{off: fr.off, reason: fmt.Sprintf("frame length %d exceeds the %d limit", n, maxFrame)}, nil
 	}
 	end := fr.off + frameHeaderSize + int64(n)
 	if end > fr.size {
-		return nil, &frameFault{fr.off, fmt.Sprintf("frame of %d bytes extends past the end of the file (%d)", n, fr.size), true}, nil
+		return nil, &frameFault{off: fr.off, reason: fmt.Sprintf("frame of %d bytes extends past the end of the file (%d)", n, fr.size), mayBeTorn: true}, nil
 	}
 	if cap(fr.buf) < int(n) {
 		fr.buf = make([]byte, n)
@@ -409,9 +436,10 @@ func (fr *frameReader) next() ([]byte, *frameFault, error) {
 	if crc32.Checksum(fr.buf, castagnoli) != sum {
 		// Only the last frame can be a torn write: a group commit writes
 		// exactly one frame and fsyncs it before the next is written.
-		return nil, &frameFault{fr.off, "frame checksum mismatch", end == fr.size}, nil
+		return nil, &frameFault{off: fr.off, reason: "frame checksum mismatch", mayBeTorn: end == fr.size, complete: end == fr.size}, nil
 	}
 	fr.off = end
+	fr.sum = sum
 	return fr.buf, nil, nil
 }
 

@@ -17,7 +17,7 @@ import (
 // fuzzState builds a small real state and returns its files' bytes (nil
 // for absent). With midCompaction the files are those of a compaction
 // paused after it sealed the old journal, with a record in the new one.
-func fuzzState(f *testing.F, records int, midCompaction bool) (snap, journal, next []byte) {
+func fuzzState(f *testing.F, records int, midCompaction bool) (snap, journal, next, mark []byte) {
 	path := filepath.Join(f.TempDir(), "state")
 	s, err := Open(path, Options{NoSync: true, CompactBytes: -1})
 	if err != nil {
@@ -57,7 +57,7 @@ func fuzzState(f *testing.F, records int, midCompaction bool) (snap, journal, ne
 				if err := s.Wait(context.Background(), seq); err != nil {
 					f.Fatal(err)
 				}
-				snap, journal, next = read(p.snap), read(p.journal), read(p.next)
+				snap, journal, next, mark = read(p.snap), read(p.journal), read(p.next), read(p.mark)
 			}
 			resume <- struct{}{}
 			if step == "snapshot-installed" {
@@ -69,12 +69,12 @@ func fuzzState(f *testing.F, records int, midCompaction bool) (snap, journal, ne
 			f.Fatal(err)
 		}
 		s.Close()
-		return snap, journal, next
+		return snap, journal, next, mark
 	}
 	if err := s.Close(); err != nil {
 		f.Fatal(err)
 	}
-	return read(p.snap), read(p.journal), read(p.next)
+	return read(p.snap), read(p.journal), read(p.next), read(p.mark)
 }
 
 // FuzzFrames feeds arbitrary bytes after a journal header to the frame
@@ -82,7 +82,7 @@ func fuzzState(f *testing.F, records int, midCompaction bool) (snap, journal, ne
 // *CorruptError), never read past the file, and replaying the file cut
 // at the end they reported must give the same state with no torn tail.
 func FuzzFrames(f *testing.F) {
-	_, journal, _ := fuzzState(f, 4, false)
+	_, journal, _, _ := fuzzState(f, 4, false)
 	f.Add(journal[headerSize:])
 	f.Add(journal[headerSize : len(journal)-3])
 	f.Add([]byte{})
@@ -150,7 +150,10 @@ func FuzzFrames(f *testing.F) {
 		}
 
 		state := map[string][]byte{}
-		info, err := replayJournal(path, bytes.NewReader(file), size, 1, state, promised{})
+		info, err := replayJournal(path, bytes.NewReader(file), size, 1, state, promised{}, acked{})
+		if err == nil && info.damage != nil {
+			err = info.damage
+		}
 		if err != nil {
 			var ce *CorruptError
 			if !errors.As(err, &ce) || ce.Path != path || ce.Offset < 0 || ce.Offset > size {
@@ -162,7 +165,10 @@ func FuzzFrames(f *testing.F) {
 			t.Fatalf("replay ended at %d of %d with tear %q", info.end, size, info.tear)
 		}
 		again := map[string][]byte{}
-		cut, err := replayJournal(path, bytes.NewReader(file[:info.end]), info.end, 1, again, promised{})
+		cut, err := replayJournal(path, bytes.NewReader(file[:info.end]), info.end, 1, again, promised{}, acked{})
+		if err == nil && cut.damage != nil {
+			err = cut.damage
+		}
 		if err != nil {
 			t.Fatalf("replay of the file cut at its end %d: %v", info.end, err)
 		}
@@ -185,28 +191,31 @@ func FuzzRecover(f *testing.F) {
 		records int
 		mid     bool
 	}{{0, false}, {3, false}, {3, true}} {
-		snap, journal, next := fuzzState(f, s.records, s.mid)
-		f.Add(snap, journal, next, byte(7))
-		f.Add(snap, journal, next, byte(3))
+		snap, journal, next, mark := fuzzState(f, s.records, s.mid)
+		f.Add(snap, journal, next, mark, byte(15))
+		f.Add(snap, journal, next, mark, byte(11))
+		f.Add(snap, journal, next, mark, byte(7))
+		// The last journal frame cut off: acknowledged, so corruption.
+		f.Add(snap, journal[:len(journal)-3], next, mark, byte(15))
 	}
-	f.Add([]byte{}, journalStart(1), []byte{}, byte(2))
+	f.Add([]byte{}, journalStart(1), []byte{}, []byte{}, byte(2))
 	// Format-1 states (see upgrade_test.go), one with a torn tail, and the
 	// half-done upgrades of the one mid-compaction.
 	for _, s := range v1Golden {
-		f.Add(s.snap, s.journal, s.next, byte(7))
-		f.Add(s.snap, s.journal, s.next, byte(3))
+		f.Add(s.snap, s.journal, s.next, []byte{}, byte(7))
+		f.Add(s.snap, s.journal, s.next, []byte{}, byte(3))
 	}
-	f.Add(v1Snap2, v1Journal2[:len(v1Journal2)-4], []byte{}, byte(3))
-	f.Add(v1Snapshot(5, "m/a", "1"), []byte{}, []byte{}, byte(1))
-	f.Add(v1Snap2, v1Journal2, v2Journal(3), byte(7))
+	f.Add(v1Snap2, v1Journal2[:len(v1Journal2)-4], []byte{}, []byte{}, byte(3))
+	f.Add(v1Snapshot(5, "m/a", "1"), []byte{}, []byte{}, []byte{}, byte(1))
+	f.Add(v1Snap2, v1Journal2, v2Journal(3), []byte{}, byte(7))
 	snap4 := v2Snapshot(4, emptyJournal(4), "m/b", "22", "m/e", "", "m/f", `{"n":6}`)
-	f.Add(snap4, v1Journal2, v1Next3, byte(7))
-	f.Add(snap4, v1Journal2, v2Journal(4), byte(7))
+	f.Add(snap4, v1Journal2, v1Next3, []byte{}, byte(7))
+	f.Add(snap4, v1Journal2, v2Journal(4), []byte{}, byte(7))
 	old := readOnlyBackoff
 	readOnlyBackoff = 0
 	f.Cleanup(func() { readOnlyBackoff = old })
-	f.Fuzz(func(t *testing.T, snap, journal, next []byte, present byte) {
-		if len(snap)+len(journal)+len(next) > 1<<18 {
+	f.Fuzz(func(t *testing.T, snap, journal, next, mark []byte, present byte) {
+		if len(snap)+len(journal)+len(next)+len(mark) > 1<<18 {
 			return
 		}
 		path := filepath.Join(t.TempDir(), "state")
@@ -214,7 +223,7 @@ func FuzzRecover(f *testing.F) {
 		for i, file := range []struct {
 			path string
 			b    []byte
-		}{{p.snap, snap}, {p.journal, journal}, {p.next, next}} {
+		}{{p.snap, snap}, {p.journal, journal}, {p.next, next}, {p.mark, mark}} {
 			if present&(1<<i) == 0 {
 				continue
 			}
@@ -233,6 +242,27 @@ func FuzzRecover(f *testing.F) {
 			}
 			if !errors.Is(roErr, ErrCorrupt) {
 				t.Fatalf("Open found corruption (%v) where ReadOnly found %v", err, roErr)
+			}
+			// Damage Recover can drop is dropped, for good.
+			var ce *CorruptError
+			if errors.As(err, &ce) && ce.Recoverable {
+				r, err := Open(path, Options{NoSync: true, CompactBytes: -1, Recover: true})
+				if err != nil {
+					t.Fatalf("Open with Recover after %v: %v", ce, err)
+				}
+				if r.Recovered() == nil {
+					t.Fatalf("Open with Recover after %v reports no recovery", ce)
+				}
+				recovered := r.Snapshot()
+				r.Close()
+				again, err := Open(path, Options{NoSync: true, CompactBytes: -1})
+				if err != nil {
+					t.Fatalf("Open after a recovery: %v", err)
+				}
+				if diff := cmp.Diff(recovered, again.Snapshot(), asStrings); diff != "" {
+					t.Fatalf("Open after a recovery (-recovered +reopened):\n%s", diff)
+				}
+				again.Close()
 			}
 			return
 		}

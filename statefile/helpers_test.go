@@ -90,8 +90,8 @@ func copyState(t testing.TB, from string) string {
 	t.Helper()
 	to := statePath(t)
 	p, q := pathsFor(from), pathsFor(to)
-	for i, src := range []string{p.snap, p.journal, p.next, p.snap + ".tmp", p.next + ".tmp", p.journal + ".tmp"} {
-		dst := []string{q.snap, q.journal, q.next, q.snap + ".tmp", q.next + ".tmp", q.journal + ".tmp"}[i]
+	for i, src := range []string{p.snap, p.journal, p.next, p.mark, p.snap + ".tmp", p.next + ".tmp", p.journal + ".tmp", p.mark + ".tmp"} {
+		dst := []string{q.snap, q.journal, q.next, q.mark, q.snap + ".tmp", q.next + ".tmp", q.journal + ".tmp", q.mark + ".tmp"}[i]
 		b, err := os.ReadFile(src)
 		if errors.Is(err, os.ErrNotExist) {
 			continue

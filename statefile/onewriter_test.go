@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -190,6 +191,7 @@ func TestJournalLossIsCorruption(t *testing.T) {
 		build    func(t *testing.T) image
 		damage   func(t *testing.T, im image) (file string, offset int64)
 		contains string
+		fatal    bool // not even Options.Recover gets past it
 	}{
 		{
 			name:  "journal deleted after a compaction",
@@ -254,7 +256,7 @@ func TestJournalLossIsCorruption(t *testing.T) {
 				remove(t, im.p.next)
 				return im.p.next, 0
 			},
-			contains: "was sealed to continue in it",
+			contains: "the journal of generation 2 is missing, but mark",
 		},
 		{
 			name:  "next journal deleted after the snapshot was installed",
@@ -275,6 +277,7 @@ func TestJournalLossIsCorruption(t *testing.T) {
 				return im.p.journal, cut
 			},
 			contains: "the journal ends unsealed",
+			fatal:    true,
 		},
 		{
 			name:  "snapshot promises more than the journal holds",
@@ -304,7 +307,7 @@ func TestJournalLossIsCorruption(t *testing.T) {
 				if !errors.As(err, &ce) {
 					t.Fatalf("%s = %v, want a *CorruptError", name, err)
 				}
-				if diff := cmp.Diff(&CorruptError{Path: file, Offset: offset}, ce, cmp.FilterPath(func(p cmp.Path) bool { return p.Last().String() == ".Reason" }, cmp.Ignore())); diff != "" {
+				if diff := cmp.Diff(&CorruptError{Path: file, Offset: offset, Recoverable: !tt.fatal}, ce, cmp.FilterPath(func(p cmp.Path) bool { return p.Last().String() == ".Reason" }, cmp.Ignore())); diff != "" {
 					t.Errorf("%s CorruptError (-want +got):\n%s", name, diff)
 				}
 				if !strings.Contains(err.Error(), tt.contains) {
@@ -348,7 +351,7 @@ func TestCrashCreatingState(t *testing.T) {
 	}
 	mustApply(t, g, put("m/a", "1"))
 	mustClose(t, g)
-	if diff := cmp.Diff([]string{"state.journal", "state.lock", "state.snap"}, existing(t, image)); diff != "" {
+	if diff := cmp.Diff([]string{"state.journal", "state.lock", "state.mark", "state.snap"}, existing(t, image)); diff != "" {
 		t.Errorf("files after recovery (-want +got):\n%s", diff)
 	}
 	if diff := cmp.Diff(bytesMap(map[string]string{"m/a": "1"}), reopen(t, image), asStrings); diff != "" {
@@ -388,6 +391,49 @@ func TestStatePathNamesAFile(t *testing.T) {
 	}
 	if diff := cmp.Diff([]string{filepath.Base(dir)}, existing(t, dir)); diff != "" {
 		t.Errorf("files next to the directory (-want +got):\n%s", diff)
+	}
+}
+
+// TestStatePathIsNoDevice: a device, a FIFO, a path in /dev, a blank or
+// dashed name is not a state path; Open and ReadOnly refuse it and write
+// nothing (before, /dev/null made Open write its files into /dev).
+func TestStatePathIsNoDevice(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct{ path, want string }{
+		{"/dev/null", "character device"},
+		{fifo, "named pipe"},
+		{"/dev/bigfleet-test-state", "kernel's /dev file system"},
+		{"/proc/self/state", "kernel's /proc file system"},
+		{"-", "starts with '-'"},
+		{" ", "blank"},
+		{dir + "/a\nb", "control character"},
+	} {
+		t.Run(tt.path, func(t *testing.T) {
+			if f, err := Open(tt.path, Options{}); err == nil || !strings.Contains(err.Error(), tt.want) {
+				if f != nil {
+					f.Close()
+				}
+				t.Errorf("Open(%q) = %v, want an error saying %q", tt.path, err, tt.want)
+			}
+			if _, err := ReadOnly(tt.path); err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("ReadOnly(%q) = %v, want an error saying %q", tt.path, err, tt.want)
+			}
+		})
+	}
+	for _, base := range []string{"/dev/null", "/dev/bigfleet-test-state"} {
+		for _, suffix := range []string{".lock", ".snap", ".journal", ".journal.next", ".mark"} {
+			if _, err := os.Stat(base + suffix); err == nil {
+				t.Errorf("%s was created", base+suffix)
+				os.Remove(base + suffix)
+			}
+		}
+	}
+	if diff := cmp.Diff([]string{"fifo"}, existing(t, filepath.Join(dir, "x"))); diff != "" {
+		t.Errorf("files in the directory (-want +got):\n%s", diff)
 	}
 }
 
@@ -516,5 +562,85 @@ func TestDiskFull(t *testing.T) {
 	}
 	if want := "append to " + path + ".journal: "; !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), ".tmp") {
 		t.Errorf("error %q does not name the journal as %q", err, want)
+	}
+}
+
+// TestLostFilesStopTheWriter (issue 17, item 6d): once every file of the
+// state is deleted under a running writer, a second writer can open a new
+// state there; the first must stop instead of acknowledging records into
+// files nobody will read: the next commit fails with ErrLost, and so does
+// an idle writer, found by its watch.
+func TestLostFilesStopTheWriter(t *testing.T) {
+	removeAll := func(t *testing.T, path string) {
+		p := pathsFor(path)
+		for _, f := range []string{p.lock, p.snap, p.journal, p.next} {
+			if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				t.Fatal(err)
+			}
+		}
+	}
+	t.Run("commit", func(t *testing.T) {
+		path := statePath(t)
+		f := mustOpen(t, path, Options{})
+		mustApply(t, f, put("m/a", "1"))
+		removeAll(t, path)
+		second := mustOpen(t, path, Options{}) // nothing keeps it out now
+		defer mustClose(t, second)
+		seq := f.Apply(put("m/b", "2"))
+		if err := f.Wait(context.Background(), seq); !errors.Is(err, ErrLost) {
+			t.Errorf("commit after the files were deleted: %v, want ErrLost", err)
+		}
+		done := make(chan error, 1)
+		f.Commit([]Op{put("m/c", "3")}, func(err error) { done <- err })
+		if err := <-done; !errors.Is(err, ErrLost) {
+			t.Errorf("later commit: %v, want ErrLost", err)
+		}
+		waitStopped(t, f)
+		if err := f.Healthy(); !errors.Is(err, ErrLost) {
+			t.Errorf("Healthy = %v, want ErrLost", err)
+		}
+		f.Close()
+		if got := second.Snapshot(); len(got) != 0 {
+			t.Errorf("the second writer's state holds %v", got)
+		}
+	})
+	t.Run("idle", func(t *testing.T) {
+		path := statePath(t)
+		f := mustOpen(t, path, Options{})
+		mustApply(t, f, put("m/a", "1"))
+		removeAll(t, path)
+		waitStopped(t, f) // the watch finds it without a commit
+		if err := f.Healthy(); !errors.Is(err, ErrLost) || !strings.Contains(err.Error(), path+".journal") {
+			t.Errorf("Healthy = %v, want ErrLost naming the journal", err)
+		}
+		f.Close()
+	})
+	t.Run("journal replaced", func(t *testing.T) {
+		path := statePath(t)
+		f := mustOpen(t, path, Options{})
+		mustApply(t, f, put("m/a", "1"))
+		p := pathsFor(path)
+		other := statePath(t)
+		g := mustOpen(t, other, Options{})
+		mustClose(t, g)
+		if err := os.Rename(pathsFor(other).journal, p.journal); err != nil {
+			t.Fatal(err)
+		}
+		seq := f.Apply(put("m/b", "2"))
+		if err := f.Wait(context.Background(), seq); !errors.Is(err, ErrLost) {
+			t.Errorf("commit after the journal was replaced: %v, want ErrLost", err)
+		}
+		f.Close()
+	})
+}
+
+// waitStopped waits for f to stop; the bound only keeps a broken watch
+// from hanging the suite.
+func waitStopped(t *testing.T, f *File) {
+	t.Helper()
+	select {
+	case <-f.Stopped():
+	case <-time.After(time.Minute):
+		t.Fatal("the File never stopped")
 	}
 }

@@ -12,12 +12,13 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 )
 
 // paths names the files of one state; see doc.go.
 type paths struct {
-	base, dir, snap, journal, next, lock, probe string
+	base, dir, snap, journal, next, lock, probe, mark string
 }
 
 func pathsFor(p string) paths {
@@ -29,27 +30,83 @@ func pathsFor(p string) paths {
 		next:    p + ".journal.next",
 		lock:    p + ".lock",
 		probe:   p + ".probe.tmp",
+		mark:    p + ".mark",
 	}
 }
 
 func (p paths) temps() []string {
-	return []string{p.snap + ".tmp", p.journal + ".tmp", p.next + ".tmp", p.probe}
+	return []string{p.snap + ".tmp", p.journal + ".tmp", p.next + ".tmp", p.probe, p.mark + ".tmp"}
 }
 
-// checkPath rejects a state path that names a directory: the state's files
-// would land next to it (or, for a trailing separator, inside it as
-// hidden files).
-func checkPath(path string) error {
+// CheckPath says why path cannot name a state, nil if it can: it must be
+// a file path (not a directory, not ending in a separator), spelled
+// without surrounding blanks, control characters or a leading '-' (which
+// would read as standard input or a flag), and not a device or other
+// special file: if it exists it is a regular file, and its directory is
+// a directory outside the kernel's pseudo file systems (/dev, /proc,
+// /sys), where the state's files could not live. Open and ReadOnly call
+// it; configuration calls it to report a bad --state at startup.
+func CheckPath(path string) error {
 	switch {
 	case path == "":
 		return errors.New("empty path")
+	case strings.TrimSpace(path) == "":
+		return errors.New("the path is blank")
+	case strings.TrimSpace(path) != path:
+		return errors.New("the path starts or ends with white space; quote it correctly")
+	case strings.IndexFunc(path, func(r rune) bool { return r < 0x20 || r == 0x7f }) >= 0:
+		return errors.New("the path holds a control character")
+	case path[0] == '-':
+		return errors.New("the path starts with '-', which reads as standard input or a flag; write ./" + path + " for a file of that name")
 	case strings.HasSuffix(path, "/") || strings.HasSuffix(path, string(filepath.Separator)):
 		return errors.New("the path ends in a separator; name a file, not a directory")
 	}
-	if st, err := os.Stat(path); err == nil && st.IsDir() {
-		return errors.New("the path is a directory; name a file inside it, e.g. " + filepath.Join(path, "state"))
+	if st, err := os.Stat(path); err == nil {
+		switch {
+		case st.IsDir():
+			return errors.New("the path is a directory; name a file inside it, e.g. " + filepath.Join(path, "state"))
+		case !st.Mode().IsRegular():
+			return fmt.Errorf("the path is a %s, not a regular file; the state needs files of its own next to it", fileKind(st.Mode()))
+		}
+	}
+	dir := filepath.Dir(path)
+	st, err := os.Stat(dir)
+	if err != nil {
+		return nil // Open creates it, or reports why it cannot
+	}
+	if !st.IsDir() {
+		return fmt.Errorf("%s is not a directory", dir)
+	}
+	for _, pseudo := range []string{"/dev", "/proc", "/sys"} {
+		if p, err := os.Stat(pseudo); err == nil && sameDevice(st, p) {
+			return fmt.Errorf("%s is on the kernel's %s file system, where a state's files cannot live", dir, pseudo)
+		}
 	}
 	return nil
+}
+
+// fileKind names a special file's type for an error.
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeCharDevice != 0:
+		return "character device"
+	case m&fs.ModeDevice != 0:
+		return "block device"
+	case m&fs.ModeNamedPipe != 0:
+		return "named pipe"
+	case m&fs.ModeSocket != 0:
+		return "socket"
+	case m&fs.ModeSymlink != 0:
+		return "symbolic link"
+	}
+	return "special file"
+}
+
+// sameDevice reports whether two files live on one mounted file system.
+func sameDevice(a, b fs.FileInfo) bool {
+	as, ok1 := a.Sys().(*syscall.Stat_t)
+	bs, ok2 := b.Sys().(*syscall.Stat_t)
+	return ok1 && ok2 && as.Dev == bs.Dev
 }
 
 // errNoState means no state exists yet: none of the files, or only the
@@ -59,15 +116,18 @@ var errNoState = errors.New("no state")
 // openFiles holds descriptors for the files that existed when they were
 // opened; nil means absent.
 type openFiles struct {
-	snap, journal, next *os.File
+	mark, snap, journal, next *os.File
 }
 
+// openAll opens the files in the order they may be read: the mark first,
+// since the journal only grows past what it records, so a journal read
+// after it is never shorter than its promise.
 func openAll(p paths) (openFiles, error) {
 	var o openFiles
 	for _, s := range []struct {
 		path string
 		f    **os.File
-	}{{p.snap, &o.snap}, {p.journal, &o.journal}, {p.next, &o.next}} {
+	}{{p.mark, &o.mark}, {p.snap, &o.snap}, {p.journal, &o.journal}, {p.next, &o.next}} {
 		f, err := os.Open(s.path)
 		switch {
 		case err == nil:
@@ -85,7 +145,7 @@ func openAll(p paths) (openFiles, error) {
 }
 
 func (o openFiles) close() {
-	for _, f := range []*os.File{o.snap, o.journal, o.next} {
+	for _, f := range []*os.File{o.mark, o.snap, o.journal, o.next} {
 		if f != nil {
 			f.Close()
 		}
@@ -100,7 +160,7 @@ func (o openFiles) unchanged(p paths) (bool, error) {
 	for _, s := range []struct {
 		path string
 		f    *os.File
-	}{{p.snap, o.snap}, {p.journal, o.journal}, {p.next, o.next}} {
+	}{{p.mark, o.mark}, {p.snap, o.snap}, {p.journal, o.journal}, {p.next, o.next}} {
 		now, err := os.Stat(s.path)
 		if errors.Is(err, fs.ErrNotExist) {
 			if s.f != nil {
@@ -134,6 +194,11 @@ type journalInfo struct {
 	records int
 	sealed  bool   // ends with a seal frame naming generation gen+1
 	tear    string // why the tail was judged torn
+	lastSum uint32 // payload checksum of the frame that ends at end
+	// damage, when set, is why replay stopped at end although what
+	// follows was, or may have been, acknowledged: a *CorruptError that
+	// only Open with Recover gets past.
+	damage *CorruptError
 }
 
 // loaded is what the files of a state say.
@@ -156,6 +221,17 @@ type loaded struct {
 	// left beside format-1 journals; chain is then empty or holds only the
 	// upgrade's empty journal.
 	upgrading bool
+	// mark is the mark file's newest record, nil without one (a state of
+	// an earlier release) or, with Recover, when it is unreadable.
+	mark *mark
+	// markErr says why a mark the state should have cannot be used, and
+	// markTrouble is its text once Recover goes ahead without it.
+	markErr     *CorruptError
+	markTrouble string
+	// With Recover: the first damage found (replay stopped there) and the
+	// journals after it, which were not replayed.
+	damage  *CorruptError
+	dropped []journalFile
 }
 
 // records is how many records the chain replayed.
@@ -194,7 +270,30 @@ func statSize(path string, f *os.File) (int64, error) {
 // journal promises the next generation's, and records in the next
 // generation's journal promise a seal before them. A format-1 snapshot is
 // read by loadLegacy.
-func load(p paths, o openFiles, keepRotation bool) (*loaded, error) {
+// loadOptions say what load may do beyond reading.
+type loadOptions struct {
+	// keepRotation keeps the state at the end of the first of two
+	// journals (see loaded.rotation).
+	keepRotation bool
+	// recover makes damage to acknowledged records (see
+	// journalInfo.damage) end the replay instead of failing it: the
+	// loaded state is what precedes the first damage.
+	recover bool
+}
+
+func load(p paths, o openFiles, opts loadOptions) (*loaded, error) {
+	keepRotation := opts.keepRotation
+	// The mark is read first: the journal only grows past what it
+	// records, so lengths taken after it are never short of it.
+	var mk *mark
+	var markErr error
+	if o.mark != nil {
+		m, err := readMark(p.mark, o.mark)
+		if err == nil {
+			mk = &m
+		}
+		markErr = err
+	}
 	// Lengths are taken next before journal: a record reaches the next
 	// journal only after the old one's seal is durable, so a reader that
 	// sees such a record also sees the seal.
@@ -230,6 +329,17 @@ func load(p paths, o openFiles, keepRotation bool) (*loaded, error) {
 		return nil, err
 	}
 	ld.version, ld.snapGen, ld.snapSize = h.version, h.gen, size
+	var markCorrupt *CorruptError
+	switch {
+	case o.mark != nil && markErr == nil:
+		ld.mark = mk
+	case o.mark != nil && errors.As(markErr, &markCorrupt):
+		// Reported once nothing worse is found (see done).
+		markCorrupt.Recoverable = true
+		ld.markErr = markCorrupt
+	case o.mark != nil:
+		return nil, markErr
+	}
 	var journals []journalFile // P.journal first
 	for _, s := range []*sized{journal, next} {
 		if s == nil {
@@ -288,9 +398,13 @@ func load(p paths, o openFiles, keepRotation bool) (*loaded, error) {
 		for _, j := range legacy {
 			ld.stale = append(ld.stale, j.path)
 		}
-		if len(chain) == 0 {
-			return ld, nil
-		}
+	}
+	if o.mark == nil && ld.version >= snapshotVersion {
+		ld.markErr = corrupt(p.mark, 0, "the mark file is missing, but snapshot %s (format %d) promises one: nothing tells whether the journal lost acknowledged records", p.snap, ld.version)
+		ld.markErr.Recoverable = true
+	}
+	if ld.upgrading && len(chain) == 0 {
+		return ld.done(opts)
 	}
 	slices.SortFunc(chain, func(a, b candidate) int { return cmp.Compare(a.gen, b.gen) })
 	switch {
@@ -299,28 +413,44 @@ func load(p paths, o openFiles, keepRotation bool) (*loaded, error) {
 	case len(chain) == 2 && chain[0].path != p.journal:
 		return nil, corrupt(p.next, 12, "journal generation %d is older than %s generation %d", chain[0].gen, p.journal, chain[1].gen)
 	case len(chain) == 0:
-		return nil, corrupt(p.journal, 0, "the journal of generation %d is missing, but snapshot %s records %d durable bytes of it", ld.snapGen, p.snap, promise)
+		return ld.damaged(opts, corrupt(p.journal, 0, "the journal of generation %d is missing, but snapshot %s records %d durable bytes of it", ld.snapGen, p.snap, promise))
 	case chain[0].gen != ld.snapGen:
-		return nil, corrupt(p.journal, 0, "the journal of generation %d is missing (%s continues it with generation %d), but snapshot %s records %d durable bytes of it",
-			ld.snapGen, chain[0].path, chain[0].gen, p.snap, promise)
+		for _, c := range chain {
+			ld.dropped = append(ld.dropped, journalFile{sized: c.sized, h: fileHeader{version: formatVersion, kind: kindJournal, gen: c.gen}})
+		}
+		return ld.damaged(opts, corrupt(p.journal, 0, "the journal of generation %d is missing (%s continues it with generation %d), but snapshot %s records %d durable bytes of it",
+			ld.snapGen, chain[0].path, chain[0].gen, p.snap, promise))
+	}
+	if m := ld.mark; m != nil && m.gen > chain[len(chain)-1].gen {
+		missing := p.journal
+		if m.gen == ld.snapGen+1 {
+			missing = p.next
+		}
+		return ld.damaged(opts, corrupt(missing, 0, "the journal of generation %d is missing, but mark %s records %d acknowledged bytes of it", m.gen, p.mark, m.length))
 	}
 	for i, c := range chain {
 		var pr promised
 		if i == 0 {
 			pr = promised{promise, p.snap}
 		}
-		info, err := replayJournal(c.path, c.f, c.size, c.gen, ld.state, pr)
+		info, err := replayJournal(c.path, c.f, c.size, c.gen, ld.state, pr, ld.ackFor(c.gen, p.mark))
 		if err != nil {
 			return nil, err
 		}
 		ld.chain = append(ld.chain, info)
+		if info.damage != nil {
+			for _, later := range chain[i+1:] {
+				ld.dropped = append(ld.dropped, journalFile{sized: later.sized, h: fileHeader{version: formatVersion, kind: kindJournal, gen: later.gen}})
+			}
+			return ld.damaged(opts, info.damage)
+		}
 		if i == 0 && len(chain) == 2 && keepRotation {
 			ld.rotation = maps.Clone(ld.state)
 		}
 	}
 	last := ld.chain[len(ld.chain)-1]
 	if last.sealed {
-		return nil, corrupt(p.next, 0, "the journal of generation %d is missing, but %s was sealed to continue in it", last.gen+1, last.path)
+		return ld.damaged(opts, corrupt(p.next, 0, "the journal of generation %d is missing, but %s was sealed to continue in it", last.gen+1, last.path))
 	}
 	if len(ld.chain) == 2 && ld.chain[1].records > 0 {
 		// The seal was durable before any record went to the next journal.
@@ -331,7 +461,74 @@ func load(p paths, o openFiles, keepRotation bool) (*loaded, error) {
 			return nil, corrupt(c.path, c.end, "the journal ends unsealed, but %s holds records that follow its seal: it was truncated", ld.chain[1].path)
 		}
 	}
+	return ld.done(opts)
+}
+
+// done returns ld once it was read whole, unless its mark is missing or
+// unreadable: then, without opts.recover, the mark's *CorruptError (it
+// comes last, so worse damage, which Recover cannot drop, is reported
+// first).
+func (ld *loaded) done(opts loadOptions) (*loaded, error) {
+	if ld.markErr == nil {
+		return ld, nil
+	}
+	if !opts.recover {
+		return nil, ld.markErr
+	}
+	ld.markTrouble = ld.markErr.Error()
 	return ld, nil
+}
+
+// damaged returns ld with its replay cut at err when opts allow a
+// recovery, and err otherwise.
+func (ld *loaded) damaged(opts loadOptions, err *CorruptError) (*loaded, error) {
+	err.Recoverable = true
+	if !opts.recover {
+		return nil, err
+	}
+	ld.damage = err
+	if ld.markErr != nil {
+		ld.markTrouble = ld.markErr.Error()
+	}
+	return ld, nil
+}
+
+// ackFor is what the mark says about the journal of gen, whose path is
+// named in errors by markPath.
+func (ld *loaded) ackFor(gen uint64, markPath string) acked {
+	switch m := ld.mark; {
+	case m == nil && ld.version >= snapshotVersion:
+		// The mark is missing or unreadable (Recover): nothing is known,
+		// so judge like a state of an earlier release.
+		return acked{strict: true}
+	case m == nil:
+		return acked{strict: true}
+	case m.gen == gen:
+		return acked{length: m.length, sum: m.sum, records: m.records, set: true, by: markPath}
+	case m.gen > gen:
+		// A journal older than the mark's was complete (sealed) before
+		// anything was written to the mark's.
+		return acked{whole: true, by: markPath}
+	}
+	// Nothing of this journal has been acknowledged yet.
+	return acked{}
+}
+
+// acked is what the mark says about one journal.
+type acked struct {
+	// set: the journal was acknowledged up to length, where a frame with
+	// payload checksum sum ends, holding records records in all.
+	set     bool
+	length  int64
+	sum     uint32
+	records uint64
+	// whole: every frame of the journal was acknowledged (it is older
+	// than the mark's).
+	whole bool
+	// strict: no mark exists, so a complete final frame that fails its
+	// checksum may have been acknowledged: it is damage, not a torn write.
+	strict bool
+	by     string // the mark's path
 }
 
 // journalVersions returns the format versions of P.journal and
@@ -488,7 +685,7 @@ func readSnapshotFrames(path string, f io.ReaderAt, size int64, h fileHeader, st
 		if fault != nil {
 			return 0, corrupt(path, fault.off, "%s", fault.reason)
 		}
-		if promise < 0 && h.version == formatVersion {
+		if promise < 0 && h.version != legacyVersion {
 			if promise, err = parseMeta(payload); err != nil {
 				return 0, corrupt(path, at, "%v", err)
 			}
@@ -503,7 +700,7 @@ func readSnapshotFrames(path string, f io.ReaderAt, size int64, h fileHeader, st
 		}
 		entries += uint64(n)
 	}
-	if promise < 0 && h.version == formatVersion {
+	if promise < 0 && h.version != legacyVersion {
 		return 0, corrupt(path, headerSize, "the snapshot has no meta frame")
 	}
 	if entries != h.count {
@@ -521,21 +718,32 @@ type promised struct {
 
 // replayJournal applies a journal's frames to state. A fault that an
 // interrupted final write explains ends the replay (the caller decides
-// whether a torn tail is allowed there) unless it lies within the
-// promised length, which was durable.
-func replayJournal(path string, f io.ReaderAt, size int64, gen uint64, state map[string][]byte, pr promised) (journalInfo, error) {
+// whether a torn tail is allowed there). Damage to what was acknowledged
+// (within the promised or acknowledged length, a complete final frame
+// that fails its checksum where no mark tells, anything before a whole
+// frame) also ends it, with info.damage saying why, and so does a journal
+// that ends before the acknowledged length or holds another frame there;
+// only a broken start frame and I/O errors fail it.
+func replayJournal(path string, f io.ReaderAt, size int64, gen uint64, state map[string][]byte, pr promised, ack acked) (journalInfo, error) {
 	info := journalInfo{path: path, gen: gen, size: size}
-	if size < pr.min {
-		return journalInfo{}, corrupt(path, size, "the journal ends at %d bytes, but snapshot %s records %d bytes of it as durable: it was truncated", size, pr.by, pr.min)
-	}
 	fr := newFrameReader(path, f, size)
-	first := true
+	first, ackSeen := true, false
+	damage := func(off int64, format string, a ...any) {
+		if info.damage == nil {
+			info.damage = corrupt(path, off, format, a...)
+		}
+	}
+	if size < pr.min {
+		// Known before reading: replay what is left, for a recovery.
+		damage(size, "the journal ends at %d bytes, but snapshot %s records %d bytes of it as durable: it was truncated", size, pr.by, pr.min)
+	}
+	info.end = min(size, headerSize)
 frames:
 	for {
 		at := fr.off
 		payload, fault, err := fr.next()
 		if errors.Is(err, io.EOF) {
-			if first {
+			if first && info.damage == nil {
 				return journalInfo{}, corrupt(path, at, "the journal has no start frame: it was truncated to its header")
 			}
 			break
@@ -545,42 +753,69 @@ frames:
 		}
 		if fault != nil {
 			switch {
+			case first && info.damage != nil:
 			case first:
 				// The start frame was fsynced before the journal was renamed
 				// into place: it cannot be torn.
 				return journalInfo{}, corrupt(path, fault.off, "start frame: %s", fault.reason)
-			case fault.mayBeTorn && fault.off >= pr.min:
-				info.tear = fault.reason
-			case fault.mayBeTorn:
-				return journalInfo{}, corrupt(path, fault.off, "%s within the %d bytes snapshot %s records as durable", fault.reason, pr.min, pr.by)
+			case ack.whole:
+				damage(fault.off, "%s in a journal that was complete before mark %s moved to the next generation", fault.reason, ack.by)
+			case ack.set && fault.off < ack.length:
+				damage(fault.off, "%s within the %d bytes mark %s records as acknowledged", fault.reason, ack.length, ack.by)
+			case fault.off < pr.min:
+				damage(fault.off, "%s within the %d bytes snapshot %s records as durable", fault.reason, pr.min, pr.by)
+			case !fault.mayBeTorn:
+				damage(fault.off, "%s", fault.reason)
+			case ack.strict && fault.complete:
+				damage(fault.off, "%s in the complete final frame: without a mark nothing says it was never acknowledged, so it is damage, not a torn write", fault.reason)
 			default:
-				return journalInfo{}, corrupt(path, fault.off, "%s", fault.reason)
+				info.tear = fault.reason
 			}
 			break frames
 		}
 		c, isControl, err := parseControl(payload)
 		switch {
 		case err != nil:
-			return journalInfo{}, corrupt(path, at, "%v", err)
+			damage(at, "%v", err)
+			break frames
 		case info.sealed:
-			return journalInfo{}, corrupt(path, at, "a frame follows the seal")
+			damage(at, "a frame follows the seal")
+			break frames
 		case first && (!isControl || c.tag != ctlStart || c.gen != gen):
 			return journalInfo{}, corrupt(path, at, "the first frame is not the start of generation %d", gen)
 		case first:
 		case isControl && c.tag == ctlSeal && c.gen == gen+1:
 			info.sealed = true
 		case isControl:
-			return journalInfo{}, corrupt(path, at, "unexpected control frame %q for generation %d in generation %d", c.tag, c.gen, gen)
+			damage(at, "unexpected control frame %q for generation %d in generation %d", c.tag, c.gen, gen)
+			break frames
 		default:
-			n, err := applyJournalPayload(payload, state)
-			if err != nil {
-				return journalInfo{}, corrupt(path, at, "%v", err)
+			// A record frame is applied whole or not at all.
+			if _, err := applyJournalPayload(payload, nil); err != nil {
+				damage(at, "%v", err)
+				break frames
 			}
+			n, _ := applyJournalPayload(payload, state)
 			info.records += n
 		}
 		first = false
+		if ack.set && fr.off == ack.length {
+			if fr.sum != ack.sum {
+				damage(at, "the frame ending at %d is not the one mark %s records as acknowledged there (checksum %08x, want %08x)", ack.length, ack.by, fr.sum, ack.sum)
+				break frames
+			}
+			ackSeen = true
+		}
+		info.end, info.lastSum = fr.off, fr.sum
 	}
-	info.end = fr.off
+	switch {
+	case info.damage != nil:
+	case ack.set && info.end < ack.length:
+		damage(info.end, "the journal holds %d whole bytes, but mark %s records %d bytes (%d records) of it as acknowledged: it was cut or damaged",
+			info.end, ack.by, ack.length, ack.records)
+	case ack.set && !ackSeen:
+		damage(ack.length, "no frame ends at %d, where mark %s records the acknowledged end", ack.length, ack.by)
+	}
 	return info, nil
 }
 
@@ -627,7 +862,7 @@ func replayLegacyJournal(path string, f io.ReaderAt, size int64, gen uint64, sta
 // It may include records that are written but not yet acknowledged. When
 // no state exists the error matches fs.ErrNotExist.
 func ReadOnly(path string) (map[string][]byte, error) {
-	if err := checkPath(path); err != nil {
+	if err := CheckPath(path); err != nil {
 		return nil, fmt.Errorf("read state %q: %w", path, err)
 	}
 	p := pathsFor(path)
@@ -641,7 +876,7 @@ func ReadOnly(path string) (map[string][]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("read state %s: %w", path, err)
 		}
-		ld, err := load(p, o, false)
+		ld, err := load(p, o, loadOptions{})
 		same, serr := o.unchanged(p)
 		o.close()
 		switch {

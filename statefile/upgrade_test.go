@@ -87,7 +87,7 @@ func v1Snapshot(gen uint64, kv ...string) []byte {
 // v2Snapshot and v2Journal build format-2 files with the production
 // encoder, for states an upgrade leaves half done.
 func v2Snapshot(gen uint64, journalMin int64, kv ...string) []byte {
-	b := fileHeader{kind: kindSnapshot, gen: gen, count: uint64(len(kv) / 2)}.encode()
+	b := fileHeader{version: formatVersion, kind: kindSnapshot, gen: gen, count: uint64(len(kv) / 2)}.encode()
 	b = append(b, frame(metaPayload(journalMin))...)
 	var payload []byte
 	for i := 0; i+1 < len(kv); i += 2 {
@@ -318,7 +318,7 @@ func TestOpenUpgradesFormat1(t *testing.T) {
 			if n := upgradeLogs(t, &logs); n != 1 {
 				t.Errorf("Open logged the upgrade %d times, want once:\n%s", n, logs.String())
 			}
-			wantFiles := map[string]uint16{"state.journal": formatVersion, "state.snap": formatVersion}
+			wantFiles := map[string]uint16{"state.journal": formatVersion, "state.snap": snapshotVersion, "state.mark": markVersion}
 			if diff := cmp.Diff(wantFiles, fileVersions(t, path)); diff != "" {
 				t.Errorf("files after the upgrade (-want +got):\n%s", diff)
 			}
@@ -540,16 +540,16 @@ func TestCrashDuringUpgrade(t *testing.T) {
 	journalFirst := map[string]versions{
 		"upgrade-started":            {"state.snap": 1, "state.journal": 1},
 		"upgrade-journal-created":    {"state.snap": 1, "state.journal": 1, "state.journal.next": 2},
-		"snapshot-written":           {"state.snap": 1, "state.journal": 1, "state.journal.next": 2, "state.snap.tmp": 2},
-		"upgrade-snapshot-installed": {"state.snap": 2, "state.journal": 1, "state.journal.next": 2},
-		"upgraded":                   {"state.snap": 2, "state.journal": 2},
+		"snapshot-written":           {"state.snap": 1, "state.journal": 1, "state.journal.next": 2, "state.mark": 1, "state.snap.tmp": 3},
+		"upgrade-snapshot-installed": {"state.snap": 3, "state.journal": 1, "state.journal.next": 2, "state.mark": 1},
+		"upgraded":                   {"state.snap": 3, "state.journal": 2, "state.mark": 1},
 	}
 	snapshotFirst := map[string]versions{
 		"upgrade-started":            {"state.snap": 1, "state.journal": 1, "state.journal.next": 1},
-		"snapshot-written":           {"state.snap": 1, "state.journal": 1, "state.journal.next": 1, "state.snap.tmp": 2},
-		"upgrade-snapshot-installed": {"state.snap": 2, "state.journal": 1, "state.journal.next": 1},
-		"upgrade-journal-created":    {"state.snap": 2, "state.journal": 1, "state.journal.next": 2},
-		"upgraded":                   {"state.snap": 2, "state.journal": 2},
+		"snapshot-written":           {"state.snap": 1, "state.journal": 1, "state.journal.next": 1, "state.mark": 1, "state.snap.tmp": 3},
+		"upgrade-snapshot-installed": {"state.snap": 3, "state.journal": 1, "state.journal.next": 1, "state.mark": 1},
+		"upgrade-journal-created":    {"state.snap": 3, "state.journal": 1, "state.journal.next": 2, "state.mark": 1},
+		"upgraded":                   {"state.snap": 3, "state.journal": 2, "state.mark": 1},
 	}
 	tests := []struct {
 		name  string
@@ -567,9 +567,9 @@ func TestCrashDuringUpgrade(t *testing.T) {
 			steps: map[string]versions{
 				"upgrade-started":            {"state.snap": 1},
 				"upgrade-journal-created":    {"state.snap": 1, "state.journal.next": 2},
-				"snapshot-written":           {"state.snap": 1, "state.journal.next": 2, "state.snap.tmp": 2},
-				"upgrade-snapshot-installed": {"state.snap": 2, "state.journal.next": 2},
-				"upgraded":                   {"state.snap": 2, "state.journal": 2},
+				"snapshot-written":           {"state.snap": 1, "state.journal.next": 2, "state.mark": 1, "state.snap.tmp": 3},
+				"upgrade-snapshot-installed": {"state.snap": 3, "state.journal.next": 2, "state.mark": 1},
+				"upgraded":                   {"state.snap": 3, "state.journal": 2, "state.mark": 1},
 			},
 		},
 	}
@@ -613,8 +613,8 @@ func TestCrashDuringUpgrade(t *testing.T) {
 				t.Run(step, func(t *testing.T) {
 					image := images[step]
 					hasV1 := false
-					for _, v := range fileVersions(t, image) {
-						hasV1 = hasV1 || v == 1
+					for name, v := range fileVersions(t, image) {
+						hasV1 = hasV1 || v == 1 && name != "state.mark"
 					}
 					// Crash the Open that finishes this upgrade at each of
 					// its steps.
