@@ -733,18 +733,18 @@ func (f *File) Apply(ops ...Op) uint64 {
 		return f.lastSeq
 	}
 	if n := recordSize(ops); n > maxRecord {
-		return refused | uint64(n)
+		return refusedSeq | uint64(n)
 	}
 	b := f.queueLocked(ops)
 	f.markUrgent(b) // Apply's callers Wait
 	return b.last
 }
 
-// refused marks the numbers Apply returns for records it refused: the top
+// refusedSeq marks the numbers Apply returns for records it refused: the top
 // bit set, the record's size in the others (a real sequence number never
 // gets near 2^63). Wait answers them with the size error without looking
 // anything up, so a refusal costs no memory.
-const refused = 1 << 63
+const refusedSeq = 1 << 63
 
 // queueLocked appends ops as the next record to the queue and to the
 // in-memory state. Callers hold f.mu.
@@ -784,8 +784,8 @@ func (f *File) queueLocked(ops []Op) *batch {
 // Records applied after Close began are never written: Wait returns
 // ErrClosed for them.
 func (f *File) Wait(ctx context.Context, seq uint64) error {
-	if seq&refused != 0 {
-		return fmt.Errorf("record of %d bytes exceeds the %d-byte limit; nothing was applied", seq&^refused, maxRecord)
+	if seq&refusedSeq != 0 {
+		return fmt.Errorf("record of %d bytes exceeds the %d-byte limit; nothing was applied", seq&^refusedSeq, maxRecord)
 	}
 	for {
 		f.mu.Lock()
