@@ -315,7 +315,7 @@ func TestDamagedJournalIsRefusedThenRecovered(t *testing.T) {
 	dir := t.TempDir()
 	state := filepath.Join(dir, "state")
 	// The transitions stay in flight: the last frame is the second Create.
-	s := start(t, "--seed-count", "4", "--state", state, "--fake-latency", "10m")
+	s := start(t, "--seed-count", "4", "--state", state, "--fake-latency", "1m")
 	ids := speculative(t, s.c, 2)
 	first := must(t, "create")(create(s.c, t, ids[0], tok{"shard-a", 3, 1}))
 	second := must(t, "create")(create(s.c, t, ids[1], tok{"shard-a", 3, 2}))
