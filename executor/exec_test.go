@@ -16,22 +16,22 @@ import (
 )
 
 // failNth fails the n-th hook call (counting every op, from 0) with err
-// and returns the ops seen so far.
-func failNth(n int, err error) (fake.Hook, func() []string) {
+// and returns the calls seen so far.
+func failNth(n int, err error) (fake.Hook, func() []fake.Call) {
 	var mu sync.Mutex
-	var seen []string
+	var seen []fake.Call
 	return func(_ context.Context, c fake.Call) error {
 			mu.Lock()
 			defer mu.Unlock()
-			seen = append(seen, c.Op)
+			seen = append(seen, c)
 			if len(seen)-1 == n {
 				return err
 			}
 			return nil
-		}, func() []string {
+		}, func() []fake.Call {
 			mu.Lock()
 			defer mu.Unlock()
-			return append([]string(nil), seen...)
+			return append([]fake.Call(nil), seen...)
 		}
 }
 
@@ -110,9 +110,10 @@ func newGuestVM(t *testing.T, shape hypervisors.Shape, opts fake.Options) guestV
 
 var shapes = []hypervisors.Shape{hypervisors.ShapeLibvirt, hypervisors.ShapeProxmox}
 
-// A fault at every call of the bootstrap sequence (write the blob, run
-// the hook, its answer, remove the blob): the hook starts at most once;
-// only a fault after it started (its answer lost) fails the step, with
+// A fault at every call of the bootstrap sequence, the simulated agent's
+// wire included (write the blob, run the hook and poll it, its answer,
+// remove the blob): the hook starts at most once; only a fault after it
+// started (its answer lost, its status unreadable) fails the step, with
 // ErrOutcomeUnknown and a last_error that says so; the blob never stays.
 func TestBootstrapRunsAtMostOnceUnderFaults(t *testing.T) {
 	blob := []byte("kubeadm join --token abcdef.0123456789abcdef")
@@ -124,9 +125,22 @@ func TestBootstrapRunsAtMostOnceUnderFaults(t *testing.T) {
 			t.Fatalf("%s: clean run: %v", shape, err)
 		}
 		sequence := seenClean()
-		for n, op := range sequence {
+		// phase says where each call is: writing the blob, running the
+		// hook (from its AgentExec on), or removing the blob.
+		phase := make([]string, len(sequence))
+		cur := "write"
+		for i, c := range sequence {
+			switch c.Op {
+			case "AgentExec":
+				cur = "hook"
+			case "AgentRemoveFile":
+				cur = "remove"
+			}
+			phase[i] = cur
+		}
+		for n, c := range sequence {
 			for _, fault := range []error{hypervisors.ErrTransient, hypervisors.ErrAgentNotReady, errors.New("connection reset by peer")} {
-				t.Run(fmt.Sprintf("%s/%d-%s/%v", shape, n, op, fault), func(t *testing.T) {
+				t.Run(fmt.Sprintf("%s/%02d-%s-%s/%v", shape, n, phase[n], c.Op, fault), func(t *testing.T) {
 					g := newGuestVM(t, shape, fake.Options{})
 					hook, _ := failNth(n, fault)
 					g.setHook(hook)
@@ -135,23 +149,28 @@ func TestBootstrapRunsAtMostOnceUnderFaults(t *testing.T) {
 					ex.o.ExecStarting = starts.hook
 					_, err := ex.Run(context.Background(), planner.Change{Machine: "m", Steps: []planner.Step{g.bootstrap}}, "op")
 					st := g.guest()
-					retryable := hypervisors.Retryable
+					retryable := hypervisors.Retryable(fault)
 					if st.Starts.Bootstrap > 1 {
 						t.Fatalf("the hook started %d times", st.Starts.Bootstrap)
 					}
 					if _, ok := st.Files[g.bootstrap.Params.BlobPath]; ok {
 						t.Error("the blob stayed in the guest")
 					}
+					// A helper of the write whose outcome is lost is
+					// repeated with the whole (idempotent) write.
+					helperLost := c.Op == fake.AgentStatusOp || c.Op == fake.ExecAnswerOp
+					writeFails := phase[n] == "write" && !retryable && !helperLost
 					wantStarting := 1
-					if op == "AgentWriteFile" && !retryable(fault) {
+					if writeFails {
 						wantStarting = 0
 					}
 					if got := starts.count(); got != wantStarting {
 						t.Errorf("ExecStarting called %d times, want %d", got, wantStarting)
 					}
 					switch {
-					case op == fake.ExecAnswerOp:
-						// The hook ran; its answer was lost.
+					case phase[n] == "hook" && (c.Op == fake.ExecAnswerOp || c.Op == fake.AgentStatusOp && !retryable):
+						// The hook ran; its answer was lost, or its status
+						// could not be read.
 						if !errors.Is(err, hypervisors.ErrOutcomeUnknown) || hypervisors.Retryable(err) {
 							t.Fatalf("err = %v, want ErrOutcomeUnknown", err)
 						}
@@ -166,20 +185,20 @@ func TestBootstrapRunsAtMostOnceUnderFaults(t *testing.T) {
 						if st.Starts.Bootstrap != 1 {
 							t.Errorf("hook starts = %d, want 1", st.Starts.Bootstrap)
 						}
-					case retryable(fault) || op == "AgentRemoveFile":
-						// Before the hook started, or removing after it:
-						// retried.
-						if err != nil {
-							t.Fatalf("a %v at %s should be retried: %v", fault, op, err)
-						}
-						if st.Starts.Bootstrap != 1 || len(st.Bootstraps) != 1 {
-							t.Errorf("hook starts = %d, bootstraps = %d; want 1 and 1", st.Starts.Bootstrap, len(st.Bootstraps))
-						}
-					default:
+					case writeFails || phase[n] == "hook" && !retryable:
 						// A terminal error before the hook started: it never
 						// runs.
 						if err == nil || st.Starts.Bootstrap != 0 {
 							t.Errorf("err = %v with %d starts; want the terminal error and no start", err, st.Starts.Bootstrap)
+						}
+					default:
+						// Retried: before the hook started, while polling
+						// it, or removing the blob after it.
+						if err != nil {
+							t.Fatalf("a %v at %s should be retried: %v", fault, c.Op, err)
+						}
+						if st.Starts.Bootstrap != 1 || len(st.Bootstraps) != 1 {
+							t.Errorf("hook starts = %d, bootstraps = %d; want 1 and 1", st.Starts.Bootstrap, len(st.Bootstraps))
 						}
 					}
 				})

@@ -51,6 +51,12 @@ func (s *sim) now() time.Time { return s.opts.Clock() }
 // fails it if the zone is unreachable or the simulator closed, and waits
 // the configured latency.
 func (s *sim) enter(ctx context.Context, op, zone string, t hypervisors.Target) error {
+	return s.enterCall(ctx, Call{Op: op, Zone: zone, Target: t})
+}
+
+// enterCall is enter for a call described in full.
+func (s *sim) enterCall(ctx context.Context, c Call) error {
+	op, zone := c.Op, c.Zone
 	s.mu.Lock()
 	s.counts[op]++
 	closed, unreachable := s.closed, s.unreachable[zone]
@@ -59,7 +65,7 @@ func (s *sim) enter(ctx context.Context, op, zone string, t hypervisors.Target) 
 		return fmt.Errorf("%s: fake hypervisor closed: %w", op, hypervisors.ErrUnreachable)
 	}
 	if h := s.currentHook(); h != nil {
-		if err := h(ctx, Call{Op: op, Zone: zone, Target: t}); err != nil {
+		if err := h(ctx, c); err != nil {
 			return err
 		}
 	}

@@ -87,7 +87,7 @@ func TestRealQGA(t *testing.T) {
 	if st, _ := os.Stat(filepath.Join(root, "run/big")); st.Mode().Perm() != 0o640 {
 		t.Errorf("mode = %v, want 0640", st.Mode().Perm())
 	}
-	parts, _ := filepath.Glob(filepath.Join(root, "run/big.bigfleet-part-*"))
+	parts, _ := filepath.Glob(filepath.Join(root, "run/big.bf-*"))
 	if len(parts) != 0 {
 		t.Errorf("chunk files left behind: %v", parts)
 	}
