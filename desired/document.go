@@ -21,12 +21,11 @@ import (
 // length-prefixed (format 1 joined shard and machine with a NUL, which was
 // ambiguous); Open migrates a format-1 document.
 const (
-	formatVersion        = 2
-	keyMachine           = "m/"
-	keyFence             = "f/"
-	keyMeta              = "meta/doc"
-	defaultDrainMargin   = 2 * time.Minute
-	interruptedConfigure = "configure interrupted by a provider restart: the bootstrap blob is never written to disk, so the transition cannot be resumed; retry on another slot"
+	formatVersion      = 2
+	keyMachine         = "m/"
+	keyFence           = "f/"
+	keyMeta            = "meta/doc"
+	defaultDrainMargin = 2 * time.Minute
 )
 
 // Slot is one offering slot as the inventory computed it.
@@ -172,7 +171,7 @@ type change struct {
 // LoadReport says what Open changed while reconciling the stored document
 // with the offerings and recovering interrupted transitions.
 type LoadReport struct {
-	Added, Removed, Slotless, Redriven, FailedConfigure int
+	Added, Removed, Slotless, Redriven int
 }
 
 // loaded is a decoded stored document.
@@ -351,17 +350,16 @@ func Open(ctx context.Context, opts Options, slots []Slot) (*Document, LoadRepor
 		if old.Intent == nil {
 			continue
 		}
+		// Every interrupted transition is re-driven from the durable
+		// intent, with a fresh deadline: the time the provider was down
+		// must not count against the hypervisor. A guest command it had
+		// started is not started again: the record the guest keeps of it
+		// (package guest) tells the executor whether it finished, still
+		// runs or never started. Only a Configure whose blob never reached
+		// the guest (it lives in memory only) cannot be run; it fails then.
 		m := old.clone()
-		if m.Intent.Kind == KindConfigure {
-			m.fail(now, interruptedConfigure)
-			rep.FailedConfigure++
-		} else {
-			// Create, Drain and Delete are re-driven from the durable intent
-			// with a fresh deadline: the time the provider was down must not
-			// count against the hypervisor.
-			m.Intent.Deadline = now.Add(d.timeout(m.Intent.Kind, m.Intent.GraceSeconds))
-			rep.Redriven++
-		}
+		m.Intent.Deadline = now.Add(d.timeout(m.Intent.Kind, m.Intent.GraceSeconds))
+		rep.Redriven++
 		t.put(m)
 	}
 	t.writeMeta()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/fake"
+	"github.com/bigfleet-vm/provider/hypervisors/guest"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
 )
@@ -111,10 +112,11 @@ func newGuestVM(t *testing.T, shape hypervisors.Shape, opts fake.Options) guestV
 var shapes = []hypervisors.Shape{hypervisors.ShapeLibvirt, hypervisors.ShapeProxmox}
 
 // A fault at every call of the bootstrap sequence, the simulated agent's
-// wire included (write the blob, run the hook and poll it, its answer,
-// remove the blob): the hook starts at most once; only a fault after it
-// started (its answer lost, its status unreadable) fails the step, with
-// ErrOutcomeUnknown and a last_error that says so; the blob never stays.
+// wire included (deliver the guest-op wrapper, stage the blob, run the
+// wrapper and poll it, its answer, remove the blob): the hook starts at
+// most once, and every fault after it may have started is recovered from
+// the guest's record of it, so the step succeeds; only a terminal error
+// before anything started fails it. The blob never stays.
 func TestBootstrapRunsAtMostOnceUnderFaults(t *testing.T) {
 	blob := []byte("kubeadm join --token abcdef.0123456789abcdef")
 	for _, shape := range shapes {
@@ -125,18 +127,22 @@ func TestBootstrapRunsAtMostOnceUnderFaults(t *testing.T) {
 			t.Fatalf("%s: clean run: %v", shape, err)
 		}
 		sequence := seenClean()
-		// phase says where each call is: writing the blob, running the
-		// hook (from its AgentExec on), or removing the blob.
+		// phase says where each call is: writing the wrapper and staging
+		// the blob, running the wrapper (from its AgentExec on), or
+		// removing the blob.
 		phase := make([]string, len(sequence))
 		cur := "write"
 		for i, c := range sequence {
-			switch c.Op {
-			case "AgentExec":
+			switch {
+			case c.Op == "AgentExec" && len(c.Argv) > 1 && c.Argv[1] == guest.WrapperPath:
 				cur = "hook"
-			case "AgentRemoveFile":
+			case c.Op == "AgentExec" && len(c.Argv) > 2 && c.Argv[2] == guest.UnstageScript:
 				cur = "remove"
 			}
 			phase[i] = cur
+		}
+		if cur != "remove" {
+			t.Fatalf("%s: clean sequence %v", shape, sequence)
 		}
 		for n, c := range sequence {
 			for _, fault := range []error{hypervisors.ErrTransient, hypervisors.ErrAgentNotReady, errors.New("connection reset by peer")} {
@@ -149,57 +155,39 @@ func TestBootstrapRunsAtMostOnceUnderFaults(t *testing.T) {
 					ex.o.ExecStarting = starts.hook
 					_, err := ex.Run(context.Background(), planner.Change{Machine: "m", Steps: []planner.Step{g.bootstrap}}, "op")
 					st := g.guest()
-					retryable := hypervisors.Retryable(fault)
 					if st.Starts.Bootstrap > 1 {
 						t.Fatalf("the hook started %d times", st.Starts.Bootstrap)
 					}
-					if _, ok := st.Files[g.bootstrap.Params.BlobPath]; ok {
-						t.Error("the blob stayed in the guest")
+					for p := range st.Files {
+						if p == g.bootstrap.Params.BlobPath || strings.HasPrefix(p, "/run/bigfleet/stage/") {
+							t.Errorf("the blob stayed in the guest at %s", p)
+						}
 					}
-					// A helper of the write whose outcome is lost is
-					// repeated with the whole (idempotent) write.
-					helperLost := c.Op == fake.AgentStatusOp || c.Op == fake.ExecAnswerOp
-					writeFails := phase[n] == "write" && !retryable && !helperLost
+					// A request that fails before it reached the guest
+					// (the agent method, a start request, a file write)
+					// with a terminal class stops the step there; a lost
+					// answer or status (the helpers' and the wrapper's)
+					// is asked again and recovered.
+					terminal := !hypervisors.Retryable(fault) && phase[n] != "remove" &&
+						(c.Op == "AgentWriteFile" || c.Op == "AgentExec" || c.Op == fake.AgentExecOp || c.Op == fake.AgentWriteOp)
 					wantStarting := 1
-					if writeFails {
+					if terminal && phase[n] == "write" {
 						wantStarting = 0
 					}
 					if got := starts.count(); got != wantStarting {
 						t.Errorf("ExecStarting called %d times, want %d", got, wantStarting)
 					}
-					switch {
-					case phase[n] == "hook" && (c.Op == fake.ExecAnswerOp || c.Op == fake.AgentStatusOp && !retryable):
-						// The hook ran; its answer was lost, or its status
-						// could not be read.
-						if !errors.Is(err, hypervisors.ErrOutcomeUnknown) || hypervisors.Retryable(err) {
-							t.Fatalf("err = %v, want ErrOutcomeUnknown", err)
-						}
-						for _, want := range []string{"bootstrap hook", "started as pid", "outcome is unknown"} {
-							if !strings.Contains(err.Error(), want) {
-								t.Errorf("last_error %q does not say %q", err, want)
-							}
-						}
-						if strings.Contains(err.Error(), string(blob)) {
-							t.Error("last_error holds the blob")
-						}
-						if st.Starts.Bootstrap != 1 {
-							t.Errorf("hook starts = %d, want 1", st.Starts.Bootstrap)
-						}
-					case writeFails || phase[n] == "hook" && !retryable:
-						// A terminal error before the hook started: it never
-						// runs.
-						if err == nil || st.Starts.Bootstrap != 0 {
+					if terminal {
+						if err == nil || st.Starts.Bootstrap != 0 || errors.Is(err, hypervisors.ErrOutcomeUnknown) {
 							t.Errorf("err = %v with %d starts; want the terminal error and no start", err, st.Starts.Bootstrap)
 						}
-					default:
-						// Retried: before the hook started, while polling
-						// it, or removing the blob after it.
-						if err != nil {
-							t.Fatalf("a %v at %s should be retried: %v", fault, c.Op, err)
-						}
-						if st.Starts.Bootstrap != 1 || len(st.Bootstraps) != 1 {
-							t.Errorf("hook starts = %d, bootstraps = %d; want 1 and 1", st.Starts.Bootstrap, len(st.Bootstraps))
-						}
+						return
+					}
+					if err != nil {
+						t.Fatalf("a %v at %s should be retried or recovered from the guest's record: %v", fault, c.Op, err)
+					}
+					if st.Starts.Bootstrap != 1 || len(st.Bootstraps) != 1 {
+						t.Errorf("hook starts = %d, bootstraps = %d; want 1 and 1", st.Starts.Bootstrap, len(st.Bootstraps))
 					}
 				})
 			}
@@ -207,8 +195,8 @@ func TestBootstrapRunsAtMostOnceUnderFaults(t *testing.T) {
 	}
 }
 
-// The drain runs at most once: a lost answer fails it (unknown outcome),
-// a refusal before the start is retried.
+// The drain runs at most once: a lost answer is recovered from the
+// guest's record, a refusal before the start is retried.
 func TestDrainRunsAtMostOnce(t *testing.T) {
 	tests := []struct {
 		name       string
@@ -219,7 +207,7 @@ func TestDrainRunsAtMostOnce(t *testing.T) {
 		{name: "clean", wantDrains: 1},
 		{name: "agent not ready twice", hook: func() fake.Hook { return fake.FailN("AgentExec", 2, hypervisors.ErrAgentNotReady) }, wantDrains: 1},
 		{name: "answer lost", hook: func() fake.Hook { return fake.FailN(fake.ExecAnswerOp, 1, hypervisors.ErrTransient) },
-			wantErr: hypervisors.ErrOutcomeUnknown, wantDrains: 1},
+			wantDrains: 1},
 		{name: "permission", hook: func() fake.Hook { return fake.FailN("AgentExec", 1, hypervisors.ErrPermission) },
 			wantErr: hypervisors.ErrPermission},
 	}
@@ -248,8 +236,8 @@ func TestDrainRunsAtMostOnce(t *testing.T) {
 	}
 }
 
-// ExecStarting refusing (e.g. an earlier run may have started the hook)
-// sends nothing and fails the step with its error; the blob is removed.
+// ExecStarting refusing sends nothing to run and fails the step with its
+// error; the staged blob is removed.
 func TestExecStartingRefusalSendsNothing(t *testing.T) {
 	for _, shape := range shapes {
 		t.Run(string(shape), func(t *testing.T) {
@@ -266,8 +254,10 @@ func TestExecStartingRefusalSendsNothing(t *testing.T) {
 			if st.Starts.Bootstrap != 0 {
 				t.Errorf("the hook started %d times after a refusal", st.Starts.Bootstrap)
 			}
-			if _, ok := st.Files[g.bootstrap.Params.BlobPath]; ok {
-				t.Error("the blob stayed in the guest")
+			for p := range st.Files {
+				if p == g.bootstrap.Params.BlobPath || strings.HasPrefix(p, "/run/bigfleet/stage/") {
+					t.Errorf("the blob stayed in the guest at %s", p)
+				}
 			}
 			if n := starts.calls["m/op-9/"+g.bootstrap.ID]; n != 1 {
 				t.Errorf("ExecStarting calls = %v, want one for the step", starts.calls)
@@ -302,19 +292,25 @@ func TestBootstrapDeadlineIsUnknownOutcome(t *testing.T) {
 	}
 }
 
-// A readiness probe whose answer is lost ends the gate: the probe may
-// still be running, so it is not re-sent blindly.
-func TestReadinessProbeUnknownOutcomeEndsGate(t *testing.T) {
+// A readiness probe whose answer is lost does not end the gate: the
+// probe is read-only, runs under the wrapper one at a time, and the next
+// one answers.
+func TestReadinessProbeLostAnswerDoesNotEndGate(t *testing.T) {
 	for _, shape := range shapes {
 		t.Run(string(shape), func(t *testing.T) {
 			g := newGuestVM(t, shape, fake.Options{})
-			g.setHook(fake.FailN(fake.ExecAnswerOp, 1, hypervisors.ErrTransient))
-			_, err := newExec(g.hv, nil).Run(context.Background(), planner.Change{Machine: "m", Steps: []planner.Step{g.ready}}, "op")
-			if !errors.Is(err, hypervisors.ErrOutcomeUnknown) {
-				t.Fatalf("err = %v, want ErrOutcomeUnknown", err)
+			ex := newExec(g.hv, []byte("blob"))
+			if _, err := ex.Run(context.Background(), planner.Change{Machine: "m", Steps: []planner.Step{g.bootstrap}}, "op-1"); err != nil {
+				t.Fatal(err)
 			}
-			if st := g.guest(); st.Starts.Ready != 1 {
-				t.Errorf("probe started %d times, want 1", st.Starts.Ready)
+			g.setHook(fake.FailN(fake.ExecAnswerOp, 1, hypervisors.ErrTransient))
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if _, err := ex.Run(ctx, planner.Change{Machine: "m", Steps: []planner.Step{g.ready}}, "op-1"); err != nil {
+				t.Fatalf("gate: %v", err)
+			}
+			if st := g.guest(); st.Starts.Ready < 1 || st.Starts.Ready > 2 {
+				t.Errorf("probe started %d times, want 1 or 2", st.Starts.Ready)
 			}
 		})
 	}

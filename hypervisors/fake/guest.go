@@ -48,6 +48,9 @@ type guest struct {
 	Cluster  string `json:"cluster,omitempty"`
 	Drains   int    `json:"drains,omitempty"`
 	Cordoned bool   `json:"cordoned,omitempty"`
+	// DrainKeys are the guest-op keys of the last maxDrainKeys drains
+	// (one per drain run under the wrapper).
+	DrainKeys []string `json:"drain_keys,omitempty"`
 	// Starts counts the commands started in the guest by kind, whatever
 	// their outcome (memory only).
 	Starts Starts `json:"-"`
@@ -65,10 +68,15 @@ type Starts struct {
 	Other     int
 }
 
+// maxDrainKeys bounds guest.DrainKeys.
+const maxDrainKeys = 64
+
 // Bootstrap is one successful run of the simulated bootstrap hook.
 type Bootstrap struct {
 	Cluster string   `json:"cluster"`
 	Argv    []string `json:"argv"`
+	// Key is the guest-op key the hook ran under (its operation id).
+	Key string `json:"key,omitempty"`
 	// Blob is exactly what the hook consumed; it is kept in memory only
 	// (nil when the file's content did not survive a reload).
 	Blob       []byte    `json:"-"`
@@ -87,6 +95,8 @@ type GuestState struct {
 	Cluster  string
 	Drains   int
 	Cordoned bool
+	// DrainKeys are the guest-op keys of the last drains.
+	DrainKeys []string
 	// Starts counts the commands that started in the guest (whether they
 	// ended, failed or their answer was lost).
 	Starts Starts
@@ -120,6 +130,7 @@ func (g *guest) state() GuestState {
 		Cordoned: g.Cordoned,
 		Starts:   g.Starts,
 	}
+	st.DrainKeys = append(st.DrainKeys, g.DrainKeys...)
 	if g.sim != nil {
 		for _, p := range g.sim.Files() {
 			f, _ := g.sim.File(p)
@@ -445,6 +456,12 @@ func (s *sim) run(t hypervisors.Target, p *guestsim.Proc) guestsim.Run {
 		}
 		m.Guest.Drains++
 		m.Guest.Cordoned = true
+		if p.Key != "" {
+			m.Guest.DrainKeys = append(m.Guest.DrainKeys, p.Key)
+			if n := len(m.Guest.DrainKeys); n > maxDrainKeys {
+				m.Guest.DrainKeys = append([]string(nil), m.Guest.DrainKeys[n-maxDrainKeys:]...)
+			}
+		}
 		r.saveMachine(t)
 		return took(exited(0, "node drained\n", ""))
 	case cmdUnknown:
@@ -496,20 +513,21 @@ func (s *sim) run(t hypervisors.Target, p *guestsim.Proc) guestsim.Run {
 		}()
 		return guestsim.Run{For: s.opts.SlowOK, Exit: func(*guestsim.Proc) guestsim.Run {
 			if m, _, err := r.machineOf(t); err == nil {
-				s.joined(r, t, m, argv, cluster, blob)
+				s.joined(r, t, m, p.Key, argv, cluster, blob)
 			}
 			return exited(0, "joined cluster "+cluster+"\n", "")
 		}}
 	}
-	s.joined(r, t, m, argv, cluster, blob)
+	s.joined(r, t, m, p.Key, argv, cluster, blob)
 	return took(exited(0, "joined cluster "+cluster+"\n", ""))
 }
 
 // joined records a successful bootstrap; s.mu is held.
-func (s *sim) joined(r resolver, t hypervisors.Target, m *machine, argv []string, cluster string, blob guestsim.File) {
+func (s *sim) joined(r resolver, t hypervisors.Target, m *machine, key string, argv []string, cluster string, blob guestsim.File) {
 	m.Guest.Bootstraps = append(m.Guest.Bootstraps, Bootstrap{
 		Cluster:    cluster,
 		Argv:       append([]string(nil), argv...),
+		Key:        key,
 		Blob:       blob.Data,
 		BlobSHA256: blob.Sum,
 		BlobSize:   blob.Size,

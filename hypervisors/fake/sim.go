@@ -24,7 +24,6 @@ type sim struct {
 	counts      map[string]int
 	unreachable map[string]bool
 	closed      bool
-	pids        int // guest process ids handed out
 
 	hookMu sync.RWMutex
 	hook   Hook

@@ -200,20 +200,29 @@ func (a *Agent) WriteFile(ctx context.Context, p string, data []byte, mode os.Fi
 	if err := a.execOK(ctx, "prepare", prep...); err != nil {
 		return err
 	}
+	// A part left behind holds (some of) the data: remove them on any
+	// failure, even when ctx is done.
+	cleanup := func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		_ = a.execOK(rctx, "clean up", append([]string{"/bin/rm", "-f", "--"}, parts...)...)
+	}
 	for i, part := range parts {
 		chunk := data
 		if len(parts) > 1 {
 			chunk = data[i*max : min((i+1)*max, len(data))]
 		}
 		if err := a.T.Write(ctx, part, chunk); err != nil {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-			defer cancel()
-			_ = a.execOK(rctx, "clean up", append([]string{"/bin/rm", "-f", "--"}, parts...)...)
+			cleanup()
 			return fmt.Errorf("write %s (%d bytes): %w", part, len(chunk), err)
 		}
 	}
 	commit := append([]string{"/bin/sh", "-c", CommitScript, "sh", fmt.Sprintf("%o", mode.Perm()), p}, parts...)
-	return a.execOK(ctx, "commit", commit...)
+	if err := a.execOK(ctx, "commit", commit...); err != nil {
+		cleanup()
+		return err
+	}
+	return nil
 }
 
 // RemoveFile removes a guest file; a missing file is success. It makes

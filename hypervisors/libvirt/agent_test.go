@@ -28,13 +28,15 @@ var (
 // wire is libvirtd's agent passthrough to a simulated qemu-ga, with one
 // fault at the n-th command.
 type wire struct {
-	q     *guestsim.QGA
-	n     int
-	fault string
-	hang  chan struct{}
+	q       *guestsim.QGA
+	n       int
+	fault   guesttest.Fault
+	onFault func()
+	hang    chan struct{}
 
 	mu   sync.Mutex
 	seen []guesttest.Call
+	held []string // commands a Late fault holds
 }
 
 // The faults of this wire: what libvirtd answers (or does not).
@@ -55,7 +57,7 @@ func (w *wire) send(_ *golibvirt.Libvirt, _ golibvirt.Domain, cmd string, _ int3
 	c := guesttest.Call{Kind: "other", Name: req.Execute}
 	switch req.Execute {
 	case "guest-exec":
-		c.Kind, c.Argv0 = "exec", req.Arguments.Path
+		c.Kind, c.Argv = "exec", append([]string{req.Arguments.Path}, req.Arguments.Arg...)
 	case "guest-exec-status":
 		c.Kind = "status"
 	case "guest-file-write":
@@ -65,25 +67,32 @@ func (w *wire) send(_ *golibvirt.Libvirt, _ golibvirt.Domain, cmd string, _ int3
 	i := len(w.seen)
 	w.seen = append(w.seen, c)
 	w.mu.Unlock()
-	f := ""
-	if i == w.n {
-		f = w.fault
+	if i != w.n {
+		return golibvirt.OptString{w.q.Command(cmd)}, nil
 	}
-	switch f {
-	case "not-connected":
+	if w.onFault != nil {
+		w.onFault()
+	}
+	switch w.fault.Class {
+	case guesttest.Refused:
 		return nil, errAgentGone
-	case "lost-before":
+	case guesttest.LostBefore:
 		return nil, errAgentTimeout
-	case "reboot":
+	case guesttest.Late:
+		w.mu.Lock()
+		w.held = append(w.held, cmd)
+		w.mu.Unlock()
+		return nil, errAgentTimeout
+	case guesttest.RestartAgent:
 		w.q.Restart()
 	}
 	res := w.q.Command(cmd)
-	switch f {
-	case "lost-after":
-		return nil, errAgentTimeout
-	case "hang-after":
+	switch {
+	case w.fault.Class == guesttest.LostAfter && w.fault.Slow:
 		<-w.hang
 		return nil, errors.New("connection closed")
+	case w.fault.Class == guesttest.LostAfter:
+		return nil, errAgentTimeout
 	}
 	return golibvirt.OptString{res}, nil
 }
@@ -92,6 +101,18 @@ func (w *wire) calls() []guesttest.Call {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return append([]guesttest.Call(nil), w.seen...)
+}
+
+// replay delivers the held commands to the agent (their answers go
+// nowhere).
+func (w *wire) replay() {
+	w.mu.Lock()
+	held := w.held
+	w.held = nil
+	w.mu.Unlock()
+	for _, cmd := range held {
+		w.q.Command(cmd)
+	}
 }
 
 // testQGA is one domain's transport over a real zoneConn.call (with a
@@ -109,15 +130,18 @@ func testQGA(t *testing.T, send qgaSend) *qga {
 var fastPoll = retry.Policy{Initial: time.Millisecond, Max: 2 * time.Millisecond}
 
 var transport = guesttest.Transport{Faults: wireFaults,
-	New: func(t *testing.T, g *guestsim.Guest, n int, f guesttest.Fault) guesttest.Env {
-		w := &wire{q: guestsim.NewQGA(g), n: n, fault: f.Name, hang: make(chan struct{})}
+	New: func(t *testing.T, g *guestsim.Guest, n int, f guesttest.Fault, onFault func()) guesttest.Env {
+		w := &wire{q: guestsim.NewQGA(g), n: n, fault: f, onFault: onFault, hang: make(chan struct{})}
 		t.Cleanup(func() { close(w.hang) })
-		return guesttest.Env{Agent: &guest.Agent{T: testQGA(t, w.send), Poll: fastPoll}, Seen: w.calls}
+		return guesttest.Env{Agent: &guest.Agent{T: testQGA(t, w.send), Poll: fastPoll}, Seen: w.calls, Replay: w.replay}
 	}}
 
 // The protocol's suite over libvirt's QGA passthrough.
 func TestGuestStepAtMostOnceAtEveryCall(t *testing.T) {
 	guesttest.TestAtMostOnceAtEveryCall(t, transport)
+}
+func TestGuestStepLeaderKilledAtEveryCall(t *testing.T) {
+	guesttest.TestLeaderKilledAtEveryCall(t, transport)
 }
 func TestExecDeadlineIsUnknownOutcome(t *testing.T) { guesttest.TestDeadline(t, transport) }
 func TestAgentWriteFile(t *testing.T)               { guesttest.TestWriteFile(t, transport) }
@@ -126,7 +150,7 @@ func TestAgentWriteFile(t *testing.T)               { guesttest.TestWriteFile(t,
 // it is a retryable class, so the caller may send it again.
 func TestExecOnDisconnectedZoneIsNotStarted(t *testing.T) {
 	g := guesttest.NewGuest()
-	w := &wire{q: guestsim.NewQGA(g), n: -1, hang: make(chan struct{})}
+	w := &wire{q: guestsim.NewQGA(g), n: -1}
 	q := testQGA(t, w.send)
 	q.zc.lv = nil
 	_, err := (&guest.Agent{T: q, Poll: fastPoll}).Exec(context.Background(), []string{guesttest.Hook, "c-1"})
@@ -142,7 +166,7 @@ func TestExecOnDisconnectedZoneIsNotStarted(t *testing.T) {
 // refusals are not.
 func TestStatusPIDGone(t *testing.T) {
 	g := guesttest.NewGuest()
-	w := &wire{q: guestsim.NewQGA(g), n: -1, hang: make(chan struct{})}
+	w := &wire{q: guestsim.NewQGA(g), n: -1}
 	_, err := testQGA(t, w.send).Status(context.Background(), 4242)
 	if !errors.Is(err, guest.ErrPIDGone) {
 		t.Errorf("unknown pid: err = %v, want ErrPIDGone", err)

@@ -42,29 +42,31 @@ func drop(w http.ResponseWriter) {
 }
 
 // faultAt returns a RequestHook that applies f to the n-th agent request
-// (from 0) and records every agent request.
-func faultAt(n int, f string, g *guestsim.Guest) (pvesim.RequestHook, func() []guesttest.Call) {
+// (from 0) and records every agent request, and a replay of the requests
+// a Late fault held.
+func faultAt(t *testing.T, sim *pvesim.Server, n int, f guesttest.Fault, onFault func(), g *guestsim.Guest) (pvesim.RequestHook, func() []guesttest.Call, func()) {
 	var mu sync.Mutex
 	var seen []guesttest.Call
+	type heldReq struct {
+		r    *http.Request
+		body []byte
+	}
+	var held []heldReq
 	return func(w http.ResponseWriter, r *http.Request, serve func(http.ResponseWriter)) {
 			path := strings.TrimPrefix(r.URL.Path, "/api2/json")
 			i := strings.Index(path, "/agent/")
-			if i < 0 {
+			if i < 0 || r.Header.Get("X-Replay") != "" {
 				serve(w)
 				return
 			}
 			c := guesttest.Call{Kind: "other", Name: r.Method + " " + path[i:]}
+			b, _ := io.ReadAll(r.Body)
+			r.Body = io.NopCloser(bytes.NewReader(b))
 			switch path[i:] {
 			case "/agent/exec":
-				// Name the command: peek at the body and put it back.
-				b, _ := io.ReadAll(r.Body)
-				r.Body = io.NopCloser(bytes.NewReader(b))
 				var req struct{ Command []string }
 				_ = json.Unmarshal(b, &req)
-				c.Kind = "exec"
-				if len(req.Command) > 0 {
-					c.Argv0 = req.Command[0]
-				}
+				c.Kind, c.Argv = "exec", req.Command
 			case "/agent/exec-status":
 				c.Kind = "status"
 			case "/agent/file-write":
@@ -78,17 +80,29 @@ func faultAt(n int, f string, g *guestsim.Guest) (pvesim.RequestHook, func() []g
 				serve(w)
 				return
 			}
-			switch f {
-			case "500":
-				w.WriteHeader(500)
-			case "agent-down":
+			if onFault != nil {
+				onFault()
+			}
+			switch f.Class {
+			case guesttest.LostBefore:
+				if f.Name == "500" {
+					w.WriteHeader(500)
+				} else {
+					drop(w)
+				}
+			case guesttest.Refused:
 				writeReason(w, 500, "QEMU guest agent is not running")
-			case "drop-before":
-				drop(w)
-			case "lost-after":
+			case guesttest.LostAfter:
 				serve(httptest.NewRecorder())
 				drop(w)
-			case "restart-agent":
+			case guesttest.Late:
+				late := r.Clone(context.Background())
+				late.Header.Set("X-Replay", "1")
+				mu.Lock()
+				held = append(held, heldReq{late, b})
+				mu.Unlock()
+				drop(w)
+			case guesttest.RestartAgent:
 				g.RestartAgent()
 				serve(w)
 			default:
@@ -98,6 +112,15 @@ func faultAt(n int, f string, g *guestsim.Guest) (pvesim.RequestHook, func() []g
 			mu.Lock()
 			defer mu.Unlock()
 			return append([]guesttest.Call(nil), seen...)
+		}, func() {
+			mu.Lock()
+			h := held
+			held = nil
+			mu.Unlock()
+			for _, req := range h {
+				req.r.Body = io.NopCloser(bytes.NewReader(req.body))
+				sim.Handler().ServeHTTP(httptest.NewRecorder(), req.r)
+			}
 		}
 }
 
@@ -121,7 +144,7 @@ func writeReason(w http.ResponseWriter, code int, reason string) {
 // go-proxmox client, as the protocol's suite drives them: a running VM
 // whose guest is the suite's.
 var transport = guesttest.Transport{Faults: reqFaults,
-	New: func(t *testing.T, g *guestsim.Guest, n int, f guesttest.Fault) guesttest.Env {
+	New: func(t *testing.T, g *guestsim.Guest, n int, f guesttest.Fault, onFault func()) guesttest.Env {
 		e := newEnv(t, nil, nil)
 		e.sim.SetGuestFactory(func(int) pvesim.Guest { return pvesim.AgentOf(g) })
 		ctx := ctxT(t, 10*time.Second)
@@ -136,18 +159,21 @@ var transport = guesttest.Transport{Faults: reqFaults,
 		if _, err := waitAgent(ctx, e.a, tg); err != nil {
 			t.Fatal(err)
 		}
-		hook, seen := faultAt(n, f.Name, g)
+		hook, seen, replay := faultAt(t, e.sim, n, f, onFault, g)
 		e.sim.SetRequestHook(hook)
 		ga, err := e.a.agent(tg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return guesttest.Env{Agent: ga, Seen: seen}
+		return guesttest.Env{Agent: ga, Seen: seen, Replay: replay}
 	}}
 
 // The protocol's suite over PVE's agent endpoints.
 func TestGuestStepAtMostOnceAtEveryRequest(t *testing.T) {
 	guesttest.TestAtMostOnceAtEveryCall(t, transport)
+}
+func TestGuestStepLeaderKilledAtEveryRequest(t *testing.T) {
+	guesttest.TestLeaderKilledAtEveryCall(t, transport)
 }
 func TestExecDeadlineIsUnknownOutcome(t *testing.T) { guesttest.TestDeadline(t, transport) }
 func TestAgentWriteFileSuite(t *testing.T)          { guesttest.TestWriteFile(t, transport) }

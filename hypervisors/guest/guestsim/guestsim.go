@@ -65,6 +65,9 @@ type Proc struct {
 	g    *Guest
 	Argv []string
 	PID  int
+	// Key is the guest-op key a wrapper runs the program under ("" when
+	// it was started directly).
+	Key string
 }
 
 // File returns a guest file's content.
@@ -129,6 +132,10 @@ type Guest struct {
 	programs Programs
 	execs    [][]string
 	changed  func()
+	// The wrapper's records (by records directory/key) and this boot's
+	// claims (by claims directory/key: the claimant's pid).
+	records map[string]*Record
+	claims  map[string]int
 }
 
 // New returns an empty guest running programs (nil: only the built-in
@@ -136,7 +143,7 @@ type Guest struct {
 // every change of a file, so an embedder can save the guest.
 func New(programs Programs, changed func()) *Guest {
 	return &Guest{files: map[string]File{}, procs: map[int]*proc{}, nextPID: 4000, boot: 1,
-		programs: programs, changed: changed}
+		programs: programs, changed: changed, records: map[string]*Record{}, claims: map[string]int{}}
 }
 
 func (g *Guest) touched() {
@@ -277,9 +284,10 @@ func (g *Guest) sweep() {
 	}
 }
 
-// ended reports whether a process has run its course.
+// ended reports whether a process has run its course in the guest (its
+// Polls only delay what the agent reports).
 func (pr *proc) ended() bool {
-	return !pr.run.Forever && (pr.forgotten || pr.polls >= pr.run.Polls) && time.Since(pr.start) >= pr.run.For
+	return !pr.run.Forever && time.Since(pr.start) >= pr.run.For
 }
 
 // Reboot reboots the guest: every process dies (a program's end effects
@@ -289,6 +297,7 @@ func (g *Guest) Reboot() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.procs = map[int]*proc{}
+	g.claims = map[string]int{}
 	g.boot++
 	for p := range g.files {
 		if strings.HasPrefix(p, "/run/") || strings.HasPrefix(p, "/tmp/") {
@@ -307,10 +316,7 @@ func (g *Guest) Exec(argv []string) (int, error) {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.execs = append(g.execs, append([]string(nil), argv...))
-	if len(g.execs) > maxExecs {
-		g.execs = g.execs[len(g.execs)-maxExecs:]
-	}
+	g.logExec(argv)
 	g.nextPID++
 	pid := g.nextPID
 	p := &Proc{g: g, Argv: append([]string(nil), argv...), PID: pid}
@@ -322,6 +328,14 @@ func (g *Guest) Exec(argv []string) (int, error) {
 		g.sweep()
 	}
 	return pid, nil
+}
+
+// logExec records a process start; g.mu is held.
+func (g *Guest) logExec(argv []string) {
+	g.execs = append(g.execs, append([]string(nil), argv...))
+	if len(g.execs) > maxExecs {
+		g.execs = g.execs[len(g.execs)-maxExecs:]
+	}
 }
 
 // finish runs a process's Exit once; g.mu is held.
@@ -347,7 +361,7 @@ func (g *Guest) Status(pid int) (Status, error) {
 	if !ok || pr.forgotten {
 		return Status{}, ErrBadPID
 	}
-	if !pr.ended() {
+	if !pr.ended() || pr.polls < pr.run.Polls {
 		pr.polls++
 		return Status{}, nil
 	}
@@ -370,6 +384,15 @@ func (g *Guest) start(p *Proc) Run {
 		return g.prepare(argv[4], argv[5:])
 	case len(argv) >= 6 && argv[0] == "/bin/sh" && argv[1] == "-c" && argv[2] == guest.CommitScript:
 		return g.commit(argv[4], argv[5], argv[6:])
+	case len(argv) == 6 && argv[0] == "/bin/sh" && argv[1] == "-c" && argv[2] == guest.UnstageScript:
+		for f := range g.files {
+			if f == argv[4] || strings.HasPrefix(f, argv[4]+".bf-") || f == argv[5] {
+				g.remove(f)
+			}
+		}
+		return Run{}
+	case isWrapper(argv):
+		return g.wrapper(p)
 	case argv[0] == "/bin/rm" || argv[0] == "rm":
 		for _, a := range argv[1:] {
 			if !strings.HasPrefix(a, "-") {
@@ -437,6 +460,9 @@ type FileInfo struct {
 type State struct {
 	Boot  int                 `json:"boot"`
 	Files map[string]FileInfo `json:"files,omitempty"`
+	// Records are the wrapper's durable records (a repeatable check's are
+	// not saved).
+	Records map[string]Record `json:"records,omitempty"`
 }
 
 // State returns what of g is saved.
@@ -444,6 +470,15 @@ func (g *Guest) State() State {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	st := State{Boot: g.boot}
+	for k, r := range g.records {
+		if r.repeat {
+			continue
+		}
+		if st.Records == nil {
+			st.Records = map[string]Record{}
+		}
+		st.Records[k] = *r
+	}
 	if len(g.files) > 0 {
 		st.Files = make(map[string]FileInfo, len(g.files))
 		for p, f := range g.files {
@@ -462,6 +497,9 @@ func Restore(st State, programs Programs, changed func()) *Guest {
 	}
 	for p, fi := range st.Files {
 		g.files[p] = File{Mode: fi.Mode, Sum: fi.Sum, Size: fi.Size}
+	}
+	for k, r := range st.Records {
+		g.records[k] = &r
 	}
 	return g
 }

@@ -32,6 +32,9 @@ const (
 	// RestartAgent: the agent restarts just before the call (it forgets
 	// every pid and handle; processes run on).
 	RestartAgent
+	// Late: the call is held (the caller sees it lost) and reaches the
+	// agent only when Env.Replay is called.
+	Late
 )
 
 // Fault is one way a transport's wire can fail a call.
@@ -49,15 +52,25 @@ type Call struct {
 	Kind string
 	// Name is the wire's name of the request (e.g. "guest-file-open").
 	Name string
-	// Argv0 names the program of an exec.
-	Argv0 string
+	// Argv is the command of an exec.
+	Argv []string
 }
 
 func (c Call) String() string {
-	if c.Kind == "exec" {
-		return c.Name + " " + c.Argv0
+	switch {
+	case c.Wrapper():
+		return c.Name + " wrapper"
+	case c.Kind == "exec" && len(c.Argv) > 2 && c.Argv[1] == "-c":
+		return c.Name + " helper"
+	case c.Kind == "exec" && len(c.Argv) > 0:
+		return c.Name + " " + c.Argv[0]
 	}
 	return c.Name
+}
+
+// Wrapper reports whether the call starts the guest-op wrapper.
+func (c Call) Wrapper() bool {
+	return c.Kind == "exec" && len(c.Argv) > 1 && c.Argv[1] == guest.WrapperPath
 }
 
 // Env is one transport on one simulated guest.
@@ -67,15 +80,23 @@ type Env struct {
 	Agent *guest.Agent
 	// Seen returns the wire calls made so far, in order.
 	Seen func() []Call
+	// Replay delivers the calls a Late fault held, now.
+	Replay func()
 }
 
 // Transport is an adapter's transport as the suite drives it.
 type Transport struct {
+	// Faults are the wire's own faults; the suite also uses a Late fault
+	// (Fault{Name: "late", Class: Late}), which every transport supports.
 	Faults []Fault
 	// New returns an Env on g whose n-th wire call (from 0) suffers f; n
-	// < 0 injects nothing.
-	New func(t *testing.T, g *guestsim.Guest, n int, f Fault) Env
+	// < 0 injects nothing. onFault, if set, is called when the fault is
+	// injected (before the call fails or is answered).
+	New func(t *testing.T, g *guestsim.Guest, n int, f Fault, onFault func()) Env
 }
+
+// LateFault is the Late fault every transport implements.
+var LateFault = Fault{Name: "late", Class: Late}
 
 // The guest's programs.
 const (
@@ -164,105 +185,152 @@ func (h agentHV) AgentRemoveFile(ctx context.Context, _ hypervisors.Target, p st
 	return h.a.RemoveFile(ctx, p)
 }
 
-// RunStep runs one guest step through the executor on env and returns
+// RunStep runs one guest step through the executor on env, as the
+// replica that accepted the operation (it holds the blob), and returns
 // how often ExecStarting was called.
 func RunStep(t *testing.T, env Env, s planner.Step, deadline time.Duration) (starting int, err error) {
 	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	return runStep(ctx, env, s, true)
+}
+
+// runStep runs s through a fresh executor (a leader): with the blob in
+// memory (the replica that accepted the Configure) or without (a leader
+// that took over).
+func runStep(ctx context.Context, env Env, s planner.Step, haveBlob bool) (int, error) {
 	var calls atomic.Int32
 	ex := executor.New(executor.Options{Hypervisor: agentHV{a: env.Agent}, Installation: "inst",
 		MinBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond,
-		Blob:         func(string, string) ([]byte, bool) { return []byte(Blob), true },
+		Blob:         func(string, string) ([]byte, bool) { return []byte(Blob), haveBlob },
 		ExecStarting: func(context.Context, string, string, string) error { calls.Add(1); return nil }})
-	ctx, cancel := context.WithTimeout(context.Background(), deadline)
-	defer cancel()
-	_, err = ex.Run(ctx, planner.Change{Machine: "m", Steps: []planner.Step{s}}, "op-1")
+	_, err := ex.Run(ctx, planner.Change{Machine: "m", Steps: []planner.Step{s}}, "op-1")
 	return int(calls.Load()), err
 }
 
+// sequence runs step cleanly on a fresh guest and returns the wire calls
+// it made.
+func sequence(t *testing.T, tr Transport, step planner.Step) []Call {
+	t.Helper()
+	g := NewGuest()
+	env := tr.New(t, g, -1, Fault{}, nil)
+	if _, err := RunStep(t, env, step, 20*time.Second); err != nil {
+		t.Fatalf("%s: clean run: %v", step.Action, err)
+	}
+	if n := Starts(g, step); n != 1 {
+		t.Fatalf("%s: clean run: %d starts", step.Action, n)
+	}
+	return env.Seen()
+}
+
+// clean checks the guest after a step that succeeded: one start (and one
+// join, for the bootstrap), and no blob left.
+func clean(t *testing.T, g *guestsim.Guest, step planner.Step) {
+	t.Helper()
+	if n := Starts(g, step); n != 1 || step.Action == planner.ActionExecBootstrap && Joins(g) != 1 {
+		t.Errorf("%d starts, %d joins; want 1 start (and one join)", n, Joins(g))
+	}
+	noBlob(t, g)
+}
+
+func noBlob(t *testing.T, g *guestsim.Guest) {
+	t.Helper()
+	for _, p := range g.Files() {
+		if strings.HasPrefix(p, BlobPath) || strings.HasPrefix(p, guest.StageDir+"/") {
+			t.Errorf("%s stayed in the guest", p)
+		}
+	}
+}
+
 // TestAtMostOnceAtEveryCall injects every fault at every wire call of
-// each guest step (for the bootstrap: the blob's write with its helper
-// execs and their polls, the hook's exec and each of its polls, the
-// blob's removal; for the drain: its exec and polls): the command starts
-// at most once; only faults that make its start or end unknowable fail
-// the step, with ErrOutcomeUnknown naming the pid; the blob never stays.
+// each guest step (for the bootstrap: the wrapper's delivery and the
+// blob's staging with their helper execs and polls, the wrapper's exec
+// and each of its polls, the blob's removal; for the drain: the wrapper's
+// delivery, its exec and polls): the command starts exactly once and the
+// step succeeds, whatever the fault, because what the agent forgot or an
+// answer lost is read back from the guest's record of the command; the
+// blob never stays.
 func TestAtMostOnceAtEveryCall(t *testing.T, tr Transport) {
 	for _, step := range Steps {
-		g := NewGuest()
-		env := tr.New(t, g, -1, Fault{})
-		if _, err := RunStep(t, env, step, 10*time.Second); err != nil {
-			t.Fatalf("%s: clean run: %v", step.Action, err)
-		}
-		sequence := env.Seen()
-		if n := Starts(g, step); n != 1 {
-			t.Fatalf("%s: clean run: %d starts", step.Action, n)
-		}
-		cmdExec := -1
-		for i, c := range sequence {
-			if c.Kind == "exec" && c.Argv0 == step.Params.Exec[0] {
-				cmdExec = i
-			}
-		}
-		var polls []int
-		for i := cmdExec + 1; cmdExec >= 0 && i < len(sequence) && sequence[i].Kind == "status"; i++ {
-			polls = append(polls, i)
-		}
-		if cmdExec < 0 || len(polls) < 2 {
-			t.Fatalf("%s: want the command run and polled at least twice, sequence %v", step.Action, sequence)
-		}
-		final := polls[len(polls)-1]
-		// unknown says which faults make the command's outcome
-		// unknowable: its start request unanswered (it may or may not
-		// run), the answer that reported its exit lost (the agent forgets
-		// a pid once it reported it), or the agent restarted while it ran.
-		unknown := func(n int, c Class) bool {
-			switch {
-			case n == cmdExec:
-				return c == LostBefore || c == LostAfter
-			case n == final && c == LostAfter:
-				return true
-			}
-			return c == RestartAgent && contains(polls, n)
-		}
-		for n, call := range sequence {
+		seq := sequence(t, tr, step)
+		for n, call := range seq {
 			for _, f := range tr.Faults {
-				if f.Slow && n != cmdExec && n != polls[0] && n != final && n != 0 {
+				if f.Slow && !call.Wrapper() {
 					continue
 				}
 				t.Run(fmt.Sprintf("%s/%02d-%s/%s", step.Action, n, call, f.Name), func(t *testing.T) {
 					t.Parallel()
 					g := NewGuest()
-					starting, err := RunStep(t, tr.New(t, g, n, f), step, 30*time.Second)
-					started := Starts(g, step)
-					if started > 1 {
-						t.Fatalf("the command started %d times", started)
+					starting, err := RunStep(t, tr.New(t, g, n, f, nil), step, 30*time.Second)
+					if n := Starts(g, step); n > 1 {
+						t.Fatalf("the command started %d times", n)
 					}
-					for _, p := range g.Files() {
-						if strings.HasPrefix(p, BlobPath) {
-							t.Errorf("%s stayed in the guest", p)
-						}
+					if err != nil {
+						t.Fatalf("err = %v, want success (the fault is retried or recovered from the record)", err)
 					}
 					if starting != 1 {
 						t.Errorf("ExecStarting called %d times, want 1", starting)
 					}
-					if !unknown(n, f.Class) {
-						if err != nil {
-							t.Fatalf("err = %v, want success (the fault is retried)", err)
+					clean(t, g, step)
+				})
+			}
+		}
+	}
+}
+
+// TestLeaderKilledAtEveryCall stops the leader running a guest step at
+// every wire call of the step (kill -9: the call is dropped before the
+// agent, applied with its answer lost, or, for the wrapper's start
+// request, held and delivered late, after the next leader ran), then lets a new leader (a fresh executor without
+// the blob, which lives only in the first leader's memory) run the step
+// again. The command runs exactly once in all; the new leader completes
+// the step with its outcome; the only failure allowed is a Configure
+// whose blob never reached the guest, which must say so and run nothing.
+func TestLeaderKilledAtEveryCall(t *testing.T, tr Transport) {
+	faults := []Fault{{Name: "lost-before", Class: LostBefore}, {Name: "lost-after", Class: LostAfter}, LateFault}
+	for _, step := range Steps {
+		seq := sequence(t, tr, step)
+		for n, call := range seq {
+			for _, f := range faults {
+				if f.Class == Late && !call.Wrapper() {
+					// The wrapper's start request arriving after the next
+					// leader ran the step is what the claim in the guest
+					// is for; a helper arriving late only leaves an empty
+					// part file behind.
+					continue
+				}
+				t.Run(fmt.Sprintf("%s/%02d-%s/%s", step.Action, n, call, f.Name), func(t *testing.T) {
+					t.Parallel()
+					g := NewGuest()
+					ctx1, kill := context.WithCancel(context.Background())
+					defer kill()
+					env := tr.New(t, g, n, f, kill)
+					// The first leader dies at call n.
+					_, _ = runStep(ctx1, env, step, true)
+					// The next one, without the blob.
+					ctx2, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+					defer cancel()
+					_, err := runStep(ctx2, env, step, false)
+					// A request the dead leader had in flight arrives now.
+					env.Replay()
+					if n := Starts(g, step); n > 1 {
+						t.Fatalf("the command started %d times", n)
+					}
+					if errors.Is(err, hypervisors.ErrOutcomeUnknown) {
+						t.Fatalf("err = %v: nothing here makes the outcome unknowable", err)
+					}
+					if err != nil && strings.Contains(err.Error(), executor.BlobNeverDelivered) {
+						t.Logf("the blob never reached the guest: %v", err)
+						if Starts(g, step) != 0 {
+							t.Errorf("the blob never reached the guest, yet the hook started")
 						}
-						if started != 1 || step.Action == planner.ActionExecBootstrap && Joins(g) != 1 {
-							t.Errorf("%d starts, %d joins; want 1 start (and one join)", started, Joins(g))
-						}
+						noBlob(t, g)
 						return
 					}
-					var u *hypervisors.UnknownOutcomeError
-					if !errors.As(err, &u) || hypervisors.Retryable(err) {
-						t.Fatalf("err = %v, want ErrOutcomeUnknown", err)
+					if err != nil {
+						t.Fatalf("err = %v, want success", err)
 					}
-					if n != cmdExec && (u.PID == 0 || !strings.Contains(err.Error(), "started as pid")) {
-						t.Errorf("err %q does not name the pid", err)
-					}
-					if strings.Contains(err.Error(), Blob) {
-						t.Error("the error holds the blob")
-					}
+					clean(t, g, step)
 				})
 			}
 		}
@@ -276,7 +344,7 @@ func TestDeadline(t *testing.T, tr Transport) {
 	if err := g.Write(Hang, nil); err != nil {
 		t.Fatal(err)
 	}
-	_, err := RunStep(t, tr.New(t, g, -1, Fault{}), Steps[0], 300*time.Millisecond)
+	_, err := RunStep(t, tr.New(t, g, -1, Fault{}, nil), Steps[0], 300*time.Millisecond)
 	var u *hypervisors.UnknownOutcomeError
 	if !errors.As(err, &u) || u.PID == 0 || !strings.Contains(err.Error(), "deadline passed") {
 		t.Fatalf("err = %v, want an unknown outcome naming the pid and the deadline", err)
@@ -292,7 +360,7 @@ func TestWriteFile(t *testing.T, tr Transport) {
 	for _, size := range []int{0, 1, 100 << 10, 300<<10 + 7} {
 		t.Run(fmt.Sprint(size), func(t *testing.T) {
 			g := NewGuest()
-			env := tr.New(t, g, -1, Fault{})
+			env := tr.New(t, g, -1, Fault{}, nil)
 			data := make([]byte, size)
 			for i := range data {
 				data[i] = byte(i*7 + i/251)
@@ -317,13 +385,4 @@ func TestWriteFile(t *testing.T, tr Transport) {
 			}
 		})
 	}
-}
-
-func contains(s []int, n int) bool {
-	for _, v := range s {
-		if v == n {
-			return true
-		}
-	}
-	return false
 }
