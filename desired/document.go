@@ -821,6 +821,18 @@ func (d *Document) mutateLocked(t *txn, r Request) (Ack, error) {
 		if rec.Fingerprint != fp {
 			return Ack{}, errorf(CodeConflict, "machine %s already accepted a %s (%s) with a different payload; it is rejected rather than silently merged", m.ID, r.Kind, rec.ID)
 		}
+		if r.Kind == KindConfigure && inTransition && m.blob == nil {
+			// A replica that took over (or restarted) has the intent but
+			// not the blob, which lived only in the memory of the one that
+			// accepted it. A retry of the same Configure (the fingerprint
+			// covers the blob) hands it back, so the hook can still run.
+			n := m.clone()
+			blob := append(make([]byte, 0, len(r.Blob)), r.Blob...)
+			n.blob = &blob
+			t.notify = true
+			t.put(n)
+			return Ack{OpID: rec.ID, Machine: n}, nil
+		}
 		return Ack{OpID: rec.ID, Machine: m}, nil
 	}
 

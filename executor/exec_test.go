@@ -127,13 +127,16 @@ func TestBootstrapRunsAtMostOnceUnderFaults(t *testing.T) {
 			t.Fatalf("%s: clean run: %v", shape, err)
 		}
 		sequence := seenClean()
-		// phase says where each call is: writing the wrapper and staging
-		// the blob, running the wrapper (from its AgentExec on), or
-		// removing the blob.
+		// phase says where each call is: staging the blob (as the Run
+		// starts), delivering the wrapper, running the wrapper (from its
+		// AgentExec on), or removing the blob.
 		phase := make([]string, len(sequence))
-		cur := "write"
+		cur, writes := "", 0
 		for i, c := range sequence {
 			switch {
+			case c.Op == "AgentWriteFile":
+				writes++
+				cur = map[int]string{1: "stage", 2: "deliver"}[writes]
 			case c.Op == "AgentExec" && len(c.Argv) > 1 && c.Argv[1] == guest.WrapperPath:
 				cur = "hook"
 			case c.Op == "AgentExec" && len(c.Argv) > 2 && c.Argv[2] == guest.UnstageScript:
@@ -141,7 +144,7 @@ func TestBootstrapRunsAtMostOnceUnderFaults(t *testing.T) {
 			}
 			phase[i] = cur
 		}
-		if cur != "remove" {
+		if cur != "remove" || writes != 2 {
 			t.Fatalf("%s: clean sequence %v", shape, sequence)
 		}
 		for n, c := range sequence {
@@ -167,11 +170,12 @@ func TestBootstrapRunsAtMostOnceUnderFaults(t *testing.T) {
 					// (the agent method, a start request, a file write)
 					// with a terminal class stops the step there; a lost
 					// answer or status (the helpers' and the wrapper's)
-					// is asked again and recovered.
-					terminal := !hypervisors.Retryable(fault) && phase[n] != "remove" &&
+					// is asked again and recovered. The blob's staging as
+					// the Run starts is done again by the step if it failed.
+					terminal := !hypervisors.Retryable(fault) && (phase[n] == "deliver" || phase[n] == "hook") &&
 						(c.Op == "AgentWriteFile" || c.Op == "AgentExec" || c.Op == fake.AgentExecOp || c.Op == fake.AgentWriteOp)
 					wantStarting := 1
-					if terminal && phase[n] == "write" {
+					if terminal && phase[n] == "deliver" {
 						wantStarting = 0
 					}
 					if got := starts.count(); got != wantStarting {
@@ -311,6 +315,49 @@ func TestReadinessProbeLostAnswerDoesNotEndGate(t *testing.T) {
 			}
 			if st := g.guest(); st.Starts.Ready < 1 || st.Starts.Ready > 2 {
 				t.Errorf("probe started %d times, want 1 or 2", st.Starts.Ready)
+			}
+		})
+	}
+}
+
+// The blob is staged in the guest as the Run starts, not after the steps
+// ahead of the hook: the bind step here only passes once the staged blob
+// is in the guest. A Run whose earlier step then fails removes it.
+func TestBlobStagedAsRunStarts(t *testing.T) {
+	for _, fail := range []bool{false, true} {
+		t.Run(fmt.Sprint("bind fails=", fail), func(t *testing.T) {
+			hv := fake.NewLibvirt(fake.Options{Zones: []string{"z"}})
+			tg := owned(t, hv, "vm")
+			staged := guest.StagePath(opKey("op-1", planner.ActionExecBootstrap))
+			hv.SetHook(func(ctx context.Context, c fake.Call) error {
+				if c.Op != "SetMarker" {
+					return nil
+				}
+				for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+					if _, ok := hv.GuestFile(tg, staged); ok {
+						if fail {
+							return fmt.Errorf("bind refused: %w", hypervisors.ErrPermission)
+						}
+						return nil
+					}
+				}
+				return fmt.Errorf("the blob was not staged before bind: %w", hypervisors.ErrInvalid)
+			})
+			mk := observed.Marker{Installation: inst, MachineID: "m", Cluster: "c-1"}
+			steps := chain(step(planner.ActionWaitAgent, tg, planner.Params{}), step(planner.ActionBind, tg, planner.Params{Marker: &mk}),
+				step(planner.ActionExecBootstrap, tg, planner.Params{Exec: []string{planner.LibvirtHook, "c-1"}, BlobPath: planner.LibvirtBlobPath}))
+			_, err := newExec(hv, []byte("secret")).Run(context.Background(), planner.Change{Machine: "m", Steps: steps}, "op-1")
+			if fail != (err != nil) || fail && !errors.Is(err, hypervisors.ErrPermission) {
+				t.Fatalf("err = %v", err)
+			}
+			if n := len(hv.Bootstraps(tg)); n != map[bool]int{false: 1, true: 0}[fail] {
+				t.Errorf("%d bootstraps", n)
+			}
+			g, _ := hv.Guest(tg)
+			for p := range g.Files {
+				if p != guest.WrapperPath { // the wrapper may stay
+					t.Errorf("%s left in the guest", p)
+				}
 			}
 		})
 	}

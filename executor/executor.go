@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
@@ -19,6 +20,9 @@ import (
 
 // maxExcerpt bounds hook output copied into last_error.
 const maxExcerpt = 512
+
+// DefaultBlobGrace is Options.BlobGrace's default.
+const DefaultBlobGrace = 30 * time.Second
 
 // removeTimeout bounds removing the blob after the hook, which runs even
 // when the step's context is done.
@@ -51,6 +55,11 @@ type Options struct {
 	// command finished, running or never started there. Readiness probes
 	// do not call it.
 	ExecStarting func(ctx context.Context, machineID, opID, stepID string) error
+	// BlobGrace is how long a Configure whose blob is neither in memory
+	// nor staged in the guest (the replica that accepted it died first)
+	// waits for a retry of the Configure to bring it back, before it fails
+	// with BlobNeverDelivered (default 30s).
+	BlobGrace time.Duration
 	// Guard, when set, is asked right before every step acts on a
 	// hypervisor; a non-nil answer stops the step (a replica that lost its
 	// leadership must not act, even before its timers have told it).
@@ -79,6 +88,9 @@ func New(o Options) *Executor {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.BlobGrace <= 0 {
+		o.BlobGrace = DefaultBlobGrace
 	}
 	return &Executor{o: o, policy: policy, zones: map[string]chan struct{}{}}
 }
@@ -118,8 +130,13 @@ func (e *Executor) Run(ctx context.Context, c planner.Change, opID string) (Outc
 	if err != nil {
 		return out, fmt.Errorf("steps for %s: %w", c.Machine, err)
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	ctx, cancelCause := context.WithCancelCause(ctx)
+	defer cancelCause(nil)
+	cancel := func() { cancelCause(errStepFailed) }
+	if pre := e.prestage(ctx, c, opID); pre != nil {
+		ctx = context.WithValue(ctx, prestagedKey{}, pre)
+		defer pre.cleanup(ctx)
+	}
 
 	n := len(c.Steps)
 	pending := make([]int, n) // unfinished dependencies per step
@@ -474,7 +491,15 @@ func (e *Executor) bootstrap(ctx context.Context, machine, opID string, s planne
 	blob, have := e.o.Blob(machine, opID)
 	key := opKey(opID, s.Action)
 	defer e.removeBlob(ctx, machine, opID, s, key)
-	out, err := e.recorded(ctx, machine, opID, s, guest.Op{Stage: &guest.Stage{Target: s.Params.BlobPath, Data: blob, Have: have}})
+	stage := &guest.Stage{Target: s.Params.BlobPath, Data: blob, Have: have, Grace: e.o.BlobGrace,
+		Load: func() ([]byte, bool) { return e.o.Blob(machine, opID) }}
+	if pre, _ := ctx.Value(prestagedKey{}).(*prestaged); pre != nil {
+		stage.Staged = pre.wait(ctx)
+	}
+	out, err := e.recorded(ctx, machine, opID, s, guest.Op{Stage: stage})
+	if !have {
+		blob, have = stage.Data, stage.Have // a retry of the Configure may have brought it
+	}
 	if errors.Is(err, guest.ErrNotStaged) {
 		return &failed{BlobNeverDelivered}
 	}
@@ -487,6 +512,73 @@ func (e *Executor) bootstrap(ctx context.Context, machine, opID string, s planne
 	return nil
 }
 
+// prestagedKey carries a Run's *prestaged to its bootstrap step.
+type prestagedKey struct{}
+
+// prestaged is the bootstrap blob staged in the guest as soon as a Run
+// starts, alongside the steps before the hook (waiting for the agent,
+// binding): the blob lives only in this replica's memory, so the sooner it
+// is in the guest, the fewer Configures a leader change can fail.
+type prestaged struct {
+	e    *Executor
+	step planner.Step
+	key  string
+	done chan struct{}
+	ok   bool // staged (valid once done is closed)
+	used atomic.Bool
+}
+
+// prestage starts staging the blob of c's exec-bootstrap step, if c has
+// one, its VM is known and the blob is in memory; nil otherwise.
+func (e *Executor) prestage(ctx context.Context, c planner.Change, opID string) *prestaged {
+	for _, s := range c.Steps {
+		if s.Action != planner.ActionExecBootstrap {
+			continue
+		}
+		blob, have := e.o.Blob(c.Machine, opID)
+		if !have || e.o.Hypervisor.Shape() == hypervisors.ShapeProxmox && s.Target.VMID == 0 {
+			return nil
+		}
+		p := &prestaged{e: e, step: s, key: opKey(opID, s.Action), done: make(chan struct{})}
+		go func() {
+			defer close(p.done)
+			err := retry.Do(ctx, e.policy, hypervisors.Retryable, func(ctx context.Context) error {
+				if e.o.Guard != nil {
+					if err := e.o.Guard(); err != nil {
+						return fmt.Errorf("not acting: %w", err)
+					}
+				}
+				return e.o.Hypervisor.AgentWriteFile(ctx, s.Target, guest.StagePath(p.key), blob, 0o600)
+			})
+			p.ok = err == nil
+		}()
+		return p
+	}
+	return nil
+}
+
+// wait waits for the staging and reports whether it succeeded; the
+// bootstrap step that calls it owns the cleanup from then on.
+func (p *prestaged) wait(ctx context.Context) bool {
+	p.used.Store(true)
+	select {
+	case <-p.done:
+		return p.ok
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// cleanup removes a staged blob whose bootstrap step never ran (an
+// earlier step failed), unless ctx was cancelled (see removeBlob).
+func (p *prestaged) cleanup(ctx context.Context) {
+	<-p.done
+	if p.used.Load() || !p.ok {
+		return
+	}
+	p.e.removeBlob(ctx, "", "", p.step, p.key)
+}
+
 // BlobNeverDelivered starts the last_error of a Configure whose bootstrap
 // blob never reached the guest before the replica that accepted it
 // stopped: the blob lives only in that replica's memory, so the hook never
@@ -494,13 +586,16 @@ func (e *Executor) bootstrap(ctx context.Context, machine, opID string, s planne
 // fail-over.
 const BlobNeverDelivered = "the bootstrap blob never reached the guest before the provider that accepted the Configure stopped; it is kept only in memory, so the hook never ran and cannot run: Configure again"
 
+// errStepFailed is why a Run cancels its other steps when one failed.
+var errStepFailed = errors.New("another step of the change failed")
+
 // removeBlob removes the staged and the placed blob after the hook (the
 // wrapper removes the placed one itself when the hook ends), whatever
-// happened, so no secret stays in the guest; but not when ctx was
-// cancelled (leadership lost, shutdown): the next leader may still need
-// the staged blob to run the hook.
+// happened, so no secret stays in the guest; but not when the Run's
+// caller cancelled it (leadership lost, shutdown): the next leader may
+// still need the staged blob to run the hook.
 func (e *Executor) removeBlob(ctx context.Context, machine, opID string, s planner.Step, key string) {
-	if errors.Is(ctx.Err(), context.Canceled) {
+	if errors.Is(ctx.Err(), context.Canceled) && !errors.Is(context.Cause(ctx), errStepFailed) {
 		return
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), removeTimeout)

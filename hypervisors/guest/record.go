@@ -9,6 +9,7 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/retry"
@@ -66,6 +67,32 @@ type Stage struct {
 	// Have says Data is known (a Configure's blob is in memory only on
 	// the replica that accepted it).
 	Have bool
+	// Staged: the caller already staged Data (StagePath); Run stages it
+	// again only if the wrapper finds it missing.
+	Staged bool
+	// Load, if set, is asked again for Data when it is not known and the
+	// guest has nothing staged (a retry of the operation may bring it),
+	// for at most Grace; then Run gives up with ErrNotStaged.
+	Load  func() ([]byte, bool)
+	Grace time.Duration
+}
+
+// await asks Load for the data until it has it, Grace passed or ctx
+// ended.
+func (s *Stage) await(ctx context.Context, p retry.Policy) bool {
+	if s.Load == nil {
+		return false
+	}
+	b := p.Backoff()
+	for end := time.Now().Add(s.Grace); ; {
+		if data, ok := s.Load(); ok {
+			s.Data, s.Have = data, true
+			return true
+		}
+		if !time.Now().Before(end) || retry.Sleep(ctx, min(b.Next(), time.Until(end))) != nil {
+			return false
+		}
+	}
 }
 
 // MaxKey bounds an Op key.
@@ -238,7 +265,7 @@ func Run(ctx context.Context, r Runner, op Op) (Outcome, error) {
 		}
 		return nil
 	}
-	if op.Stage != nil && op.Stage.Target != "" && op.Stage.Have {
+	if op.Stage != nil && op.Stage.Target != "" && op.Stage.Have && !op.Stage.Staged {
 		if err := stage(); err != nil {
 			return Outcome{}, err
 		}
@@ -337,7 +364,7 @@ func Run(ctx context.Context, r Runner, op Op) (Outcome, error) {
 				return Outcome{}, stopped(ctx, name, lastPID, true)
 			}
 		case "noblob":
-			if op.Stage == nil || !op.Stage.Have {
+			if op.Stage == nil || !op.Stage.Have && !op.Stage.await(ctx, op.Wait) {
 				return Outcome{}, fmt.Errorf("%s (not started): %w: %w", name, ErrNotStaged, hypervisors.ErrInvalid)
 			}
 			if restaged++; restaged > maxAttempts {

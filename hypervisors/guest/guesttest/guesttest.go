@@ -171,6 +171,8 @@ type agentHV struct {
 	a *guest.Agent
 }
 
+func (h agentHV) Shape() hypervisors.Shape { return hypervisors.ShapeLibvirt }
+
 func (h agentHV) AgentPing(ctx context.Context, _ hypervisors.Target) error { return h.a.Ping(ctx) }
 
 func (h agentHV) AgentExec(ctx context.Context, _ hypervisors.Target, argv []string) (hypervisors.ExecResult, error) {
@@ -192,17 +194,18 @@ func RunStep(t *testing.T, env Env, s planner.Step, deadline time.Duration) (sta
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), deadline)
 	defer cancel()
-	return runStep(ctx, env, s, true)
+	return runStep(ctx, env, s, func() bool { return true })
 }
 
 // runStep runs s through a fresh executor (a leader): with the blob in
 // memory (the replica that accepted the Configure) or without (a leader
-// that took over).
-func runStep(ctx context.Context, env Env, s planner.Step, haveBlob bool) (int, error) {
+// that took over, until a retry of the Configure brings it back): have
+// says, each time the executor asks, whether it has it.
+func runStep(ctx context.Context, env Env, s planner.Step, have func() bool) (int, error) {
 	var calls atomic.Int32
 	ex := executor.New(executor.Options{Hypervisor: agentHV{a: env.Agent}, Installation: "inst",
-		MinBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond,
-		Blob:         func(string, string) ([]byte, bool) { return []byte(Blob), haveBlob },
+		MinBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond, BlobGrace: 200 * time.Millisecond,
+		Blob:         func(string, string) ([]byte, bool) { return []byte(Blob), have() },
 		ExecStarting: func(context.Context, string, string, string) error { calls.Add(1); return nil }})
 	_, err := ex.Run(ctx, planner.Change{Machine: "m", Steps: []planner.Step{s}}, "op-1")
 	return int(calls.Load()), err
@@ -281,11 +284,13 @@ func TestAtMostOnceAtEveryCall(t *testing.T, tr Transport) {
 // TestLeaderKilledAtEveryCall stops the leader running a guest step at
 // every wire call of the step (kill -9: the call is dropped before the
 // agent, applied with its answer lost, or, for the wrapper's start
-// request, held and delivered late, after the next leader ran), then lets a new leader (a fresh executor without
-// the blob, which lives only in the first leader's memory) run the step
-// again. The command runs exactly once in all; the new leader completes
-// the step with its outcome; the only failure allowed is a Configure
-// whose blob never reached the guest, which must say so and run nothing.
+// request, held and delivered late, after the next leader ran), then lets
+// a new leader (a fresh executor without the blob, which lives only in the
+// first leader's memory) run the step again. The command runs exactly
+// once in all; the new leader completes the step with its outcome; the
+// only failure allowed is a Configure whose blob never reached the guest,
+// which must say so and run nothing. When a retry of the Configure brings
+// the blob back to the new leader while it waits, even that succeeds.
 func TestLeaderKilledAtEveryCall(t *testing.T, tr Transport) {
 	faults := []Fault{{Name: "lost-before", Class: LostBefore}, {Name: "lost-after", Class: LostAfter}, LateFault}
 	for _, step := range Steps {
@@ -299,39 +304,51 @@ func TestLeaderKilledAtEveryCall(t *testing.T, tr Transport) {
 					// part file behind.
 					continue
 				}
-				t.Run(fmt.Sprintf("%s/%02d-%s/%s", step.Action, n, call, f.Name), func(t *testing.T) {
-					t.Parallel()
-					g := NewGuest()
-					ctx1, kill := context.WithCancel(context.Background())
-					defer kill()
-					env := tr.New(t, g, n, f, kill)
-					// The first leader dies at call n.
-					_, _ = runStep(ctx1, env, step, true)
-					// The next one, without the blob.
-					ctx2, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-					defer cancel()
-					_, err := runStep(ctx2, env, step, false)
-					// A request the dead leader had in flight arrives now.
-					env.Replay()
-					if n := Starts(g, step); n > 1 {
-						t.Fatalf("the command started %d times", n)
-					}
-					if errors.Is(err, hypervisors.ErrOutcomeUnknown) {
-						t.Fatalf("err = %v: nothing here makes the outcome unknowable", err)
-					}
-					if err != nil && strings.Contains(err.Error(), executor.BlobNeverDelivered) {
-						t.Logf("the blob never reached the guest: %v", err)
-						if Starts(g, step) != 0 {
-							t.Errorf("the blob never reached the guest, yet the hook started")
+				for _, retried := range []bool{false, true} {
+					name := fmt.Sprintf("%s/%02d-%s/%s", step.Action, n, call, f.Name)
+					if retried {
+						if step.Action != planner.ActionExecBootstrap {
+							continue
 						}
-						noBlob(t, g)
-						return
+						name += "/retry-brings-blob"
 					}
-					if err != nil {
-						t.Fatalf("err = %v, want success", err)
-					}
-					clean(t, g, step)
-				})
+					t.Run(name, func(t *testing.T) {
+						t.Parallel()
+						g := NewGuest()
+						ctx1, kill := context.WithCancel(context.Background())
+						defer kill()
+						env := tr.New(t, g, n, f, kill)
+						// The first leader dies at call n.
+						_, _ = runStep(ctx1, env, step, func() bool { return true })
+						// The next one, without the blob (a retry of the
+						// Configure may bring it after a while).
+						var asked atomic.Int32
+						have := func() bool { return retried && asked.Add(1) > 2 }
+						ctx2, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+						defer cancel()
+						_, err := runStep(ctx2, env, step, have)
+						// A request the dead leader had in flight arrives now.
+						env.Replay()
+						if n := Starts(g, step); n > 1 {
+							t.Fatalf("the command started %d times", n)
+						}
+						if errors.Is(err, hypervisors.ErrOutcomeUnknown) {
+							t.Fatalf("err = %v: nothing here makes the outcome unknowable", err)
+						}
+						if err != nil && strings.Contains(err.Error(), executor.BlobNeverDelivered) && !retried {
+							t.Logf("the blob never reached the guest: %v", err)
+							if Starts(g, step) != 0 {
+								t.Errorf("the blob never reached the guest, yet the hook started")
+							}
+							noBlob(t, g)
+							return
+						}
+						if err != nil {
+							t.Fatalf("err = %v, want success", err)
+						}
+						clean(t, g, step)
+					})
+				}
 			}
 		}
 	}
