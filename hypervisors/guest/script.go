@@ -131,7 +131,15 @@ if [ -n "$repeat" ]; then
 	fi
 	mkdir -p -- "$r" && rm -f -- "$r/exit" "$r/out" && printf '%s %s\n' "$boot" "$$" > "$r/started" || { rm -f -- "$l"; exit 3; }
 else
-	case $(state) in none) ;; *) report; exit 0 ;; esac
+	s=$(state)
+	case $s in
+	none) ;;
+	exited* | running* | dead*)
+		# Started already: a file staged again for it is not needed.
+		[ -z "$staged" ] || rm -f -- "$staged"
+		report; exit 0 ;;
+	*) report; exit 0 ;;
+	esac
 	# The claim: nobody else starts KEY in this boot.
 	if ! ln -s "$$" "$l" 2>/dev/null; then report; exit 0; fi
 	# Records live 30 days (far longer than any operation's deadline).

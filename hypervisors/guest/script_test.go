@@ -286,6 +286,17 @@ func TestWrapperStagedFile(t *testing.T) {
 					t.Errorf("%s after the run: %v", p, err)
 				}
 			}
+			// Staged again (a later leader with the blob): the run reports
+			// the recorded end and removes what it no longer needs.
+			if err := os.WriteFile(staged, []byte("secret\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if r := b.run("k", argv...); r.state != "exited" || string(r.out) != "secret\n600\n" {
+				t.Errorf("again: %+v", r)
+			}
+			if _, err := os.Stat(staged); !os.IsNotExist(err) {
+				t.Errorf("the blob staged again stayed: %v", err)
+			}
 		})
 	}
 }

@@ -111,6 +111,9 @@ func (g *Guest) wrapper(p *Proc) Run {
 		}
 	} else {
 		if state, out := g.state(rk, ck); state != "none" {
+			if c.staged != "" && (strings.HasPrefix(state, "exited") || strings.HasPrefix(state, "running") || strings.HasPrefix(state, "dead")) {
+				g.remove(c.staged) // started already: a file staged again for it is not needed
+			}
 			return report(state, out)
 		}
 		if c.staged != "" {
