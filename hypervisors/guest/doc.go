@@ -11,6 +11,15 @@
 // poll, and every decision about whether a command may have run, is made
 // here.
 //
+// Run is the recorded command on top of it, what a restart or fail-over
+// relies on: the command runs under Script, a POSIX sh wrapper delivered
+// through the file write, which claims it per boot under its operation's
+// key and records in the guest, durably, that it started and how it
+// ended; Run follows that record (exited, running, never started, dead,
+// lost), so whoever runs an operation again completes it instead of
+// running its command twice. A file the command needs (the bootstrap
+// blob) is staged first and put in place by the wrapper.
+//
 // Invariants callers may rely on:
 //   - Exec sends a command's start request at most once. Its error says
 //     whether the command may have run: a Retryable class only when the
@@ -27,6 +36,14 @@
 //     unknown outcomes are ErrTransient, never ErrOutcomeUnknown.
 //   - Data written and command arguments never appear in errors; agent
 //     text in errors is bounded by the transport.
+//   - A recorded command starts at most once per key, whoever sends its
+//     wrapper and however often: a second wrapper for the key reports
+//     instead of running; "started" is durable (fsync, rename, fsync of
+//     the directory) before the command starts, so after a guest crash a
+//     missing record proves it never ran; a key whose claimant died before
+//     starting is superseded durably before a new attempt runs. Only an
+//     idempotent command (Op.Rerun) ever runs again, and only after the
+//     record proves its previous run died.
 //
 // Subpackages: guestsim (an in-memory guest and qemu-ga for simulators
 // and tests) and guesttest (the protocol's test suite, run against each
