@@ -26,7 +26,9 @@
 //   - Every client input is capped (see limits.go) and echoed only clipped.
 //   - Revisions grow with every change; List deltas cost O(changes), and a
 //     paged walk from any start is set-complete under concurrent mutation.
-//   - The bootstrap blob lives only in memory; a guest command's start is
-//     recorded before it runs, so a re-driven transition never starts it
-//     twice.
+//   - The bootstrap blob lives only in memory (a retry of the same
+//     Configure hands it back to a replica that took over). Every
+//     transition interrupted by a restart or fail-over is re-driven from
+//     its durable intent; whether a guest command it started finished is
+//     read from the guest's own record (package guest), never guessed.
 package desired

@@ -21,12 +21,11 @@ import (
 // length-prefixed (format 1 joined shard and machine with a NUL, which was
 // ambiguous); Open migrates a format-1 document.
 const (
-	formatVersion        = 2
-	keyMachine           = "m/"
-	keyFence             = "f/"
-	keyMeta              = "meta/doc"
-	defaultDrainMargin   = 2 * time.Minute
-	interruptedConfigure = "configure interrupted by a provider restart: the bootstrap blob is never written to disk, so the transition cannot be resumed; retry on another slot"
+	formatVersion      = 2
+	keyMachine         = "m/"
+	keyFence           = "f/"
+	keyMeta            = "meta/doc"
+	defaultDrainMargin = 2 * time.Minute
 )
 
 // Slot is one offering slot as the inventory computed it.
@@ -173,7 +172,7 @@ type change struct {
 // LoadReport says what Open changed while reconciling the stored document
 // with the offerings and recovering interrupted transitions.
 type LoadReport struct {
-	Added, Removed, Slotless, Redriven, FailedConfigure int
+	Added, Removed, Slotless, Redriven int
 	// Lost is the store's report of acknowledged records an explicit
 	// recovery dropped (LossKey), empty if none: Open then raised the
 	// fence floors and started a new List lineage.
@@ -380,17 +379,16 @@ func Open(ctx context.Context, opts Options, slots []Slot) (*Document, LoadRepor
 		if old.Intent == nil {
 			continue
 		}
+		// Every interrupted transition is re-driven from the durable
+		// intent, with a fresh deadline: the time the provider was down
+		// must not count against the hypervisor. A guest command it had
+		// started is not started again: the record the guest keeps of it
+		// (package guest) tells the executor whether it finished, still
+		// runs or never started. Only a Configure whose blob never reached
+		// the guest (it lives in memory only) cannot be run; it fails then.
 		m := old.clone()
-		if m.Intent.Kind == KindConfigure {
-			m.fail(now, interruptedConfigure)
-			rep.FailedConfigure++
-		} else {
-			// Create, Drain and Delete are re-driven from the durable intent
-			// with a fresh deadline: the time the provider was down must not
-			// count against the hypervisor.
-			m.Intent.Deadline = now.Add(d.timeout(m.Intent.Kind, m.Intent.GraceSeconds))
-			rep.Redriven++
-		}
+		m.Intent.Deadline = now.Add(d.timeout(m.Intent.Kind, m.Intent.GraceSeconds))
+		rep.Redriven++
 		t.put(m)
 	}
 	t.writeMeta()
@@ -937,6 +935,18 @@ func (d *Document) mutateLocked(t *txn, r Request) (Ack, error) {
 	if has && (inTransition || settled) {
 		if rec.Fingerprint != fp {
 			return Ack{}, errorf(CodeConflict, "machine %s already accepted a %s (%s) with a different payload; it is rejected rather than silently merged", m.ID, r.Kind, rec.ID)
+		}
+		if r.Kind == KindConfigure && inTransition && m.blob == nil {
+			// A replica that took over (or restarted) has the intent but
+			// not the blob, which lived only in the memory of the one that
+			// accepted it. A retry of the same Configure (the fingerprint
+			// covers the blob) hands it back, so the hook can still run.
+			n := m.clone()
+			blob := append(make([]byte, 0, len(r.Blob)), r.Blob...)
+			n.blob = &blob
+			t.notify = true
+			t.put(n)
+			return Ack{OpID: rec.ID, Machine: n}, nil
 		}
 		return Ack{OpID: rec.ID, Machine: m}, nil
 	}

@@ -1,6 +1,7 @@
 package desired
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math"
@@ -242,10 +243,15 @@ func TestRestartRecovery(t *testing.T) {
 	if m := d2.Get("z1/kvm.small/000"); m.State != Creating || m.Intent.OpID != cr.OpID {
 		t.Errorf("create not re-driven: %+v", m)
 	}
-	if m := d2.Get("z1/kvm.small/001"); m.State != Failed || m.LastError == "" {
-		t.Errorf("interrupted configure: %+v", m)
+	// The Configure is re-driven too (its blob is not: the guest's record
+	// of the hook, or the blob staged in the guest, finishes it).
+	if m := d2.Get("z1/kvm.small/001"); m.State != Configuring || m.Intent.OpID != cf.OpID || m.LastError != "" {
+		t.Errorf("interrupted configure not re-driven: %+v", m)
 	}
-	if got := d2.Pending(); len(got) != 1 {
+	if _, ok := d2.Blob("z1/kvm.small/001", cf.OpID); ok {
+		t.Error("the blob survived a restart")
+	}
+	if got := d2.Pending(); len(got) != 2 {
 		t.Errorf("pending %v", got)
 	}
 	if _, err := mut(t, d2, Request{Kind: KindCreate, MachineID: "z1/kvm.small/000", Token: Token{Shard: "s", Epoch: 1, Seq: 1}}); code(err) != CodeFenced {
@@ -382,5 +388,47 @@ func TestUnknownFenceMarksAreBounded(t *testing.T) {
 	// Known machines have their own budget.
 	if _, err := mut(t, d, Request{Kind: KindCreate, MachineID: "z1/kvm.small/000", Token: tok}); err != nil {
 		t.Errorf("a known machine's first contact: %v", err)
+	}
+}
+
+// After a restart a Configure has its intent but not its blob; a retry of
+// the same Configure hands the blob back (committed like any change), and
+// a retry with another blob is still a conflict.
+func TestConfigureRetryBringsBlobBackAfterRestart(t *testing.T) {
+	mem := NewMemoryStore(nil)
+	d := open(t, mem, slots(1))
+	ctx := context.Background()
+	id := "z1/kvm.small/000"
+	c, _ := mut(t, d, Request{Kind: KindCreate, MachineID: id})
+	d.Complete(ctx, id, c.OpID, Result{Host: "z1/x"})
+	req := Request{Kind: KindConfigure, MachineID: id, Cluster: "c", Blob: []byte("secret"), Metadata: map[string]string{"k": "v"}}
+	cf, err := mut(t, d, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem2 := NewMemoryStore(snapshot(t, mem))
+	d2 := open(t, mem2, slots(1))
+	if _, ok := d2.Blob(id, cf.OpID); ok {
+		t.Fatal("the blob survived a restart")
+	}
+	other := req
+	other.Blob = []byte("another")
+	if _, err := mut(t, d2, other); code(err) != CodeConflict {
+		t.Errorf("retry with another blob: %v", err)
+	}
+	a, err := mut(t, d2, req)
+	if err != nil || a.OpID != cf.OpID {
+		t.Fatalf("retry: %v %v, want the original op %s", a.OpID, err, cf.OpID)
+	}
+	if b, ok := d2.Blob(id, cf.OpID); !ok || string(b) != "secret" {
+		t.Errorf("blob after the retry: %q %v", b, ok)
+	}
+	if m := d2.Get(id); m.State != Configuring || m.Cluster != "c" {
+		t.Errorf("machine after the retry: %v %q", m.State, m.Cluster)
+	}
+	for k, v := range snapshot(t, mem2) {
+		if bytes.Contains(v, []byte("secret")) {
+			t.Errorf("the blob reached the store under %s", k)
+		}
 	}
 }

@@ -13,13 +13,6 @@
 //     form a cycle is rejected (ErrInvalid) before anything runs. A value
 //     a step learns (the VMID of a clone) reaches the steps that depend on
 //     it, directly or not.
-//   - At most once in the guest: a bootstrap hook or drain is sent to the
-//     guest once per Run, after Options.ExecStarting (if set) accepted it;
-//     it is sent again only after the adapter proved it never started
-//     (a retryable class). An unknown outcome (ErrOutcomeUnknown) fails
-//     the step. Writing and removing the blob are idempotent and retried.
-//     A readiness probe is re-run only after it ran to a non-zero exit or
-//     provably never started.
 //   - One leader: Options.Guard is asked before every attempt that
 //     touches a hypervisor or a guest (retries included, through
 //     retry.Policy.Before); once it refuses, the step ends without another
@@ -29,6 +22,20 @@
 //     Options.RepairAttempts attempts per step (its deadline is the
 //     caller's), so a failing repair returns to the caller's backoff
 //     instead of holding a worker.
+//   - At most once in the guest, across restarts and fail-overs: the
+//     bootstrap hook and the drain run under the guest-op wrapper
+//     (guest.Run, keyed by the operation id), after Options.ExecStarting
+//     (if set) accepted them; whoever runs the step again follows the
+//     guest's record of the command (finished: its outcome; running:
+//     waited for; never started: run) instead of starting it again. An
+//     unknown outcome (ErrOutcomeUnknown) fails the step only when the
+//     record says the hook started and died without an end; the drain,
+//     idempotent, runs again then. The readiness probe runs under the
+//     wrapper as a repeatable check: never two at once for an operation.
+//   - The bootstrap blob is staged in the guest as the Run starts; a Run
+//     without it (a leader that took over) runs the hook with the blob an
+//     earlier leader staged, waits up to Options.BlobGrace for a retry of
+//     the Configure to bring it back, or fails with BlobNeverDelivered.
 //   - A step of a shape the hypervisor lacks (hypervisors.LibvirtSteps,
 //     hypervisors.ProxmoxSteps, found through wrappers) fails with
 //     ErrUnsupported, terminal; it never reaches the hypervisor.
@@ -36,6 +43,8 @@
 //     refuses unless it carries this installation's marker for the machine.
 //   - The bootstrap blob is read from memory at the moment it is written to
 //     the guest; it never reaches logs, errors or last_error (hook output is
-//     bounded and scrubbed of it), and the file is removed afterwards, even
-//     when the hook failed or the deadline passed (not once the term ended).
+//     bounded and scrubbed of it, or withheld when the blob is not in
+//     memory), and it is removed from the guest afterwards, even when the
+//     hook failed or the deadline passed, unless the Run's caller cancelled
+//     it or the term ended (the next leader may need the staged blob).
 package executor

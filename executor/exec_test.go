@@ -11,27 +11,28 @@ import (
 
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/fake"
+	"github.com/bigfleet-vm/provider/hypervisors/guest"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
 )
 
 // failNth fails the n-th hook call (counting every op, from 0) with err
-// and returns the ops seen so far.
-func failNth(n int, err error) (fake.Hook, func() []string) {
+// and returns the calls seen so far.
+func failNth(n int, err error) (fake.Hook, func() []fake.Call) {
 	var mu sync.Mutex
-	var seen []string
+	var seen []fake.Call
 	return func(_ context.Context, c fake.Call) error {
 			mu.Lock()
 			defer mu.Unlock()
-			seen = append(seen, c.Op)
+			seen = append(seen, c)
 			if len(seen)-1 == n {
 				return err
 			}
 			return nil
-		}, func() []string {
+		}, func() []fake.Call {
 			mu.Lock()
 			defer mu.Unlock()
-			return append([]string(nil), seen...)
+			return append([]fake.Call(nil), seen...)
 		}
 }
 
@@ -110,10 +111,12 @@ func newGuestVM(t *testing.T, shape hypervisors.Shape, opts fake.Options) guestV
 
 var shapes = []hypervisors.Shape{hypervisors.ShapeLibvirt, hypervisors.ShapeProxmox}
 
-// A fault at every call of the bootstrap sequence (write the blob, run
-// the hook, its answer, remove the blob): the hook starts at most once;
-// only a fault after it started (its answer lost) fails the step, with
-// ErrOutcomeUnknown and a last_error that says so; the blob never stays.
+// A fault at every call of the bootstrap sequence, the simulated agent's
+// wire included (deliver the guest-op wrapper, stage the blob, run the
+// wrapper and poll it, its answer, remove the blob): the hook starts at
+// most once, and every fault after it may have started is recovered from
+// the guest's record of it, so the step succeeds; only a terminal error
+// before anything started fails it. The blob never stays.
 func TestBootstrapRunsAtMostOnceUnderFaults(t *testing.T) {
 	blob := []byte("kubeadm join --token abcdef.0123456789abcdef")
 	for _, shape := range shapes {
@@ -124,9 +127,29 @@ func TestBootstrapRunsAtMostOnceUnderFaults(t *testing.T) {
 			t.Fatalf("%s: clean run: %v", shape, err)
 		}
 		sequence := seenClean()
-		for n, op := range sequence {
+		// phase says where each call is: staging the blob (as the Run
+		// starts), delivering the wrapper, running the wrapper (from its
+		// AgentExec on), or removing the blob.
+		phase := make([]string, len(sequence))
+		cur, writes := "", 0
+		for i, c := range sequence {
+			switch {
+			case c.Op == "AgentWriteFile":
+				writes++
+				cur = map[int]string{1: "stage", 2: "deliver"}[writes]
+			case c.Op == "AgentExec" && len(c.Argv) > 1 && c.Argv[1] == guest.WrapperPath:
+				cur = "hook"
+			case c.Op == "AgentExec" && len(c.Argv) > 2 && c.Argv[2] == guest.UnstageScript:
+				cur = "remove"
+			}
+			phase[i] = cur
+		}
+		if cur != "remove" || writes != 2 {
+			t.Fatalf("%s: clean sequence %v", shape, sequence)
+		}
+		for n, c := range sequence {
 			for _, fault := range []error{hypervisors.ErrTransient, hypervisors.ErrAgentNotReady, errors.New("connection reset by peer")} {
-				t.Run(fmt.Sprintf("%s/%d-%s/%v", shape, n, op, fault), func(t *testing.T) {
+				t.Run(fmt.Sprintf("%s/%02d-%s-%s/%v", shape, n, phase[n], c.Op, fault), func(t *testing.T) {
 					g := newGuestVM(t, shape, fake.Options{})
 					hook, _ := failNth(n, fault)
 					g.setHook(hook)
@@ -135,52 +158,40 @@ func TestBootstrapRunsAtMostOnceUnderFaults(t *testing.T) {
 					ex.o.ExecStarting = starts.hook
 					_, err := ex.Run(context.Background(), planner.Change{Machine: "m", Steps: []planner.Step{g.bootstrap}}, "op")
 					st := g.guest()
-					retryable := hypervisors.Retryable
 					if st.Starts.Bootstrap > 1 {
 						t.Fatalf("the hook started %d times", st.Starts.Bootstrap)
 					}
-					if _, ok := st.Files[g.bootstrap.Params.BlobPath]; ok {
-						t.Error("the blob stayed in the guest")
+					for p := range st.Files {
+						if p == g.bootstrap.Params.BlobPath || strings.HasPrefix(p, "/run/bigfleet/stage/") {
+							t.Errorf("the blob stayed in the guest at %s", p)
+						}
 					}
+					// A request that fails before it reached the guest
+					// (the agent method, a start request, a file write)
+					// with a terminal class stops the step there; a lost
+					// answer or status (the helpers' and the wrapper's)
+					// is asked again and recovered. The blob's staging as
+					// the Run starts is done again by the step if it failed.
+					terminal := !hypervisors.Retryable(fault) && (phase[n] == "deliver" || phase[n] == "hook") &&
+						(c.Op == "AgentWriteFile" || c.Op == "AgentExec" || c.Op == fake.AgentExecOp || c.Op == fake.AgentWriteOp)
 					wantStarting := 1
-					if op == "AgentWriteFile" && !retryable(fault) {
+					if terminal && phase[n] == "deliver" {
 						wantStarting = 0
 					}
 					if got := starts.count(); got != wantStarting {
 						t.Errorf("ExecStarting called %d times, want %d", got, wantStarting)
 					}
-					switch {
-					case op == fake.ExecAnswerOp:
-						// The hook ran; its answer was lost.
-						if !errors.Is(err, hypervisors.ErrOutcomeUnknown) || hypervisors.Retryable(err) {
-							t.Fatalf("err = %v, want ErrOutcomeUnknown", err)
-						}
-						for _, want := range []string{"bootstrap hook", "started as pid", "outcome is unknown"} {
-							if !strings.Contains(err.Error(), want) {
-								t.Errorf("last_error %q does not say %q", err, want)
-							}
-						}
-						if strings.Contains(err.Error(), string(blob)) {
-							t.Error("last_error holds the blob")
-						}
-						if st.Starts.Bootstrap != 1 {
-							t.Errorf("hook starts = %d, want 1", st.Starts.Bootstrap)
-						}
-					case retryable(fault) || op == "AgentRemoveFile":
-						// Before the hook started, or removing after it:
-						// retried.
-						if err != nil {
-							t.Fatalf("a %v at %s should be retried: %v", fault, op, err)
-						}
-						if st.Starts.Bootstrap != 1 || len(st.Bootstraps) != 1 {
-							t.Errorf("hook starts = %d, bootstraps = %d; want 1 and 1", st.Starts.Bootstrap, len(st.Bootstraps))
-						}
-					default:
-						// A terminal error before the hook started: it never
-						// runs.
-						if err == nil || st.Starts.Bootstrap != 0 {
+					if terminal {
+						if err == nil || st.Starts.Bootstrap != 0 || errors.Is(err, hypervisors.ErrOutcomeUnknown) {
 							t.Errorf("err = %v with %d starts; want the terminal error and no start", err, st.Starts.Bootstrap)
 						}
+						return
+					}
+					if err != nil {
+						t.Fatalf("a %v at %s should be retried or recovered from the guest's record: %v", fault, c.Op, err)
+					}
+					if st.Starts.Bootstrap != 1 || len(st.Bootstraps) != 1 {
+						t.Errorf("hook starts = %d, bootstraps = %d; want 1 and 1", st.Starts.Bootstrap, len(st.Bootstraps))
 					}
 				})
 			}
@@ -188,8 +199,8 @@ func TestBootstrapRunsAtMostOnceUnderFaults(t *testing.T) {
 	}
 }
 
-// The drain runs at most once: a lost answer fails it (unknown outcome),
-// a refusal before the start is retried.
+// The drain runs at most once: a lost answer is recovered from the
+// guest's record, a refusal before the start is retried.
 func TestDrainRunsAtMostOnce(t *testing.T) {
 	tests := []struct {
 		name       string
@@ -200,7 +211,7 @@ func TestDrainRunsAtMostOnce(t *testing.T) {
 		{name: "clean", wantDrains: 1},
 		{name: "agent not ready twice", hook: func() fake.Hook { return fake.FailN("AgentExec", 2, hypervisors.ErrAgentNotReady) }, wantDrains: 1},
 		{name: "answer lost", hook: func() fake.Hook { return fake.FailN(fake.ExecAnswerOp, 1, hypervisors.ErrTransient) },
-			wantErr: hypervisors.ErrOutcomeUnknown, wantDrains: 1},
+			wantDrains: 1},
 		{name: "permission", hook: func() fake.Hook { return fake.FailN("AgentExec", 1, hypervisors.ErrPermission) },
 			wantErr: hypervisors.ErrPermission},
 	}
@@ -229,8 +240,8 @@ func TestDrainRunsAtMostOnce(t *testing.T) {
 	}
 }
 
-// ExecStarting refusing (e.g. an earlier run may have started the hook)
-// sends nothing and fails the step with its error; the blob is removed.
+// ExecStarting refusing sends nothing to run and fails the step with its
+// error; the staged blob is removed.
 func TestExecStartingRefusalSendsNothing(t *testing.T) {
 	for _, shape := range shapes {
 		t.Run(string(shape), func(t *testing.T) {
@@ -247,8 +258,10 @@ func TestExecStartingRefusalSendsNothing(t *testing.T) {
 			if st.Starts.Bootstrap != 0 {
 				t.Errorf("the hook started %d times after a refusal", st.Starts.Bootstrap)
 			}
-			if _, ok := st.Files[g.bootstrap.Params.BlobPath]; ok {
-				t.Error("the blob stayed in the guest")
+			for p := range st.Files {
+				if p == g.bootstrap.Params.BlobPath || strings.HasPrefix(p, "/run/bigfleet/stage/") {
+					t.Errorf("the blob stayed in the guest at %s", p)
+				}
 			}
 			if n := starts.calls["m/op-9/"+g.bootstrap.ID]; n != 1 {
 				t.Errorf("ExecStarting calls = %v, want one for the step", starts.calls)
@@ -283,19 +296,68 @@ func TestBootstrapDeadlineIsUnknownOutcome(t *testing.T) {
 	}
 }
 
-// A readiness probe whose answer is lost ends the gate: the probe may
-// still be running, so it is not re-sent blindly.
-func TestReadinessProbeUnknownOutcomeEndsGate(t *testing.T) {
+// A readiness probe whose answer is lost does not end the gate: the
+// probe is read-only, runs under the wrapper one at a time, and the next
+// one answers.
+func TestReadinessProbeLostAnswerDoesNotEndGate(t *testing.T) {
 	for _, shape := range shapes {
 		t.Run(string(shape), func(t *testing.T) {
 			g := newGuestVM(t, shape, fake.Options{})
-			g.setHook(fake.FailN(fake.ExecAnswerOp, 1, hypervisors.ErrTransient))
-			_, err := newExec(g.hv, nil).Run(context.Background(), planner.Change{Machine: "m", Steps: []planner.Step{g.ready}}, "op")
-			if !errors.Is(err, hypervisors.ErrOutcomeUnknown) {
-				t.Fatalf("err = %v, want ErrOutcomeUnknown", err)
+			ex := newExec(g.hv, []byte("blob"))
+			if _, err := ex.Run(context.Background(), planner.Change{Machine: "m", Steps: []planner.Step{g.bootstrap}}, "op-1"); err != nil {
+				t.Fatal(err)
 			}
-			if st := g.guest(); st.Starts.Ready != 1 {
-				t.Errorf("probe started %d times, want 1", st.Starts.Ready)
+			g.setHook(fake.FailN(fake.ExecAnswerOp, 1, hypervisors.ErrTransient))
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if _, err := ex.Run(ctx, planner.Change{Machine: "m", Steps: []planner.Step{g.ready}}, "op-1"); err != nil {
+				t.Fatalf("gate: %v", err)
+			}
+			if st := g.guest(); st.Starts.Ready < 1 || st.Starts.Ready > 2 {
+				t.Errorf("probe started %d times, want 1 or 2", st.Starts.Ready)
+			}
+		})
+	}
+}
+
+// The blob is staged in the guest as the Run starts, not after the steps
+// ahead of the hook: the bind step here only passes once the staged blob
+// is in the guest. A Run whose earlier step then fails removes it.
+func TestBlobStagedAsRunStarts(t *testing.T) {
+	for _, fail := range []bool{false, true} {
+		t.Run(fmt.Sprint("bind fails=", fail), func(t *testing.T) {
+			hv := fake.NewLibvirt(fake.Options{Zones: []string{"z"}})
+			tg := owned(t, hv, "vm")
+			staged := guest.StagePath(opKey("op-1", planner.ActionExecBootstrap))
+			hv.SetHook(func(ctx context.Context, c fake.Call) error {
+				if c.Op != "SetMarker" {
+					return nil
+				}
+				for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+					if _, ok := hv.GuestFile(tg, staged); ok {
+						if fail {
+							return fmt.Errorf("bind refused: %w", hypervisors.ErrPermission)
+						}
+						return nil
+					}
+				}
+				return fmt.Errorf("the blob was not staged before bind: %w", hypervisors.ErrInvalid)
+			})
+			mk := observed.Marker{Installation: inst, MachineID: "m", Cluster: "c-1"}
+			steps := chain(step(planner.ActionWaitAgent, tg, planner.Params{}), step(planner.ActionBind, tg, planner.Params{Marker: &mk}),
+				step(planner.ActionExecBootstrap, tg, planner.Params{Exec: []string{planner.LibvirtHook, "c-1"}, BlobPath: planner.LibvirtBlobPath}))
+			_, err := newExec(hv, []byte("secret")).Run(context.Background(), planner.Change{Machine: "m", Steps: steps}, "op-1")
+			if fail != (err != nil) || fail && !errors.Is(err, hypervisors.ErrPermission) {
+				t.Fatalf("err = %v", err)
+			}
+			if n := len(hv.Bootstraps(tg)); n != map[bool]int{false: 1, true: 0}[fail] {
+				t.Errorf("%d bootstraps", n)
+			}
+			g, _ := hv.Guest(tg)
+			for p := range g.Files {
+				if p != guest.WrapperPath { // the wrapper may stay
+					t.Errorf("%s left in the guest", p)
+				}
 			}
 		})
 	}

@@ -6,17 +6,23 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/guest"
 	"github.com/bigfleet-vm/provider/planner"
 	"github.com/bigfleet-vm/provider/retry"
 )
 
 // maxExcerpt bounds hook output copied into last_error.
 const maxExcerpt = 512
+
+// DefaultBlobGrace is Options.BlobGrace's default.
+const DefaultBlobGrace = 30 * time.Second
 
 // removeTimeout bounds removing the blob after the hook, which runs even
 // when the step's context is done.
@@ -41,15 +47,19 @@ type Options struct {
 	// attempts of a step (retry.Step: 100ms and 2s, jittered).
 	MinBackoff, MaxBackoff time.Duration
 	// ExecStarting, when set, is called once per Run of a bootstrap or
-	// drain step, right before its command is first sent to the guest. If
+	// drain step, right before its wrapper is first sent to the guest. If
 	// it returns an error, nothing is sent and the step fails with that
-	// error. The caller records durably that the command may have started,
-	// so that a re-driven operation never sends it again (it fails instead,
-	// with a clear last_error). Within one Run the command is sent again
-	// only after the adapter proved it never started, without another
-	// call. Readiness probes, read-only checks the gate repeats by design,
+	// error. The caller may record durably that the command may have
+	// started; what decides whether it runs, though, is the record the
+	// guest keeps of it (package guest): a re-driven operation finds its
+	// command finished, running or never started there. Readiness probes
 	// do not call it.
 	ExecStarting func(ctx context.Context, machineID, opID, stepID string) error
+	// BlobGrace is how long a Configure whose blob is neither in memory
+	// nor staged in the guest (the replica that accepted it died first)
+	// waits for a retry of the Configure to bring it back, before it fails
+	// with BlobNeverDelivered (default 30s).
+	BlobGrace time.Duration
 	// Guard, when set, is asked right before every attempt that touches
 	// a hypervisor or a guest (a step's first attempt and each retry,
 	// guest writes, commands, probes and the blob's removal included); a
@@ -91,6 +101,9 @@ func New(o Options) *Executor {
 		// Every retry loop of the executor follows this policy, so the
 		// term is asked before each attempt, not once per step.
 		policy.Before = o.guard
+	}
+	if o.BlobGrace <= 0 {
+		o.BlobGrace = DefaultBlobGrace
 	}
 	return &Executor{o: o, policy: policy, zones: map[string]chan struct{}{}}
 }
@@ -141,8 +154,13 @@ func (e *Executor) Run(ctx context.Context, c planner.Change, opID string) (Outc
 	if err != nil {
 		return out, fmt.Errorf("steps for %s: %w", c.Machine, err)
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	ctx, cancelCause := context.WithCancelCause(ctx)
+	defer cancelCause(nil)
+	cancel := func() { cancelCause(errStepFailed) }
+	if pre := e.prestage(ctx, c, opID); pre != nil {
+		ctx = context.WithValue(ctx, prestagedKey{}, pre)
+		defer pre.cleanup(ctx)
+	}
 
 	n := len(c.Steps)
 	pending := make([]int, n) // unfinished dependencies per step
@@ -338,7 +356,7 @@ func (e *Executor) runStep(ctx context.Context, machine, opID string, s planner.
 	case planner.ActionExecDrain:
 		return 0, e.drain(ctx, machine, opID, s)
 	case planner.ActionExecReady:
-		return 0, e.ready(ctx, s)
+		return 0, e.ready(ctx, opID, s)
 	}
 	policy := e.policy
 	if opID == "" && e.o.RepairAttempts > 0 {
@@ -448,54 +466,183 @@ func (e *Executor) checkOwned(ctx context.Context, machine string, t hypervisors
 	return false, nil
 }
 
-// execOnce runs a step's command in the guest at most once: ExecStarting
-// first, then AgentExec, repeated only after an error of a retryable class,
-// which the adapter returns only when the command certainly did not start.
-func (e *Executor) execOnce(ctx context.Context, machine, opID string, s planner.Step) (hypervisors.ExecResult, error) {
-	if e.o.ExecStarting != nil {
-		if err := e.o.ExecStarting(ctx, machine, opID, s.ID); err != nil {
-			return hypervisors.ExecResult{}, fmt.Errorf("not started: %w", err)
-		}
-	}
-	e.o.Logger.Info("guest command starting", "machine", machine, "op", opID, "step", s.ID)
-	return retry.Value(ctx, e.policy, hypervisors.Retryable, func(ctx context.Context) (hypervisors.ExecResult, error) {
-		return e.o.Hypervisor.AgentExec(ctx, s.Target, s.Params.Exec)
-	})
+// vmAgent is one VM's guest agent through the hypervisor's agent methods:
+// a guest.Runner.
+type vmAgent struct {
+	hv hypervisors.Hypervisor
+	t  hypervisors.Target
 }
 
-// bootstrap writes the blob (retried: rewriting is idempotent), runs the
-// hook at most once, and removes the blob.
+func (a vmAgent) Exec(ctx context.Context, argv []string) (hypervisors.ExecResult, error) {
+	return a.hv.AgentExec(ctx, a.t, argv)
+}
+
+func (a vmAgent) WriteFile(ctx context.Context, p string, data []byte, mode os.FileMode) error {
+	return a.hv.AgentWriteFile(ctx, a.t, p, data, mode)
+}
+
+func (a vmAgent) RemoveFile(ctx context.Context, p string) error {
+	return a.hv.AgentRemoveFile(ctx, a.t, p)
+}
+
+// opKey names a step's guest command for its transition in the guest's
+// records: the operation id and what it runs.
+func opKey(opID string, a planner.Action) string {
+	return opID + "-" + strings.TrimPrefix(string(a), "exec-")
+}
+
+// recorded runs a step's command under the guest-op wrapper (guest.Run):
+// at most once for the transition, whoever started it. ExecStarting is
+// called once, before the wrapper is first sent.
+func (e *Executor) recorded(ctx context.Context, machine, opID string, s planner.Step, op guest.Op) (guest.Outcome, error) {
+	op.Key, op.Argv = opKey(opID, s.Action), s.Params.Exec
+	op.Retry, op.Wait = e.policy, e.policy
+	if e.o.ExecStarting != nil {
+		op.Starting = func(ctx context.Context) error { return e.o.ExecStarting(ctx, machine, opID, s.ID) }
+	}
+	e.o.Logger.Info("guest command starting", "machine", machine, "op", opID, "step", s.ID)
+	out, err := guest.Run(ctx, vmAgent{e.o.Hypervisor, s.Target}, op)
+	if err == nil && out.Attempt > 0 {
+		e.o.Logger.Info("guest command ran under a new attempt", "machine", machine, "op", opID, "step", s.ID, "attempt", out.Attempt)
+	}
+	return out, err
+}
+
+// bootstrap runs the hook at most once for the transition, with the blob
+// staged in the guest beforehand (when it is in memory) and put in place
+// by the wrapper right before the hook starts. A Configure re-driven after
+// a restart or fail-over has no blob in memory: it follows the guest's
+// record of the hook, or runs it with the blob an earlier leader staged;
+// only a blob that never reached the guest fails it.
 func (e *Executor) bootstrap(ctx context.Context, machine, opID string, s planner.Step) error {
-	hv := e.o.Hypervisor
-	blob, ok := e.o.Blob(machine, opID)
-	if !ok {
-		return fmt.Errorf("%w: the bootstrap blob of %s is no longer in memory (the provider restarted); Configure cannot be resumed", hypervisors.ErrInvalid, opID)
+	blob, have := e.o.Blob(machine, opID)
+	key := opKey(opID, s.Action)
+	defer e.removeBlob(ctx, machine, opID, s, key)
+	stage := &guest.Stage{Target: s.Params.BlobPath, Data: blob, Have: have, Grace: e.o.BlobGrace,
+		Load: func() ([]byte, bool) { return e.o.Blob(machine, opID) }}
+	if pre, _ := ctx.Value(prestagedKey{}).(*prestaged); pre != nil {
+		stage.Staged = pre.wait(ctx)
 	}
-	// Any write attempt may have left the blob, or part of it, behind.
-	defer func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), removeTimeout)
-		defer cancel()
-		err := retry.Do(rctx, e.policy, removable, func(ctx context.Context) error {
-			return hv.AgentRemoveFile(ctx, s.Target, s.Params.BlobPath)
-		})
-		if err != nil && !errors.Is(err, hypervisors.ErrNotFound) {
-			e.o.Logger.Warn("could not remove bootstrap blob from guest", "machine", machine, "op", opID, "vm", s.Target.Name, "err", err)
-		}
-	}()
-	err := retry.Do(ctx, e.policy, hypervisors.Retryable, func(ctx context.Context) error {
-		return hv.AgentWriteFile(ctx, s.Target, s.Params.BlobPath, blob, 0o600)
-	})
-	if err != nil {
-		return fmt.Errorf("write bootstrap blob: %w", err)
+	out, err := e.recorded(ctx, machine, opID, s, guest.Op{Stage: stage})
+	if !have {
+		blob, have = stage.Data, stage.Have // a retry of the Configure may have brought it
 	}
-	res, err := e.execOnce(ctx, machine, opID, s)
+	if errors.Is(err, guest.ErrNotStaged) {
+		return &failed{BlobNeverDelivered}
+	}
 	if err != nil {
 		return fmt.Errorf("bootstrap hook: %w", err)
 	}
-	if res.ExitCode != 0 {
-		return &failed{fmt.Sprintf("bootstrap hook exited %d: %s", res.ExitCode, excerpt(res, blob))}
+	if out.ExitCode != 0 {
+		return &failed{fmt.Sprintf("bootstrap hook exited %d: %s", out.ExitCode, hookExcerpt(out.Output, blob, have))}
 	}
 	return nil
+}
+
+// prestagedKey carries a Run's *prestaged to its bootstrap step.
+type prestagedKey struct{}
+
+// prestaged is the bootstrap blob staged in the guest as soon as a Run
+// starts, alongside the steps before the hook (waiting for the agent,
+// binding): the blob lives only in this replica's memory, so the sooner it
+// is in the guest, the fewer Configures a leader change can fail.
+type prestaged struct {
+	e    *Executor
+	step planner.Step
+	key  string
+	done chan struct{}
+	ok   bool // staged (valid once done is closed)
+	used atomic.Bool
+}
+
+// prestage starts staging the blob of c's exec-bootstrap step, if c has
+// one, its VM is known and the blob is in memory; nil otherwise.
+func (e *Executor) prestage(ctx context.Context, c planner.Change, opID string) *prestaged {
+	for _, s := range c.Steps {
+		if s.Action != planner.ActionExecBootstrap {
+			continue
+		}
+		blob, have := e.o.Blob(c.Machine, opID)
+		if !have || e.o.Hypervisor.Shape() == hypervisors.ShapeProxmox && s.Target.VMID == 0 {
+			return nil
+		}
+		p := &prestaged{e: e, step: s, key: opKey(opID, s.Action), done: make(chan struct{})}
+		go func() {
+			defer close(p.done)
+			err := retry.Do(ctx, e.policy, hypervisors.Retryable, func(ctx context.Context) error {
+				if e.o.Guard != nil {
+					if err := e.o.Guard(); err != nil {
+						return fmt.Errorf("not acting: %w", err)
+					}
+				}
+				return e.o.Hypervisor.AgentWriteFile(ctx, s.Target, guest.StagePath(p.key), blob, 0o600)
+			})
+			p.ok = err == nil
+		}()
+		return p
+	}
+	return nil
+}
+
+// wait waits for the staging and reports whether it succeeded; the
+// bootstrap step that calls it owns the cleanup from then on.
+func (p *prestaged) wait(ctx context.Context) bool {
+	p.used.Store(true)
+	select {
+	case <-p.done:
+		return p.ok
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// cleanup removes a staged blob whose bootstrap step never ran (an
+// earlier step failed), unless ctx was cancelled (see removeBlob).
+func (p *prestaged) cleanup(ctx context.Context) {
+	<-p.done
+	if p.used.Load() || !p.ok {
+		return
+	}
+	p.e.removeBlob(ctx, "", "", p.step, p.key)
+}
+
+// BlobNeverDelivered starts the last_error of a Configure whose bootstrap
+// blob never reached the guest before the replica that accepted it
+// stopped: the blob lives only in that replica's memory, so the hook never
+// ran and cannot run. Nothing else fails a Configure across a restart or
+// fail-over.
+const BlobNeverDelivered = "the bootstrap blob never reached the guest before the provider that accepted the Configure stopped; it is kept only in memory, so the hook never ran and cannot run: Configure again"
+
+// errStepFailed is why a Run cancels its other steps when one failed.
+var errStepFailed = errors.New("another step of the change failed")
+
+// removeBlob removes the staged and the placed blob after the hook (the
+// wrapper removes the placed one itself when the hook ends), whatever
+// happened, so no secret stays in the guest; but not when the Run's
+// caller cancelled it (leadership lost, shutdown): the next leader may
+// still need the staged blob to run the hook.
+func (e *Executor) removeBlob(ctx context.Context, machine, opID string, s planner.Step, key string) {
+	if errors.Is(ctx.Err(), context.Canceled) && !errors.Is(context.Cause(ctx), errStepFailed) {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), removeTimeout)
+	defer cancel()
+	err := retry.Do(rctx, e.policy, removable, func(ctx context.Context) error {
+		return guest.Unstage(ctx, vmAgent{e.o.Hypervisor, s.Target}, key, s.Params.BlobPath)
+	})
+	if err != nil && !errors.Is(err, hypervisors.ErrNotFound) {
+		e.o.Logger.Warn("could not remove bootstrap blob from guest", "machine", machine, "op", opID, "vm", s.Target.Name, "err", err)
+	}
+}
+
+// hookExcerpt is a failed hook's output for last_error: scrubbed of the
+// blob, or withheld when the blob is not in memory to scrub it with (a
+// Configure resumed after a restart or fail-over).
+func hookExcerpt(out, blob []byte, have bool) string {
+	if !have {
+		return "(its output is kept in the guest's record but not shown: the bootstrap blob needed to scrub it did not survive the provider's restart)"
+	}
+	return excerpt(hypervisors.ExecResult{Stdout: out}, blob)
 }
 
 // failed is a guest command that ran and failed: terminal (it unwraps to
@@ -519,31 +666,38 @@ func removable(err error) bool {
 	return true
 }
 
-// drain runs the drain command at most once.
+// drain runs the drain command under the guest-op wrapper: once for the
+// transition, and again only if the guest proves an earlier run died
+// without recording an end (drain is idempotent).
 func (e *Executor) drain(ctx context.Context, machine, opID string, s planner.Step) error {
-	res, err := e.execOnce(ctx, machine, opID, s)
+	out, err := e.recorded(ctx, machine, opID, s, guest.Op{Rerun: true})
 	if err != nil {
 		return fmt.Errorf("drain: %w", err)
 	}
-	if res.ExitCode != 0 {
-		return fmt.Errorf("drain exited %d: %s", res.ExitCode, excerpt(res, nil))
+	if out.ExitCode != 0 {
+		return fmt.Errorf("drain exited %d: %s", out.ExitCode, excerpt(hypervisors.ExecResult{Stdout: out.Output}, nil))
 	}
 	return nil
 }
 
 // ready repeats the readiness probe until it exits 0 or ctx ends. Each
-// probe is one AgentExec: a probe whose outcome is unknown ends the gate
-// (it may still be running), it is never re-sent blindly.
-func (e *Executor) ready(ctx context.Context, s planner.Step) error {
+// probe runs under the guest-op wrapper as a repeatable check: never
+// while an earlier probe of the transition still runs (one whose answer
+// was lost is waited for, not sent again blindly), and its outcome is
+// read from the guest's record when its answer is lost.
+func (e *Executor) ready(ctx context.Context, opID string, s planner.Step) error {
+	op := guest.Op{Key: opKey(opID, s.Action), Argv: s.Params.Exec, Repeat: true, Retry: e.policy, Wait: e.policy}
+	agent := vmAgent{e.o.Hypervisor, s.Target}
 	return retry.Do(ctx, e.policy, func(err error) bool {
 		return errors.Is(err, errNotReady) || hypervisors.Retryable(err)
 	}, func(ctx context.Context) error {
-		res, err := e.o.Hypervisor.AgentExec(ctx, s.Target, s.Params.Exec)
+		out, err := guest.Run(ctx, agent, op)
 		if err != nil {
 			return fmt.Errorf("readiness check: %w", err)
 		}
-		if res.ExitCode != 0 {
-			return fmt.Errorf("%w: readiness check exited %d", errNotReady, res.ExitCode)
+		op.Delivered = true
+		if out.ExitCode != 0 {
+			return fmt.Errorf("%w: readiness check exited %d", errNotReady, out.ExitCode)
 		}
 		return nil
 	})

@@ -107,15 +107,15 @@ func TestBootstrapDeliversBlobAndRemovesIt(t *testing.T) {
 	tg := owned(t, hv, "vm")
 	blob := []byte("kubeadm join --token abc")
 	ex := newExec(hv, blob)
-	run := func(cluster string) error {
+	run := func(cluster, op string) error {
 		if err := hv.SetMarker(context.Background(), tg, observed.Marker{Installation: inst, MachineID: "m", Cluster: cluster}); err != nil {
 			t.Fatal(err)
 		}
 		_, err := ex.Run(context.Background(), planner.Change{Machine: "m", Steps: []planner.Step{
-			step(planner.ActionExecBootstrap, tg, planner.Params{Exec: []string{planner.LibvirtHook, cluster}, BlobPath: planner.LibvirtBlobPath})}}, "op")
+			step(planner.ActionExecBootstrap, tg, planner.Params{Exec: []string{planner.LibvirtHook, cluster}, BlobPath: planner.LibvirtBlobPath})}}, op)
 		return err
 	}
-	if err := run("c1"); err != nil {
+	if err := run("c1", "op-1"); err != nil {
 		t.Fatal(err)
 	}
 	bs := hv.Bootstraps(tg)
@@ -125,7 +125,7 @@ func TestBootstrapDeliversBlobAndRemovesIt(t *testing.T) {
 	if _, ok := hv.GuestFile(tg, planner.LibvirtBlobPath); ok {
 		t.Error("blob left in the guest")
 	}
-	err := run("fault-error")
+	err := run("fault-error", "op-2")
 	if err == nil || !strings.Contains(err.Error(), "bootstrap hook exited") || strings.Contains(err.Error(), string(blob)) {
 		t.Fatalf("failing hook: %v", err)
 	}

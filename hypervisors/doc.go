@@ -6,7 +6,8 @@
 // zone health) and the error classes adapters map raw errors to. The
 // adapters live below it: fake (in-memory simulators of both shapes),
 // libvirt (go-libvirt) and proxmox (go-proxmox, with its marker encoding
-// in proxmox/pvemarker); names come from package naming.
+// in proxmox/pvemarker); names come from package naming. The guest-agent
+// protocol all of them share lives once, in guest.
 //
 // Where things are: hypervisors.go (Shape, Target, the interfaces the
 // executor drives), steps.go (the step vocabulary), exec.go (a guest

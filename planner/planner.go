@@ -236,31 +236,7 @@ func (p *machinePlanner) plan() (Change, []Drift) {
 			p.destroyFailed(vm, z)
 		}
 	}
-	p.refuseRerun()
 	return p.c, p.drift
-}
-
-// runsInGuest reports whether an action starts a command in the guest.
-func runsInGuest(a Action) bool {
-	return a == ActionExecBootstrap || a == ActionExecDrain || a == ActionExecReady
-}
-
-// refuseRerun fails a transition whose plan would start a guest command
-// that an earlier run of the same transition already started (recorded
-// durably before it ran; a restart or fail-over came in between): what
-// the command did is unknown, and it must never run twice.
-func (p *machinePlanner) refuseRerun() {
-	in := p.m.Intent
-	if in == nil || len(in.Execs) == 0 {
-		return
-	}
-	for _, s := range p.c.Steps {
-		if runsInGuest(s.Action) && in.ExecStarted(s.ID) {
-			p.c.Steps, p.c.Finish, p.c.Adopt = nil, "", nil
-			p.c.Fail = fmt.Sprintf("%s interrupted after step %s had started its command in the guest; whether it finished is unknown, and it is never run twice", in.Kind, s.ID)
-			return
-		}
-	}
 }
 
 // findVM returns the machine's VM (the owned VM in its zone matching its

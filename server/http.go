@@ -334,14 +334,25 @@ type simulator interface {
 	RemoveVM(hypervisors.Target) error
 	SetUnreachable(zone string, on bool)
 	SetFlaky(zone, op string, on bool) error
+	Guest(hypervisors.Target) (fake.GuestState, bool)
+}
+
+// guestView is what GET /admin/guest shows of a VM's simulated guest:
+// which guest commands ran, never a file's content.
+type guestView struct {
+	Bootstraps []fake.Bootstrap `json:"bootstraps"`
+	Drains     int              `json:"drains"`
+	DrainKeys  []string         `json:"drain_keys"`
+	Cluster    string           `json:"cluster"`
 }
 
 // admin serves POST /admin/{stop,pause,resize,delete,add-foreign,add-owned,unreachable,flaky}
-// on the current term's simulator. VMs are named by zone plus name
-// (libvirt) or vmid (Proxmox).
+// and GET /admin/guest on the current term's simulator. VMs are named by
+// zone plus name (libvirt) or vmid (Proxmox), or by machine.
 func (p *Provider) admin(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodPost {
-		http.Error(w, "use POST", http.StatusMethodNotAllowed)
+	action := strings.TrimPrefix(r.URL.Path, "/admin/")
+	if r.Method != http.MethodPost && !(r.Method == http.MethodGet && action == "guest") {
+		http.Error(w, "use POST (GET for /admin/guest)", http.StatusMethodNotAllowed)
 		return
 	}
 	tm := p.current()
@@ -387,7 +398,22 @@ func (p *Provider) admin(w http.ResponseWriter, r *http.Request) {
 		t = hypervisors.Target{Zone: mm.Zone, Name: mm.VMName, VMID: mm.VMID}
 	}
 	var err error
-	switch action := strings.TrimPrefix(r.URL.Path, "/admin/"); action {
+	switch action {
+	case "guest":
+		g, ok := sim.Guest(t)
+		if !ok {
+			http.Error(w, "no such VM", http.StatusNotFound)
+			return
+		}
+		// Show only what is durable: everything read was journaled before
+		// this flush.
+		if err := durable(r.Context(), tm.store); err != nil {
+			http.Error(w, "state store: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(guestView{Bootstraps: g.Bootstraps, Drains: g.Drains, DrainKeys: g.DrainKeys, Cluster: g.Cluster})
+		return
 	case "stop":
 		err = sim.StopVM(t)
 	case "pause":

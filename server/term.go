@@ -68,7 +68,7 @@ func openTerm(ctx context.Context, cfg *config.Config, log *slog.Logger, m *metr
 	}
 	t.doc = doc
 	log.Info("state loaded", "machines", doc.Len(), "added", rep.Added, "removed", rep.Removed, "slotless", rep.Slotless,
-		"redriven", rep.Redriven, "failed_configure", rep.FailedConfigure, "installation", doc.Installation())
+		"redriven", rep.Redriven, "installation", doc.Installation())
 	if rep.Lost != "" {
 		log.Error("the state lost acknowledged records in a recovery: every fence epoch accepted before is refused from now on (shards continue with a new epoch), operation ids continue above every one issued, and List cursors from before are void", "report", rep.Lost)
 	}
@@ -85,9 +85,9 @@ func openTerm(ctx context.Context, cfg *config.Config, log *slog.Logger, m *metr
 	t.planner = plannerConfig(cfg, doc.Installation())
 	exec := executor.New(executor.Options{Hypervisor: t.hv, Installation: doc.Installation(), Blob: doc.Blob,
 		PerZone: cfg.MaxConcurrentPerZone, Logger: log, Observer: m,
-		// A guest command's start is committed before it is sent, so a
-		// transition re-driven after a restart or fail-over never sends it
-		// again (the planner fails it instead).
+		// A guest command's start is committed before it is sent (for the
+		// record; the guest's own record of it decides what a re-driven
+		// transition does).
 		ExecStarting: doc.ExecStarting, Guard: guard, RepairAttempts: cfg.RepairAttempts})
 	capacity := desired.OnDemand
 	if cfg.BareMetal {
@@ -128,7 +128,7 @@ func (t *term) drain(grace time.Duration, why string) {
 	select {
 	case <-t.loopDone:
 	case <-time.After(grace):
-		t.log.Warn("queued and in-flight work did not finish within the shutdown grace; it is interrupted now and re-driven at the next start (an interrupted Configure fails)")
+		t.log.Warn("queued and in-flight work did not finish within the shutdown grace; it is interrupted now and re-driven at the next start")
 	}
 	t.cancelWork()
 	<-t.loopDone

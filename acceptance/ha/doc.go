@@ -11,6 +11,11 @@
 //     through every transition while the leader is killed (-9) again and
 //     again; no acknowledged mutation is lost, operation ids never repeat,
 //     fence marks hold, no machine has two VMs, nothing stays transitional.
+//   - Fail-over with Configures and Drains in flight at every kill: no
+//     machine ends FAILED because of a leader change, except a Configure
+//     whose blob never reached the guest (counted and reported apart), and
+//     no guest command runs twice for one operation (read from the final
+//     leader's simulated guests, GET /admin/guest).
 //   - A zombie leader (SIGSTOP past its lease, SIGCONT after a standby took
 //     over) writes nothing and stands by.
 //   - etcd faults: one member of three lost under load changes nothing the

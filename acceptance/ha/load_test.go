@@ -51,12 +51,12 @@ var walk = []step{
 }
 
 // documentedFailures are the last_error texts a machine may end FAILED
-// with after a fail-over (docs/high-availability.md, "The leader"): an
-// interrupted Configure (the blob is never stored) and a transition whose
-// guest command had started (it is never run twice).
+// with after a fail-over (docs/high-availability.md, "The leader"): only a
+// Configure whose bootstrap blob never reached the guest before the leader
+// that accepted it died (the blob is never stored). A guest command that
+// had started is followed through the guest's record of it.
 var documentedFailures = []string{
-	"configure interrupted by a provider restart",
-	"it is never run twice",
+	blobNeverDelivered,
 }
 
 func documentedFailure(lastError string) bool {

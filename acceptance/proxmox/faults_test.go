@@ -9,6 +9,7 @@ import (
 	"time"
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
+	"github.com/bigfleet-vm/provider/hypervisors/guest"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvemarker"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvesim"
 )
@@ -280,7 +281,9 @@ func TestHookExitsNonZero(t *testing.T) {
 	if _, ok := g.File(bootstrapPath); ok {
 		t.Errorf("blob still at %s after the hook failed", bootstrapPath)
 	}
-	if !slices.ContainsFunc(g.Execs(), func(a []string) bool { return len(a) > 0 && a[0] == "rm" && slices.Contains(a, bootstrapPath) }) {
+	if !slices.ContainsFunc(g.Execs(), func(a []string) bool {
+		return len(a) > 2 && a[2] == guest.UnstageScript && slices.Contains(a, bootstrapPath)
+	}) {
 		t.Errorf("the blob was never removed: execs %q", g.Execs())
 	}
 	t.Logf("last_error: %s", m.LastError)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/bigfleet-vm/provider/hypervisors/guest"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvemarker"
 )
 
@@ -70,22 +71,31 @@ func TestLifecycle(t *testing.T) {
 				t.Errorf("cluster = %q, want cluster-a", m.Cluster)
 			}
 			g := c.guest(vmid)
-			writes := g.Writes()
-			if len(writes) != 1 || writes[0].path != bootstrapPath || !bytes.Equal(writes[0].data, blob) {
-				t.Errorf("guest file writes = %v, want the blob once at %s", writes, bootstrapPath)
+			// The blob is written once, staged (under guest.StageDir, as a
+			// private part renamed into place); the guest-op wrapper moves
+			// it to the hook's path right before the hook and removes it.
+			var blobWrites []string
+			for _, w := range g.Writes() {
+				if bytes.Equal(w.data, blob) {
+					blobWrites = append(blobWrites, w.path)
+				}
 			}
-			if _, ok := g.File(bootstrapPath); ok {
-				t.Errorf("blob still at %s after Configure", bootstrapPath)
+			if len(blobWrites) != 1 || !strings.HasPrefix(blobWrites[0], guest.StageDir+"/") {
+				t.Errorf("blob writes at %v, want one, staged under %s", blobWrites, guest.StageDir)
+			}
+			for _, f := range g.Files() {
+				if f == bootstrapPath || strings.HasPrefix(f, guest.StageDir+"/") {
+					t.Errorf("blob still at %s after Configure", f)
+				}
 			}
 			hook := []string{"/bin/sh", bootstrapPath}
 			execs := g.Execs()
 			ih, ir := slices.IndexFunc(execs, func(a []string) bool { return slices.Equal(a, hook) }),
-				slices.IndexFunc(execs, func(a []string) bool { return len(a) > 0 && a[0] == "rm" && slices.Contains(a, bootstrapPath) })
+				slices.IndexFunc(execs, func(a []string) bool {
+					return len(a) > 2 && a[2] == guest.UnstageScript && slices.Contains(a, bootstrapPath)
+				})
 			if ih < 0 || ir < ih {
 				t.Errorf("guest execs = %q; want the hook %q, then the blob removed", execs, hook)
-			}
-			if got := g.Mode(bootstrapPath); got != "0600" {
-				t.Errorf("blob mode = %q, want 0600", got)
 			}
 			if vm, _ := c.sim.VM(vmid); pvemarker.ParseDescription(vm.Description).Cluster != "cluster-a" {
 				t.Errorf("description marker after Configure = %q, want cluster-a bound", vm.Description)

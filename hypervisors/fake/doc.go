@@ -12,7 +12,11 @@
 // SetUnreachable, SetFlaky: one kind of call on a zone fails transiently).
 //
 // The simulated guest agent answers once the VM has been running for
-// Options.AgentDelay (never while stopped or paused). AgentExec knows:
+// Options.AgentDelay (never while stopped or paused). Its guest is a
+// guestsim.Guest and every agent method goes through the protocol of
+// package guest, as the real adapters do: AgentExec starts the command
+// once and polls its pid, AgentWriteFile writes private parts and renames
+// them into place. The guest runs the protocol's helper scripts and:
 //   - the bootstrap hook: argv[0] == Options.BootstrapHook (libvirt,
 //     argv[1] is the cluster, the blob is read from Options.BlobPath), or
 //     an argv ending in Options.BootstrapPath (Proxmox --bootstrap-exec,
@@ -24,11 +28,18 @@
 //     exit 1 "node not Ready";
 //   - anything else: exit 127 "command not found".
 //
-// AgentExec keeps the interface's at-most-once contract: an error from
-// the "AgentExec" hook means the command never started; ExecAnswerOp runs
-// after the command ran, and an error from it loses the answer
-// (ErrOutcomeUnknown, the effects stay); a blocking command ended by ctx
-// is ErrOutcomeUnknown. GuestState.Starts counts the commands started.
+// The hook and the drain run for Options.Latency (their effects happen
+// when they start); stopping the VM reboots its guest (processes die,
+// /run and /tmp are emptied).
+//
+// Faults: an error from the "AgentExec" hook (and from the other agent
+// methods' hooks) means the call never reached the guest; the wire's own
+// requests run the AgentExecOp, AgentStatusOp and AgentWriteOp hooks, and
+// ExecAnswerOp runs when a status answer is about to report a command's
+// exit: an error from it loses that answer (the agent has forgotten the
+// pid), so a plain AgentExec returns ErrOutcomeUnknown and the effects
+// stay. A blocking command ended by ctx is ErrOutcomeUnknown.
+// GuestState.Starts counts the commands started.
 //
 // With Options.Faults the marker's Cluster selects a conformance fault
 // (FaultError, FaultTimeout, FaultSlowOK, FaultDrainError,
@@ -53,8 +64,9 @@
 //     holds the changes in order; the provider shares its state store, so
 //     a crash can never leave the desired document ahead of the world.
 //   - The journaled world never contains file contents written through the
-//     guest agent, so the bootstrap blob never reaches disk; bootstrap
-//     history keeps only its SHA-256 and size.
+//     guest agent, so the bootstrap blob never reaches disk: a guest's
+//     files are journaled as mode, SHA-256 and size (guestsim.State), and
+//     bootstrap history keeps only its SHA-256 and size.
 //   - A Proxmox VMID is unique across the cluster and allocated from 100
 //     upwards by the simulator itself, with retry when a concurrent clone
 //     took the candidate first.

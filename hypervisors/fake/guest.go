@@ -3,8 +3,6 @@ package fake
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -12,7 +10,10 @@ import (
 	"time"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	guestproto "github.com/bigfleet-vm/provider/hypervisors/guest"
+	"github.com/bigfleet-vm/provider/hypervisors/guest/guestsim"
 	"github.com/bigfleet-vm/provider/observed"
+	"github.com/bigfleet-vm/provider/retry"
 )
 
 // Conformance fault names carried in a VM marker's Cluster (Options.Faults).
@@ -39,16 +40,24 @@ type machine struct {
 
 // guest is the simulated inside of a VM.
 type guest struct {
-	// Files written through the agent; never saved (they hold the blob).
-	Files      map[string]guestFile `json:"-"`
-	Bootstraps []Bootstrap          `json:"bootstraps,omitempty"`
+	// Disk is what of the simulated guest is journaled: its boot and its
+	// files without their content (they hold the blob).
+	Disk       *guestsim.State `json:"disk,omitempty"`
+	Bootstraps []Bootstrap     `json:"bootstraps,omitempty"`
 	// Cluster is the cluster the node last joined.
 	Cluster  string `json:"cluster,omitempty"`
 	Drains   int    `json:"drains,omitempty"`
 	Cordoned bool   `json:"cordoned,omitempty"`
+	// DrainKeys are the guest-op keys of the last maxDrainKeys drains
+	// (one per drain run under the wrapper).
+	DrainKeys []string `json:"drain_keys,omitempty"`
 	// Starts counts the commands started in the guest by kind, whatever
 	// their outcome (memory only).
 	Starts Starts `json:"-"`
+
+	// sim is the guest its agent reaches, made on first use (from Disk
+	// after a load).
+	sim *guestsim.Guest
 }
 
 // Starts counts guest commands that started, by kind.
@@ -59,16 +68,17 @@ type Starts struct {
 	Other     int
 }
 
-type guestFile struct {
-	Data []byte
-	Mode os.FileMode
-}
+// maxDrainKeys bounds guest.DrainKeys.
+const maxDrainKeys = 64
 
 // Bootstrap is one successful run of the simulated bootstrap hook.
 type Bootstrap struct {
 	Cluster string   `json:"cluster"`
 	Argv    []string `json:"argv"`
-	// Blob is exactly what the hook consumed; it is kept in memory only.
+	// Key is the guest-op key the hook ran under (its operation id).
+	Key string `json:"key,omitempty"`
+	// Blob is exactly what the hook consumed; it is kept in memory only
+	// (nil when the file's content did not survive a reload).
 	Blob       []byte    `json:"-"`
 	BlobSHA256 string    `json:"blob_sha256"`
 	BlobSize   int       `json:"blob_size"`
@@ -85,6 +95,8 @@ type GuestState struct {
 	Cluster  string
 	Drains   int
 	Cordoned bool
+	// DrainKeys are the guest-op keys of the last drains.
+	DrainKeys []string
 	// Starts counts the commands that started in the guest (whether they
 	// ended, failed or their answer was lost).
 	Starts Starts
@@ -97,14 +109,15 @@ func (m *machine) powerOn(now time.Time) {
 	m.Power = observed.PowerRunning
 }
 
-// powerOff stops the VM; tmpfs paths (/run, /tmp) lose their files.
+// powerOff stops the VM: the guest's processes end, and tmpfs paths
+// (/run, /tmp) lose their files.
 func (m *machine) powerOff(p observed.Power) {
 	m.Power = p
 	m.RunningSince = time.Time{}
-	for path := range m.Guest.Files {
-		if strings.HasPrefix(path, "/run/") || strings.HasPrefix(path, "/tmp/") {
-			delete(m.Guest.Files, path)
-		}
+	if m.Guest.sim != nil {
+		m.Guest.sim.Reboot()
+		st := m.Guest.sim.State()
+		m.Guest.Disk = &st
 	}
 }
 
@@ -117,9 +130,18 @@ func (g *guest) state() GuestState {
 		Cordoned: g.Cordoned,
 		Starts:   g.Starts,
 	}
-	for p, f := range g.Files {
-		st.Files[p] = bytes.Clone(f.Data)
-		st.Modes[p] = f.Mode
+	st.DrainKeys = append(st.DrainKeys, g.DrainKeys...)
+	if g.sim != nil {
+		for _, p := range g.sim.Files() {
+			f, _ := g.sim.File(p)
+			st.Files[p] = f.Data
+			st.Modes[p] = f.Mode
+		}
+	} else if g.Disk != nil {
+		for p, fi := range g.Disk.Files {
+			st.Files[p] = nil
+			st.Modes[p] = fi.Mode
+		}
 	}
 	for _, b := range g.Bootstraps {
 		st.Bootstraps = append(st.Bootstraps, b.clone())
@@ -158,65 +180,210 @@ func (s *sim) agentReady(m *machine, t hypervisors.Target) error {
 	return nil
 }
 
-// AgentPing returns ErrAgentNotReady unless the VM has been running for
-// Options.AgentDelay.
-func (s *sim) AgentPing(ctx context.Context, t hypervisors.Target) error {
-	r := s.vms
-	if err := s.enter(ctx, "AgentPing", t.Zone, t); err != nil {
-		return err
+// The Hook operations of the simulated agent's wire, one per request the
+// protocol (package guest) makes: an error from the hook fails that
+// request before the agent sees it. ExecAnswerOp runs when a status
+// request is about to report a command's exit: an error from it loses the
+// answer (the agent has forgotten the pid by then, as qemu-ga does), so a
+// plain AgentExec returns ErrOutcomeUnknown.
+const (
+	AgentExecOp   = "agent/exec"
+	AgentStatusOp = "agent/exec-status"
+	AgentWriteOp  = "agent/file-write"
+	ExecAnswerOp  = "AgentExec/answer"
+)
+
+// agentPoll paces the protocol's status polls of the simulated guest.
+var agentPoll = retry.Policy{Initial: time.Millisecond, Max: 10 * time.Millisecond}
+
+// agentOf returns the guest agent of t as the protocol (package guest)
+// drives it.
+func (s *sim) agentOf(t hypervisors.Target) *guestproto.Agent {
+	return &guestproto.Agent{T: &fakeAgent{s: s, t: t}, Poll: agentPoll}
+}
+
+// fakeAgent is the simulated agent's wire: the guestproto.Transport of both
+// simulators.
+type fakeAgent struct {
+	s *sim
+	t hypervisors.Target
+}
+
+// use runs fn on t's guest with the world locked, once the hook let the
+// request through and the agent answers; a change is journaled.
+func (a *fakeAgent) use(ctx context.Context, op string, argv []string, change bool, fn func(m *machine, g *guestsim.Guest) error) error {
+	s := a.s
+	if h := s.currentHook(); h != nil {
+		if err := h(ctx, Call{Op: op, Zone: a.t.Zone, Target: a.t, Argv: argv}); err != nil {
+			return err
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%s: %w: %w", op, hypervisors.ErrTransient, err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	m, _, err := r.machineOf(t)
+	if s.closed {
+		return fmt.Errorf("%s: fake hypervisor closed: %w", op, hypervisors.ErrUnreachable)
+	}
+	m, _, err := s.vms.machineOf(a.t)
+	if err == nil {
+		err = s.agentReady(m, a.t)
+	}
 	if err != nil {
-		return fmt.Errorf("agent ping: %w", err)
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	g := s.guestOf(m, a.t)
+	err = fn(m, g)
+	if change {
+		st := g.State()
+		m.Guest.Disk = &st
+		s.vms.saveMachine(a.t)
+	}
+	return err
+}
+
+// guestOf returns m's simulated guest, made on first use; s.mu is held.
+func (s *sim) guestOf(m *machine, t hypervisors.Target) *guestsim.Guest {
+	if m.Guest.sim == nil {
+		progs := s.programs(t)
+		if m.Guest.Disk != nil {
+			m.Guest.sim = guestsim.Restore(*m.Guest.Disk, progs, nil)
+		} else {
+			m.Guest.sim = guestsim.New(progs, nil)
+		}
+	}
+	return m.Guest.sim
+}
+
+func (a *fakeAgent) Ping(ctx context.Context) error {
+	return a.use(ctx, "agent/ping", nil, false, func(*machine, *guestsim.Guest) error { return nil })
+}
+
+// Exec starts argv; any failure before the guest saw it is Refused.
+func (a *fakeAgent) Exec(ctx context.Context, argv []string) (int, error) {
+	var pid int
+	err := a.use(ctx, AgentExecOp, argv, true, func(_ *machine, g *guestsim.Guest) error {
+		var err error
+		pid, err = g.Exec(argv)
+		if err != nil {
+			return fmt.Errorf("guest-exec %s: %w", argv[0], hypervisors.ErrInvalid)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, guestproto.Refused(err)
+	}
+	return pid, nil
+}
+
+func (a *fakeAgent) Status(ctx context.Context, pid int) (guestproto.Status, error) {
+	var st guestsim.Status
+	err := a.use(ctx, AgentStatusOp, nil, false, func(_ *machine, g *guestsim.Guest) error {
+		var err error
+		st, err = g.Status(pid)
+		if errors.Is(err, guestsim.ErrBadPID) {
+			return fmt.Errorf("guest-exec-status %d: %w: %w", pid, guestproto.ErrPIDGone, err)
+		}
+		return err
+	})
+	if err != nil {
+		return guestproto.Status{}, err
+	}
+	if st.Exited {
+		if h := a.s.currentHook(); h != nil {
+			if herr := h(ctx, Call{Op: ExecAnswerOp, Zone: a.t.Zone, Target: a.t}); herr != nil {
+				return guestproto.Status{}, fmt.Errorf("the answer reporting pid %d's exit was lost: %w", pid, herr)
+			}
+		}
+	}
+	return guestproto.Status{Exited: st.Exited, ExitCode: st.ExitCode, Signal: st.Signal, Stdout: st.Stdout, Stderr: st.Stderr}, nil
+}
+
+func (a *fakeAgent) Write(ctx context.Context, path string, data []byte) error {
+	return a.use(ctx, AgentWriteOp, nil, true, func(_ *machine, g *guestsim.Guest) error {
+		if err := g.Write(path, data); err != nil {
+			return fmt.Errorf("guest-file-write %s: %w: %w", path, err, hypervisors.ErrInvalid)
+		}
+		return nil
+	})
+}
+
+func (a *fakeAgent) MaxWrite() int { return 0 }
+
+// agentCall enters one guest-agent method: it counts it, runs the hook
+// (an error means the call never reached the guest), fails it when the
+// zone is unreachable, waits the latency, and finds the VM.
+func (s *sim) agentCall(ctx context.Context, op string, t hypervisors.Target, argv []string, write bool) error {
+	if err := s.enterCall(ctx, Call{Op: op, Zone: t.Zone, Target: t, Argv: argv}); err != nil {
+		return err
+	}
+	if write && s.opts.ReadOnly {
+		return fmt.Errorf("%s: fake world opened read-only: %w", op, hypervisors.ErrPermission)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, _, err := s.vms.machineOf(t)
+	if err != nil {
+		return err
 	}
 	return s.agentReady(m, t)
 }
 
-// AgentWriteFile stores a file in the simulated guest.
+// AgentPing returns ErrAgentNotReady unless the VM has been running for
+// Options.AgentDelay.
+func (s *sim) AgentPing(ctx context.Context, t hypervisors.Target) error {
+	if err := s.agentCall(ctx, "AgentPing", t, nil, false); err != nil {
+		return fmt.Errorf("agent ping: %w", err)
+	}
+	return s.agentOf(t).Ping(ctx)
+}
+
+// AgentWriteFile writes a file in the simulated guest with the protocol
+// of package guest (private parts, then an atomic rename).
 func (s *sim) AgentWriteFile(ctx context.Context, t hypervisors.Target, path string, data []byte, mode os.FileMode) error {
-	r := s.vms
-	if err := s.enterWrite(ctx, "AgentWriteFile", t.Zone, t); err != nil {
-		return err
+	if err := guestproto.CheckPath(path); err != nil {
+		return fmt.Errorf("agent write on %s: %w", targetName(t), err)
 	}
-	if !strings.HasPrefix(path, "/") {
-		return fmt.Errorf("agent write %s on %s: path is not absolute: %w", path, targetName(t), hypervisors.ErrInvalid)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	m, _, err := r.machineOf(t)
-	if err != nil {
+	if err := s.agentCall(ctx, "AgentWriteFile", t, nil, true); err != nil {
 		return fmt.Errorf("agent write %s: %w", path, err)
 	}
-	if err := s.agentReady(m, t); err != nil {
-		return err
+	if err := s.agentOf(t).WriteFile(ctx, path, data, mode); err != nil {
+		return fmt.Errorf("agent write %s on %s: %w", path, targetName(t), err)
 	}
-	if m.Guest.Files == nil {
-		m.Guest.Files = map[string]guestFile{}
-	}
-	m.Guest.Files[path] = guestFile{Data: bytes.Clone(data), Mode: mode}
 	return nil
 }
 
 // AgentRemoveFile deletes a file in the simulated guest; a missing file
 // is success.
 func (s *sim) AgentRemoveFile(ctx context.Context, t hypervisors.Target, path string) error {
-	r := s.vms
-	if err := s.enterWrite(ctx, "AgentRemoveFile", t.Zone, t); err != nil {
-		return err
+	if err := guestproto.CheckPath(path); err != nil {
+		return fmt.Errorf("agent remove on %s: %w", targetName(t), err)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	m, _, err := r.machineOf(t)
-	if err != nil {
+	if err := s.agentCall(ctx, "AgentRemoveFile", t, nil, true); err != nil {
 		return fmt.Errorf("agent remove %s: %w", path, err)
 	}
-	if err := s.agentReady(m, t); err != nil {
-		return err
+	if err := s.agentOf(t).RemoveFile(ctx, path); err != nil {
+		return fmt.Errorf("agent remove %s on %s: %w", path, targetName(t), err)
 	}
-	delete(m.Guest.Files, path)
 	return nil
+}
+
+// AgentExec runs argv in the simulated guest (see package doc) at most
+// once, with the protocol of package guest and the error contract of
+// hypervisors.Hypervisor.AgentExec.
+func (s *sim) AgentExec(ctx context.Context, t hypervisors.Target, argv []string) (hypervisors.ExecResult, error) {
+	if len(argv) == 0 {
+		return hypervisors.ExecResult{}, fmt.Errorf("agent exec on %s: empty argv: %w", targetName(t), hypervisors.ErrInvalid)
+	}
+	if err := s.agentCall(ctx, "AgentExec", t, argv, true); err != nil {
+		return hypervisors.ExecResult{}, fmt.Errorf("agent exec %s: %w", argv[0], err)
+	}
+	res, err := s.agentOf(t).Exec(ctx, argv)
+	if err != nil {
+		return res, fmt.Errorf("agent exec on %s: %w", targetName(t), err)
+	}
+	return res, nil
 }
 
 type command int
@@ -248,84 +415,58 @@ func (s *sim) classify(argv []string) (cmd command, blobPath string, clusterArg 
 	return cmdUnknown, "", false
 }
 
-func exited(code int, stdout, stderr string) hypervisors.ExecResult {
-	return hypervisors.ExecResult{ExitCode: code, Stdout: []byte(stdout), Stderr: []byte(stderr)}
+func exited(code int, stdout, stderr string) guestsim.Run {
+	return guestsim.Run{ExitCode: code, Stdout: stdout, Stderr: stderr}
 }
 
-// ExecAnswerOp is the Hook operation that runs after a guest command
-// ran (or, for a command that blocks, started) and before its answer
-// reaches the caller: an error from it loses the answer, the way a
-// timed-out exec-status poll or a dropped connection does, and AgentExec
-// returns ErrOutcomeUnknown. An error from the "AgentExec" hook, which runs
-// before, means the command never started.
-const ExecAnswerOp = "AgentExec/answer"
+// programs are the commands of t's simulated guest (see package doc).
+// They run with the world locked (every request of the simulated agent
+// holds s.mu).
+func (s *sim) programs(t hypervisors.Target) guestsim.Programs {
+	return func(argv []string) (guestsim.Program, bool) {
+		return func(p *guestsim.Proc) guestsim.Run { return s.run(t, p) }, true
+	}
+}
 
-// AgentExec runs argv in the simulated guest (see package doc) at most
-// once, with the error contract of hypervisors.Hypervisor.AgentExec.
-// Commands that would block (conformance faults) wait without holding the
-// world lock and end with ctx, as an unknown outcome.
-func (s *sim) AgentExec(ctx context.Context, t hypervisors.Target, argv []string) (hypervisors.ExecResult, error) {
+// run runs a command in t's guest; s.mu is held.
+func (s *sim) run(t hypervisors.Target, p *guestsim.Proc) guestsim.Run {
 	r := s.vms
-	if err := s.enterWrite(ctx, "AgentExec", t.Zone, t); err != nil {
-		return hypervisors.ExecResult{}, err
-	}
-	if len(argv) == 0 {
-		return hypervisors.ExecResult{}, fmt.Errorf("agent exec on %s: empty argv: %w", targetName(t), hypervisors.ErrInvalid)
-	}
-	res, pid, err := s.runGuest(ctx, r, t, argv)
-	if err != nil || pid == 0 {
-		return res, err
-	}
-	if h := s.currentHook(); h != nil {
-		if herr := h(ctx, Call{Op: ExecAnswerOp, Zone: t.Zone, Target: t}); herr != nil {
-			return hypervisors.ExecResult{}, &hypervisors.UnknownOutcomeError{Command: argv[0], PID: pid,
-				Why: fmt.Sprintf("its answer was lost: %v", herr)}
-		}
-	}
-	return res, nil
-}
-
-// runGuest starts argv in the guest and waits for it. pid is 0 when the
-// command never started (the error says why).
-func (s *sim) runGuest(ctx context.Context, r resolver, t hypervisors.Target, argv []string) (res hypervisors.ExecResult, pid int, err error) {
-	s.mu.Lock()
+	argv := p.Argv
 	m, marker, err := r.machineOf(t)
-	if err == nil {
-		err = s.agentReady(m, t)
-	}
 	if err != nil {
-		s.mu.Unlock()
-		return hypervisors.ExecResult{}, 0, fmt.Errorf("agent exec %s: %w", argv[0], err)
+		return exited(127, "", "no such VM\n")
 	}
-	s.pids++
-	pid = s.pids
 	fault := ""
 	if s.opts.Faults && marker != nil {
 		fault = marker.Cluster
 	}
 	cmd, blobPath, clusterArg := s.classify(argv)
+	took := func(run guestsim.Run) guestsim.Run { run.For = s.opts.Latency; return run }
 	switch cmd {
 	case cmdReady:
-		defer s.mu.Unlock()
 		m.Guest.Starts.Ready++
 		if fault == FaultReadinessBlock || len(m.Guest.Bootstraps) == 0 {
-			return exited(1, "", "node not Ready\n"), pid, nil
+			return exited(1, "", "node not Ready\n")
 		}
-		return exited(0, "Ready\n", ""), pid, nil
+		return exited(0, "Ready\n", "")
 	case cmdDrain:
-		defer s.mu.Unlock()
 		m.Guest.Starts.Drain++
 		if fault == FaultDrainError {
-			return exited(1, "", "simulated drain failure (fault-drain-error)\n"), pid, nil
+			return took(exited(1, "", "simulated drain failure (fault-drain-error)\n"))
 		}
 		m.Guest.Drains++
 		m.Guest.Cordoned = true
+		if p.Key != "" {
+			m.Guest.DrainKeys = append(m.Guest.DrainKeys, p.Key)
+			if n := len(m.Guest.DrainKeys); n > maxDrainKeys {
+				m.Guest.DrainKeys = append([]string(nil), m.Guest.DrainKeys[n-maxDrainKeys:]...)
+			}
+		}
 		r.saveMachine(t)
-		return exited(0, "node drained\n", ""), pid, nil
+		return took(exited(0, "node drained\n", ""))
 	case cmdUnknown:
 		m.Guest.Starts.Other++
-		s.mu.Unlock()
-		return exited(127, "", argv[0]+": command not found\n"), pid, nil
+		return exited(127, "", argv[0]+": command not found\n")
 	}
 
 	// Bootstrap.
@@ -336,34 +477,24 @@ func (s *sim) runGuest(ctx context.Context, r resolver, t hypervisors.Target, ar
 	}
 	if clusterArg {
 		if len(argv) < 2 {
-			s.mu.Unlock()
-			return exited(2, "", "usage: "+argv[0]+" <cluster-id>\n"), pid, nil
+			return exited(2, "", "usage: "+argv[0]+" <cluster-id>\n")
 		}
 		cluster = argv[1]
 	}
-	file, haveBlob := m.Guest.Files[blobPath]
-	blob := bytes.Clone(file.Data)
-	s.mu.Unlock()
-
-	unknown := func(err error) error {
-		return &hypervisors.UnknownOutcomeError{Command: argv[0], PID: pid,
-			Why: fmt.Sprintf("it had not exited when the wait ended (%v)", err)}
+	blob, haveBlob := p.Stat(blobPath)
+	if !haveBlob {
+		return exited(1, "", argv[0]+": "+blobPath+": No such file or directory\n")
 	}
 	switch fault {
 	case FaultError:
-		return exited(1, "", "simulated bootstrap failure (fault-error)\n"), pid, nil
+		return exited(1, "", "simulated bootstrap failure (fault-error)\n")
 	case FaultTimeout:
-		<-ctx.Done()
-		return hypervisors.ExecResult{}, pid, unknown(ctx.Err())
+		return guestsim.Run{Forever: true}
 	case FaultSlowOK:
 		// The hook runs on in the guest after the provider gives up, as a
-		// real one would, and succeeds late: the late success must never
-		// turn a FAILED machine CONFIGURED.
-		type outcome struct {
-			res hypervisors.ExecResult
-			err error
-		}
-		late := make(chan outcome, 1)
+		// real one would, and succeeds late (when the agent is asked, or
+		// when its time comes): the late success must never turn a FAILED
+		// machine CONFIGURED.
 		s.tasks.Add(1)
 		go func() {
 			defer s.tasks.Done()
@@ -372,49 +503,39 @@ func (s *sim) runGuest(ctx context.Context, r resolver, t hypervisors.Target, ar
 			select {
 			case <-timer.C:
 			case <-s.stop:
-				late <- outcome{err: unknown(errors.New("the simulator closed"))}
 				return
 			}
-			res, err := s.finishBootstrap(r, t, argv, cluster, blobPath, blob, haveBlob, unknown)
-			late <- outcome{res, err}
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if m, _, err := r.machineOf(t); err == nil && m.Guest.sim != nil {
+				m.Guest.sim.Settle()
+			}
 		}()
-		select {
-		case o := <-late:
-			return o.res, pid, o.err
-		case <-ctx.Done():
-			return hypervisors.ExecResult{}, pid, unknown(ctx.Err())
-		}
+		return guestsim.Run{For: s.opts.SlowOK, Exit: func(*guestsim.Proc) guestsim.Run {
+			if m, _, err := r.machineOf(t); err == nil {
+				s.joined(r, t, m, p.Key, argv, cluster, blob)
+			}
+			return exited(0, "joined cluster "+cluster+"\n", "")
+		}}
 	}
-	res, err = s.finishBootstrap(r, t, argv, cluster, blobPath, blob, haveBlob, unknown)
-	return res, pid, err
+	s.joined(r, t, m, p.Key, argv, cluster, blob)
+	return took(exited(0, "joined cluster "+cluster+"\n", ""))
 }
 
-// finishBootstrap is the end of a bootstrap hook: it joins the cluster if
-// the blob was there.
-func (s *sim) finishBootstrap(r resolver, t hypervisors.Target, argv []string, cluster, blobPath string, blob []byte, haveBlob bool,
-	unknown func(error) error) (hypervisors.ExecResult, error) {
-	if !haveBlob {
-		return exited(1, "", argv[0]+": "+blobPath+": No such file or directory\n"), nil
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	m, _, err := r.machineOf(t)
-	if err != nil {
-		return hypervisors.ExecResult{}, unknown(err)
-	}
-	sum := sha256.Sum256(blob)
+// joined records a successful bootstrap; s.mu is held.
+func (s *sim) joined(r resolver, t hypervisors.Target, m *machine, key string, argv []string, cluster string, blob guestsim.File) {
 	m.Guest.Bootstraps = append(m.Guest.Bootstraps, Bootstrap{
 		Cluster:    cluster,
 		Argv:       append([]string(nil), argv...),
-		Blob:       blob,
-		BlobSHA256: hex.EncodeToString(sum[:]),
-		BlobSize:   len(blob),
+		Key:        key,
+		Blob:       blob.Data,
+		BlobSHA256: blob.Sum,
+		BlobSize:   blob.Size,
 		At:         s.now(),
 	})
 	m.Guest.Cluster = cluster
 	m.Guest.Cordoned = false
 	r.saveMachine(t)
-	return exited(0, "joined cluster "+cluster+"\n", ""), nil
 }
 
 // Guest returns a copy of a VM's simulated guest, or false if the VM is

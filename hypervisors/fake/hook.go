@@ -9,13 +9,17 @@ import (
 
 // Call describes one hypervisor call as a Hook sees it. Op is the
 // interface method name ("DefineDomain", "CloneVM", "AgentExec",
-// "Observe", ...), ExecAnswerOp for the answer of a guest command that
-// ran, or, for the completion of a Proxmox task, "task/" plus the task
-// type ("task/qmclone", "task/qmstart", ...).
+// "Observe", ...), a request of the simulated guest agent's wire
+// (AgentExecOp, AgentStatusOp, AgentWriteOp, "agent/ping"), ExecAnswerOp
+// for the answer that reports a guest command's exit, or, for the
+// completion of a Proxmox task, "task/" plus the task type
+// ("task/qmclone", "task/qmstart", ...).
 type Call struct {
 	Op     string
 	Zone   string
 	Target hypervisors.Target
+	// Argv is the command of an AgentExec or AgentExecOp call.
+	Argv []string
 }
 
 // Hook runs before a call is performed (in the style of controller-runtime's

@@ -26,7 +26,6 @@ type sim struct {
 	unreachable map[string]bool
 	flaky       map[string]map[string]bool // zone -> ops that fail transiently
 	closed      bool
-	pids        int // guest process ids handed out
 
 	hookMu sync.RWMutex
 	hook   Hook
@@ -54,6 +53,12 @@ func (s *sim) now() time.Time { return s.opts.Clock() }
 // fails it if the zone is unreachable or the simulator closed, and waits
 // the configured latency.
 func (s *sim) enter(ctx context.Context, op, zone string, t hypervisors.Target) error {
+	return s.enterCall(ctx, Call{Op: op, Zone: zone, Target: t})
+}
+
+// enterCall is enter for a call described in full.
+func (s *sim) enterCall(ctx context.Context, c Call) error {
+	op, zone := c.Op, c.Zone
 	s.mu.Lock()
 	s.counts[op]++
 	closed, unreachable, flaky := s.closed, s.unreachable[zone], s.flaky[zone][op]
@@ -62,7 +67,7 @@ func (s *sim) enter(ctx context.Context, op, zone string, t hypervisors.Target) 
 		return fmt.Errorf("%s: fake hypervisor closed: %w", op, hypervisors.ErrUnreachable)
 	}
 	if h := s.currentHook(); h != nil {
-		if err := h(ctx, Call{Op: op, Zone: zone, Target: t}); err != nil {
+		if err := h(ctx, c); err != nil {
 			return err
 		}
 	}

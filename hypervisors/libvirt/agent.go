@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path"
 	"strings"
 	"sync"
 	"time"
@@ -15,6 +14,7 @@ import (
 	golibvirt "github.com/digitalocean/go-libvirt"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/guest"
 	"github.com/bigfleet-vm/provider/retry"
 )
 
@@ -41,14 +41,13 @@ func libvirtSend(l *golibvirt.Libvirt, dom golibvirt.Domain, cmd string, secs in
 	return l.QEMUDomainAgentCommand(dom, cmd, secs, 0)
 }
 
-// guestAgent is the guest agent of one domain.
-type guestAgent struct {
+// qga is one domain's guest agent reached through libvirt's QGA
+// passthrough: the guest.Transport of this adapter.
+type qga struct {
 	cfg  *Config
 	zc   *zoneConn
 	dom  golibvirt.Domain
 	send qgaSend
-	// poll paces guest-exec-status polls (retry.Poll).
-	poll retry.Policy
 }
 
 // qgaError is an error the guest agent itself answered: it received the
@@ -71,7 +70,7 @@ func (e *qgaError) Error() string {
 // little longer. sent is false only when the command certainly never left
 // this process (the zone was disconnected, or ctx ended before the call
 // began). Errors never include the arguments.
-func (ga *guestAgent) command(ctx context.Context, execute string, args any, wait time.Duration) (ret json.RawMessage, sent bool, err error) {
+func (q *qga) command(ctx context.Context, execute string, args any, wait time.Duration) (ret json.RawMessage, sent bool, err error) {
 	cmd, err := json.Marshal(agentRequest{Execute: execute, Arguments: args})
 	if err != nil {
 		return nil, false, fmt.Errorf("%s: marshal: %w", execute, err)
@@ -91,8 +90,8 @@ func (ga *guestAgent) command(ctx context.Context, execute string, args any, wai
 		began, abandoned bool
 	)
 	var res golibvirt.OptString
-	op := fmt.Sprintf("agent %s on %s/%s", execute, ga.zc.zone, ga.dom.Name)
-	err = ga.zc.call(ctx, op, time.Duration(secs)*time.Second+ga.cfg.CallTimeout, func(l *golibvirt.Libvirt) error {
+	op := fmt.Sprintf("agent %s on %s/%s", execute, q.zc.zone, q.dom.Name)
+	err = q.zc.call(ctx, op, time.Duration(secs)*time.Second+q.cfg.CallTimeout, func(l *golibvirt.Libvirt) error {
 		mu.Lock()
 		if abandoned {
 			mu.Unlock()
@@ -100,7 +99,7 @@ func (ga *guestAgent) command(ctx context.Context, execute string, args any, wai
 		}
 		began = true
 		mu.Unlock()
-		r, err := ga.send(l, ga.dom, string(cmd), secs)
+		r, err := q.send(l, q.dom, string(cmd), secs)
 		res = r
 		return err
 	})
@@ -173,45 +172,11 @@ func startRefused(err error) bool {
 	return false
 }
 
-func (h *Hypervisor) agentTarget(ctx context.Context, t hypervisors.Target) (*guestAgent, error) {
-	zc, err := h.zone(t.Zone)
-	if err != nil {
-		return nil, err
-	}
-	dom, err := h.lookupDomain(ctx, zc, t.Name)
-	if err != nil {
-		return nil, err
-	}
-	return &guestAgent{cfg: &h.cfg, zc: zc, dom: dom, send: libvirtSend, poll: retry.Poll}, nil
-}
-
-// AgentPing implements hypervisors.Hypervisor: guest-ping bounded by
-// Config.PingTimeout; ErrAgentNotReady while the agent is not connected.
-func (h *Hypervisor) AgentPing(ctx context.Context, t hypervisors.Target) error {
-	ga, err := h.agentTarget(ctx, t)
-	if err != nil {
-		return fmt.Errorf("agent ping %s: %w", t.Name, err)
-	}
-	if _, _, err := ga.command(ctx, "guest-ping", nil, h.cfg.PingTimeout); err != nil {
-		return fmt.Errorf("agent ping %s: %w", t.Name, err)
-	}
-	return nil
-}
-
-// AgentExec implements hypervisors.Hypervisor: one guest-exec with
-// captured output, then guest-exec-status polled (retry.Poll) until the
-// process exits or ctx ends. Stdout and Stderr keep the last
-// Config.MaxOutput bytes.
-func (h *Hypervisor) AgentExec(ctx context.Context, t hypervisors.Target, argv []string) (hypervisors.ExecResult, error) {
-	ga, err := h.agentTarget(ctx, t)
-	if err != nil {
-		return hypervisors.ExecResult{}, fmt.Errorf("agent exec on %s: %w", t.Name, err)
-	}
-	res, err := ga.exec(ctx, argv, false)
-	if err != nil {
-		return res, fmt.Errorf("agent exec on %s: %w", t.Name, err)
-	}
-	return res, nil
+// Ping implements guest.Transport: guest-ping bounded by
+// Config.PingTimeout.
+func (q *qga) Ping(ctx context.Context) error {
+	_, _, err := q.command(ctx, "guest-ping", nil, q.cfg.PingTimeout)
+	return err
 }
 
 type execArgs struct {
@@ -220,6 +185,28 @@ type execArgs struct {
 	CaptureOutput bool     `json:"capture-output"`
 }
 
+// Exec implements guest.Transport: one guest-exec with captured output.
+// It is Refused when the command never left this process or libvirtd or
+// the agent refused it (startRefused).
+func (q *qga) Exec(ctx context.Context, argv []string) (int, error) {
+	raw, sent, err := q.command(ctx, "guest-exec", execArgs{Path: argv[0], Arg: argv[1:], CaptureOutput: true}, q.cfg.CallTimeout)
+	if err != nil {
+		if !sent || startRefused(err) {
+			return 0, guest.Refused(err)
+		}
+		return 0, err
+	}
+	var started struct {
+		PID int `json:"pid"`
+	}
+	if err := json.Unmarshal(raw, &started); err != nil {
+		return 0, nil // no pid: the caller cannot follow it
+	}
+	return started.PID, nil
+}
+
+// execStatus is QGA's guest-exec-status answer (out-data and err-data in
+// base64).
 type execStatus struct {
 	Exited       bool   `json:"exited"`
 	ExitCode     int    `json:"exitcode"`
@@ -230,150 +217,45 @@ type execStatus struct {
 	ErrTruncated bool   `json:"err-truncated"`
 }
 
-// errRunning marks a status poll of a process that has not exited yet.
-var errRunning = errors.New("still running")
-
-// exec runs argv at most once, with the error contract of
-// hypervisors.Hypervisor.AgentExec. idempotent marks the adapter's own
-// helper commands, which are safe to run again: an unknown outcome is
-// then ErrTransient, so that the caller repeats the whole (idempotent)
-// operation, instead of ErrOutcomeUnknown.
-func (ga *guestAgent) exec(ctx context.Context, argv []string, idempotent bool) (hypervisors.ExecResult, error) {
-	if len(argv) == 0 || argv[0] == "" {
-		return hypervisors.ExecResult{}, fmt.Errorf("empty argv: %w", hypervisors.ErrInvalid)
-	}
-	unknown := func(pid int, why string) error {
-		if idempotent {
-			return fmt.Errorf("%s (pid %d) may have run; its outcome is unknown because %s; it is safe to repeat: %w",
-				argv[0], pid, why, hypervisors.ErrTransient)
-		}
-		return &hypervisors.UnknownOutcomeError{Command: argv[0], PID: pid, Why: why}
-	}
-	raw, sent, err := ga.command(ctx, "guest-exec", execArgs{Path: argv[0], Arg: argv[1:], CaptureOutput: true}, ga.cfg.CallTimeout)
+// Status implements guest.Transport: one guest-exec-status. qemu-ga's
+// answer for a pid it does not know ("Invalid parameter 'pid'") is
+// guest.ErrPIDGone.
+func (q *qga) Status(ctx context.Context, pid int) (guest.Status, error) {
+	raw, _, err := q.command(ctx, "guest-exec-status", map[string]int{"pid": pid}, q.cfg.CallTimeout)
 	if err != nil {
-		if !sent || startRefused(err) {
-			return hypervisors.ExecResult{}, fmt.Errorf("guest-exec %s (not started): %w", argv[0], err)
-		}
-		return hypervisors.ExecResult{}, unknown(0, fmt.Sprintf("its start request failed: %v", err))
-	}
-	var started struct {
-		PID int `json:"pid"`
-	}
-	if err := json.Unmarshal(raw, &started); err != nil || started.PID <= 0 {
-		return hypervisors.ExecResult{}, unknown(0, "the agent's start reply carries no pid")
-	}
-	pid := started.PID
-	var st execStatus
-	err = retry.Do(ctx, ga.poll, func(err error) bool {
-		return errors.Is(err, errRunning) || hypervisors.Retryable(err)
-	}, func(ctx context.Context) error {
-		raw, _, err := ga.command(ctx, "guest-exec-status", map[string]int{"pid": pid}, ga.cfg.CallTimeout)
-		if err != nil {
-			return err
-		}
-		st = execStatus{}
-		if err := json.Unmarshal(raw, &st); err != nil {
-			return fmt.Errorf("guest-exec-status %d: decode: %w: %w", pid, hypervisors.ErrTransient, err)
-		}
-		if !st.Exited {
-			return errRunning
-		}
-		return nil
-	})
-	switch {
-	case err == nil:
-	case ctx.Err() != nil:
-		why := "the deadline passed before it exited"
-		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			why = "the operation was cancelled before it exited"
-		}
-		if last := retry.Last(err); last != nil && !errors.Is(last, errRunning) {
-			why += fmt.Sprintf(" (last status poll: %v)", last)
-		}
-		return hypervisors.ExecResult{}, unknown(pid, why)
-	default:
 		var qe *qgaError
-		if errors.As(err, &qe) {
-			return hypervisors.ExecResult{}, unknown(pid, fmt.Sprintf("the guest agent no longer reports it (restarted guest or agent?): %v", qe))
+		if errors.As(err, &qe) && strings.Contains(qe.Desc, "Invalid parameter 'pid'") {
+			return guest.Status{}, fmt.Errorf("%w: %w", guest.ErrPIDGone, err)
 		}
-		return hypervisors.ExecResult{}, unknown(pid, fmt.Sprintf("its status cannot be read: %v", err))
+		return guest.Status{}, err
 	}
-	res := hypervisors.ExecResult{ExitCode: st.ExitCode}
-	if st.Signal > 0 {
-		res.ExitCode = 128 + st.Signal
+	var st execStatus
+	if err := json.Unmarshal(raw, &st); err != nil {
+		return guest.Status{}, fmt.Errorf("guest-exec-status %d: decode: %w: %w", pid, hypervisors.ErrTransient, err)
 	}
-	res.Stdout = hypervisors.Tail(decodeB64(st.OutData), ga.cfg.MaxOutput)
-	res.Stderr = hypervisors.Tail(decodeB64(st.ErrData), ga.cfg.MaxOutput)
-	return res, nil
+	return guest.Status{Exited: st.Exited, ExitCode: st.ExitCode, Signal: st.Signal,
+		Stdout: decodeOutput(st.OutData), Stderr: decodeOutput(st.ErrData)}, nil
 }
 
-func decodeB64(s string) []byte {
+// decodeOutput decodes a captured stream. qemu-ga always sends base64;
+// should a stream not decode, a note takes its place: the exit status is
+// the outcome and is never dropped over its output.
+func decodeOutput(s string) []byte {
 	b, err := base64.StdEncoding.DecodeString(s)
 	if err != nil {
-		return []byte(s)
+		return []byte("(the agent sent output that is not base64)")
 	}
 	return b
 }
 
-// Guest-side helper scripts; paths travel as positional arguments, never
-// spliced into the script. Both are idempotent.
-const (
-	// prepareScript makes the parent directory and an empty 0600 temp file
-	// (so the content is never readable by others, whatever qemu-ga's
-	// creation mode).
-	prepareScript = `umask 077 && mkdir -p "$1" && rm -f "$2" && : > "$2" && chmod 600 "$2"`
-	// commitScript sets the final mode and renames the temp file into place.
-	commitScript = `chmod "$1" "$2" && mv -f "$2" "$3"`
-)
+// MaxWrite implements guest.Transport: one Write streams any size through
+// one handle, chunkSize bytes per guest-file-write.
+func (q *qga) MaxWrite() int { return 0 }
 
-// AgentWriteFile implements hypervisors.Hypervisor: the data goes to a
-// 0600 temp file next to path in chunks (guest-file-open/write/close), then
-// gets its mode and is renamed into place, so a reader sees the old file or
-// the whole new one. It makes one attempt (the caller retries the whole,
-// idempotent write). data never appears in an error or log line.
-func (h *Hypervisor) AgentWriteFile(ctx context.Context, t hypervisors.Target, p string, data []byte, mode os.FileMode) error {
-	if err := checkWritePath(p); err != nil {
-		return fmt.Errorf("agent write on %s: %w", t.Name, err)
-	}
-	ga, err := h.agentTarget(ctx, t)
-	if err != nil {
-		return fmt.Errorf("agent write %s on %s: %w", p, t.Name, err)
-	}
-	if err := ga.writeFile(ctx, p, data, mode); err != nil {
-		return fmt.Errorf("agent write %s on %s: %w", p, t.Name, err)
-	}
-	return nil
-}
-
-func checkWritePath(p string) error {
-	if !path.IsAbs(p) || path.Clean(p) != p {
-		return fmt.Errorf("path %q must be absolute and clean: %w", p, hypervisors.ErrInvalid)
-	}
-	return nil
-}
-
-func (ga *guestAgent) writeFile(ctx context.Context, p string, data []byte, mode os.FileMode) error {
-	if err := checkWritePath(p); err != nil {
-		return err
-	}
-	tmp := p + ".bf-tmp"
-	if err := ga.execOK(ctx, "/bin/sh", "-c", prepareScript, "sh", path.Dir(p), tmp); err != nil {
-		return fmt.Errorf("prepare: %w", err)
-	}
-	if err := ga.writeChunks(ctx, tmp, data); err != nil {
-		rmCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ga.cfg.CallTimeout)
-		defer cancel()
-		_ = ga.execOK(rmCtx, "/bin/rm", "-f", tmp)
-		return err
-	}
-	if err := ga.execOK(ctx, "/bin/sh", "-c", commitScript, "sh", fmt.Sprintf("%o", mode.Perm()), tmp, p); err != nil {
-		return fmt.Errorf("commit: %w", err)
-	}
-	return nil
-}
-
-func (ga *guestAgent) writeChunks(ctx context.Context, p string, data []byte) error {
-	raw, _, err := ga.command(ctx, "guest-file-open", map[string]string{"path": p, "mode": "w"}, ga.cfg.CallTimeout)
+// Write implements guest.Transport: guest-file-open (mode "w"),
+// guest-file-write in chunks, guest-file-close.
+func (q *qga) Write(ctx context.Context, p string, data []byte) error {
+	raw, _, err := q.command(ctx, "guest-file-open", map[string]string{"path": p, "mode": "w"}, q.cfg.CallTimeout)
 	if err != nil {
 		return err
 	}
@@ -382,14 +264,14 @@ func (ga *guestAgent) writeChunks(ctx context.Context, p string, data []byte) er
 		return fmt.Errorf("guest-file-open: decode handle: %w: %w", hypervisors.ErrTransient, err)
 	}
 	closeFile := func(c context.Context) error {
-		_, _, err := ga.command(c, "guest-file-close", map[string]int{"handle": handle}, ga.cfg.CallTimeout)
+		_, _, err := q.command(c, "guest-file-close", map[string]int{"handle": handle}, q.cfg.CallTimeout)
 		return handleLost(err)
 	}
 	for off := 0; off < len(data); off += chunkSize {
 		chunk := data[off:min(off+chunkSize, len(data))]
-		raw, _, err := ga.command(ctx, "guest-file-write", map[string]any{
+		raw, _, err := q.command(ctx, "guest-file-write", map[string]any{
 			"handle": handle, "buf-b64": base64.StdEncoding.EncodeToString(chunk),
-		}, ga.cfg.CallTimeout)
+		}, q.cfg.CallTimeout)
 		if err == nil {
 			var w struct {
 				Count int `json:"count"`
@@ -399,7 +281,7 @@ func (ga *guestAgent) writeChunks(ctx context.Context, p string, data []byte) er
 			}
 		}
 		if err != nil {
-			c, cancel := context.WithTimeout(context.WithoutCancel(ctx), ga.cfg.CallTimeout)
+			c, cancel := context.WithTimeout(context.WithoutCancel(ctx), q.cfg.CallTimeout)
 			defer cancel()
 			_ = closeFile(c)
 			return handleLost(err)
@@ -419,15 +301,61 @@ func handleLost(err error) error {
 	return err
 }
 
-// execOK runs an idempotent helper and turns a non-zero exit into an
-// error carrying the stderr tail.
-func (ga *guestAgent) execOK(ctx context.Context, argv ...string) error {
-	res, err := ga.exec(ctx, argv, true)
+// agent returns the guest agent of t's domain.
+func (h *Hypervisor) agent(ctx context.Context, t hypervisors.Target) (*guest.Agent, error) {
+	zc, err := h.zone(t.Zone)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if res.ExitCode != 0 {
-		return fmt.Errorf("%s exited %d: %s: %w", argv[0], res.ExitCode, strings.TrimSpace(strings.ToValidUTF8(string(hypervisors.Tail(res.Stderr, 512)), "?")), hypervisors.ErrInvalid)
+	dom, err := h.lookupDomain(ctx, zc, t.Name)
+	if err != nil {
+		return nil, err
+	}
+	return &guest.Agent{T: &qga{cfg: &h.cfg, zc: zc, dom: dom, send: libvirtSend}, Poll: retry.Poll, MaxOutput: h.cfg.MaxOutput}, nil
+}
+
+// AgentPing implements hypervisors.Hypervisor: guest-ping bounded by
+// Config.PingTimeout; ErrAgentNotReady while the agent is not connected.
+func (h *Hypervisor) AgentPing(ctx context.Context, t hypervisors.Target) error {
+	ga, err := h.agent(ctx, t)
+	if err == nil {
+		err = ga.Ping(ctx)
+	}
+	if err != nil {
+		return fmt.Errorf("agent ping %s: %w", t.Name, err)
+	}
+	return nil
+}
+
+// AgentExec implements hypervisors.Hypervisor with guest.Agent.Exec: one
+// guest-exec, then guest-exec-status polled (retry.Poll) until the
+// process exits or ctx ends. Stdout and Stderr keep the last
+// Config.MaxOutput bytes.
+func (h *Hypervisor) AgentExec(ctx context.Context, t hypervisors.Target, argv []string) (hypervisors.ExecResult, error) {
+	ga, err := h.agent(ctx, t)
+	if err != nil {
+		return hypervisors.ExecResult{}, fmt.Errorf("agent exec on %s: %w", t.Name, err)
+	}
+	res, err := ga.Exec(ctx, argv)
+	if err != nil {
+		return res, fmt.Errorf("agent exec on %s: %w", t.Name, err)
+	}
+	return res, nil
+}
+
+// AgentWriteFile implements hypervisors.Hypervisor with
+// guest.Agent.WriteFile (atomic and private; one attempt). data never
+// appears in an error or log line.
+func (h *Hypervisor) AgentWriteFile(ctx context.Context, t hypervisors.Target, p string, data []byte, mode os.FileMode) error {
+	if err := guest.CheckPath(p); err != nil {
+		return fmt.Errorf("agent write on %s: %w", t.Name, err)
+	}
+	ga, err := h.agent(ctx, t)
+	if err == nil {
+		err = ga.WriteFile(ctx, p, data, mode)
+	}
+	if err != nil {
+		return fmt.Errorf("agent write %s on %s: %w", p, t.Name, err)
 	}
 	return nil
 }
@@ -435,22 +363,15 @@ func (ga *guestAgent) execOK(ctx context.Context, argv ...string) error {
 // AgentRemoveFile implements hypervisors.Hypervisor (rm -f: a missing file
 // is success). It makes one attempt; removing again is harmless.
 func (h *Hypervisor) AgentRemoveFile(ctx context.Context, t hypervisors.Target, p string) error {
-	if !path.IsAbs(p) {
-		return fmt.Errorf("agent remove on %s: path %q must be absolute: %w", t.Name, p, hypervisors.ErrInvalid)
+	if err := guest.CheckPath(p); err != nil {
+		return fmt.Errorf("agent remove on %s: %w", t.Name, err)
 	}
-	ga, err := h.agentTarget(ctx, t)
+	ga, err := h.agent(ctx, t)
+	if err == nil {
+		err = ga.RemoveFile(ctx, p)
+	}
 	if err != nil {
 		return fmt.Errorf("agent remove %s on %s: %w", p, t.Name, err)
 	}
-	if err := ga.removeFile(ctx, p); err != nil {
-		return fmt.Errorf("agent remove %s on %s: %w", p, t.Name, err)
-	}
 	return nil
-}
-
-func (ga *guestAgent) removeFile(ctx context.Context, p string) error {
-	if !path.IsAbs(p) {
-		return fmt.Errorf("path %q must be absolute: %w", p, hypervisors.ErrInvalid)
-	}
-	return ga.execOK(ctx, "/bin/rm", "-f", "--", p)
 }

@@ -2,12 +2,9 @@ package libvirt
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,439 +13,163 @@ import (
 
 	golibvirt "github.com/digitalocean/go-libvirt"
 
-	"github.com/bigfleet-vm/provider/executor"
 	"github.com/bigfleet-vm/provider/hypervisors"
-	"github.com/bigfleet-vm/provider/planner"
+	"github.com/bigfleet-vm/provider/hypervisors/guest"
+	"github.com/bigfleet-vm/provider/hypervisors/guest/guestsim"
+	"github.com/bigfleet-vm/provider/hypervisors/guest/guesttest"
 	"github.com/bigfleet-vm/provider/retry"
 )
-
-// fault is what the simulated agent does to one command.
-type fault int
-
-const (
-	faultNone fault = iota
-	// faultNotConnected: libvirtd refuses before sending (no agent).
-	faultNotConnected
-	// faultLostBefore: libvirtd times out; the agent never got it.
-	faultLostBefore
-	// faultLostAfter: the agent ran it; libvirtd timed out on the reply.
-	faultLostAfter
-	// faultHangAfter: the agent ran it; the libvirt call never answers.
-	faultHangAfter
-	// faultReboot: the agent restarted just before this command (it
-	// forgets every pid).
-	faultReboot
-)
-
-func (f fault) String() string {
-	return [...]string{"none", "not-connected", "lost-before", "lost-after", "hang-after", "reboot"}[f]
-}
-
-type simFile struct {
-	data []byte
-	mode string
-}
-
-type simProc struct {
-	status execStatus
-	polls  int // "running" answers left
-}
-
-// simQGA is qemu-ga behind libvirtd, in memory: files, handles, processes
-// and a small command set (the adapter's helper scripts, rm, and the
-// bootstrap hook, which needs the blob). It answers through the qgaSend
-// seam with the replies and libvirt errors the real stack gives.
-type simQGA struct {
-	mu         sync.Mutex
-	files      map[string]simFile
-	handles    map[int]string
-	procs      map[int]*simProc
-	nextHandle int
-	nextPID    int
-	polls      int // "running" answers each process gives first
-	hookPolls  int // the same for the bootstrap hook
-
-	calls       []string // execute (guest-exec: execute + " " + path)
-	hookStarts  int
-	drainStarts int
-	joined      []string
-
-	faultAt func(n int, call string) fault
-	hang    chan struct{}
-}
-
-func newSimQGA() *simQGA {
-	return &simQGA{files: map[string]simFile{}, handles: map[int]string{}, procs: map[int]*simProc{},
-		nextHandle: 1000, nextPID: 4000, polls: 1, hookPolls: 2, hang: make(chan struct{})}
-}
-
-func (s *simQGA) reply(v any) (golibvirt.OptString, error) {
-	b, err := json.Marshal(map[string]any{"return": v})
-	return golibvirt.OptString{string(b)}, err
-}
-
-func (s *simQGA) qgaErr(desc string) (golibvirt.OptString, error) {
-	b, err := json.Marshal(map[string]any{"error": map[string]string{"class": "GenericError", "desc": desc}})
-	return golibvirt.OptString{string(b)}, err
-}
 
 var (
 	errAgentGone    = golibvirt.Error{Code: uint32(golibvirt.ErrAgentUnresponsive), Message: "Guest agent is not responding: QEMU guest agent is not connected"}
 	errAgentTimeout = golibvirt.Error{Code: uint32(golibvirt.ErrAgentCommandTimeout), Message: "Guest agent not available for now"}
 )
 
-func (s *simQGA) send(_ *golibvirt.Libvirt, _ golibvirt.Domain, cmd string, _ int32) (golibvirt.OptString, error) {
+// wire is libvirtd's agent passthrough to a simulated qemu-ga, with one
+// fault at the n-th command.
+type wire struct {
+	q       *guestsim.QGA
+	n       int
+	fault   guesttest.Fault
+	onFault func()
+	hang    chan struct{}
+
+	mu   sync.Mutex
+	seen []guesttest.Call
+	held []string // commands a Late fault holds
+}
+
+// The faults of this wire: what libvirtd answers (or does not).
+var wireFaults = []guesttest.Fault{
+	{Name: "not-connected", Class: guesttest.Refused},            // refused before sending: no agent
+	{Name: "lost-before", Class: guesttest.LostBefore},           // a timeout; the agent never got it
+	{Name: "lost-after", Class: guesttest.LostAfter},             // the agent did it; the reply timed out
+	{Name: "reboot", Class: guesttest.RestartAgent},              // the agent restarted just before
+	{Name: "hang-after", Class: guesttest.LostAfter, Slow: true}, // the agent did it; the call never answers
+}
+
+func (w *wire) send(_ *golibvirt.Libvirt, _ golibvirt.Domain, cmd string, _ int32) (golibvirt.OptString, error) {
 	var req struct {
-		Execute   string          `json:"execute"`
-		Arguments json.RawMessage `json:"arguments"`
+		Execute   string            `json:"execute"`
+		Arguments guestsim.ExecArgs `json:"arguments"`
 	}
-	if err := json.Unmarshal([]byte(cmd), &req); err != nil {
-		return nil, err
-	}
-	s.mu.Lock()
-	name := req.Execute
-	if name == "guest-exec" {
-		var a execArgs
-		_ = json.Unmarshal(req.Arguments, &a)
-		name += " " + a.Path
-	}
-	n := len(s.calls)
-	s.calls = append(s.calls, name)
-	f := faultNone
-	if s.faultAt != nil {
-		f = s.faultAt(n, name)
-	}
-	switch f {
-	case faultNotConnected:
-		s.mu.Unlock()
-		return nil, errAgentGone
-	case faultLostBefore:
-		s.mu.Unlock()
-		return nil, errAgentTimeout
-	case faultReboot:
-		s.procs = map[int]*simProc{}
-		s.handles = map[int]string{}
-	}
-	res, err := s.apply(req.Execute, req.Arguments)
-	s.mu.Unlock()
-	switch f {
-	case faultLostAfter:
-		return nil, errAgentTimeout
-	case faultHangAfter:
-		<-s.hang
-		return nil, errors.New("connection closed")
-	}
-	return res, err
-}
-
-// apply runs one command; s.mu is held.
-func (s *simQGA) apply(execute string, raw json.RawMessage) (golibvirt.OptString, error) {
-	switch execute {
-	case "guest-ping":
-		return s.reply(map[string]any{})
+	_ = json.Unmarshal([]byte(cmd), &req)
+	c := guesttest.Call{Kind: "other", Name: req.Execute}
+	switch req.Execute {
 	case "guest-exec":
-		var a execArgs
-		if err := json.Unmarshal(raw, &a); err != nil {
-			return s.qgaErr("Invalid parameter type")
-		}
-		s.nextPID++
-		polls := s.polls
-		if a.Path == planner.LibvirtHook || len(a.Arg) == 2 && strings.Contains(a.Arg[1], "kubectl drain") {
-			polls = s.hookPolls
-		}
-		s.procs[s.nextPID] = &simProc{status: s.run(append([]string{a.Path}, a.Arg...)), polls: polls}
-		return s.reply(map[string]int{"pid": s.nextPID})
+		c.Kind, c.Argv = "exec", append([]string{req.Arguments.Path}, req.Arguments.Arg...)
 	case "guest-exec-status":
-		var a struct{ PID int }
-		_ = json.Unmarshal(raw, &a)
-		p, ok := s.procs[a.PID]
-		if !ok {
-			return s.qgaErr("Invalid parameter 'pid'")
-		}
-		if p.polls > 0 {
-			p.polls--
-			return s.reply(map[string]bool{"exited": false})
-		}
-		delete(s.procs, a.PID) // qemu-ga forgets a reaped process
-		return s.reply(p.status)
-	case "guest-file-open":
-		var a struct{ Path, Mode string }
-		_ = json.Unmarshal(raw, &a)
-		s.nextHandle++
-		s.handles[s.nextHandle] = a.Path
-		s.files[a.Path] = simFile{mode: "600"}
-		return s.reply(s.nextHandle)
+		c.Kind = "status"
 	case "guest-file-write":
-		var a struct {
-			Handle int
-			Buf    string `json:"buf-b64"`
-		}
-		_ = json.Unmarshal(raw, &a)
-		p, ok := s.handles[a.Handle]
-		if !ok {
-			return s.qgaErr("handle '" + fmt.Sprint(a.Handle) + "' has not been found")
-		}
-		b, _ := base64.StdEncoding.DecodeString(a.Buf)
-		f := s.files[p]
-		f.data = append(f.data, b...)
-		s.files[p] = f
-		return s.reply(map[string]any{"count": len(b), "eof": false})
-	case "guest-file-close":
-		var a struct{ Handle int }
-		_ = json.Unmarshal(raw, &a)
-		if _, ok := s.handles[a.Handle]; !ok {
-			return s.qgaErr("handle '" + fmt.Sprint(a.Handle) + "' has not been found")
-		}
-		delete(s.handles, a.Handle)
-		return s.reply(map[string]any{})
+		c.Kind = "write"
 	}
-	return s.qgaErr("The command " + execute + " has not been found")
-}
-
-func exitWith(code int, stderr string) execStatus {
-	return execStatus{Exited: true, ExitCode: code, ErrData: base64.StdEncoding.EncodeToString([]byte(stderr))}
-}
-
-// run executes argv in the simulated guest; s.mu is held.
-func (s *simQGA) run(argv []string) execStatus {
+	w.mu.Lock()
+	i := len(w.seen)
+	w.seen = append(w.seen, c)
+	w.mu.Unlock()
+	if i != w.n {
+		return golibvirt.OptString{w.q.Command(cmd)}, nil
+	}
+	if w.onFault != nil {
+		w.onFault()
+	}
+	switch w.fault.Class {
+	case guesttest.Refused:
+		return nil, errAgentGone
+	case guesttest.LostBefore:
+		return nil, errAgentTimeout
+	case guesttest.Late:
+		w.mu.Lock()
+		w.held = append(w.held, cmd)
+		w.mu.Unlock()
+		return nil, errAgentTimeout
+	case guesttest.RestartAgent:
+		w.q.Restart()
+	}
+	res := w.q.Command(cmd)
 	switch {
-	case len(argv) == 6 && argv[0] == "/bin/sh" && argv[2] == prepareScript:
-		s.files[argv[5]] = simFile{mode: "600"}
-	case len(argv) == 7 && argv[0] == "/bin/sh" && argv[2] == commitScript:
-		f, ok := s.files[argv[5]]
-		if !ok {
-			return exitWith(1, "mv: cannot stat '"+argv[5]+"': No such file or directory\n")
-		}
-		f.mode = argv[4]
-		s.files[argv[6]] = f
-		delete(s.files, argv[5])
-	case argv[0] == "/bin/rm":
-		for _, p := range argv[1:] {
-			if !strings.HasPrefix(p, "-") {
-				delete(s.files, p)
-			}
-		}
-	case len(argv) == 3 && argv[0] == "/bin/sh" && argv[1] == "-c" && strings.Contains(argv[2], "kubectl drain"):
-		s.drainStarts++
-	case argv[0] == planner.LibvirtHook:
-		s.hookStarts++
-		if _, ok := s.files[planner.LibvirtBlobPath]; !ok {
-			return exitWith(1, planner.LibvirtBlobPath+": No such file or directory\n")
-		}
-		s.joined = append(s.joined, argv[1])
-	default:
-		return exitWith(127, argv[0]+": command not found\n")
+	case w.fault.Class == guesttest.LostAfter && w.fault.Slow:
+		<-w.hang
+		return nil, errors.New("connection closed")
+	case w.fault.Class == guesttest.LostAfter:
+		return nil, errAgentTimeout
 	}
-	return exitWith(0, "")
+	return golibvirt.OptString{res}, nil
 }
 
-// starts counts the starts of a guest step's command.
-func (s *simQGA) starts(a planner.Action) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if a == planner.ActionExecDrain {
-		return s.drainStarts
-	}
-	return s.hookStarts
+func (w *wire) calls() []guesttest.Call {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]guesttest.Call(nil), w.seen...)
 }
 
-func (s *simQGA) state() (calls []string, hookStarts int, joined []string, files map[string]simFile) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	files = map[string]simFile{}
-	for k, v := range s.files {
-		files[k] = v
+// replay delivers the held commands to the agent (their answers go
+// nowhere).
+func (w *wire) replay() {
+	w.mu.Lock()
+	held := w.held
+	w.held = nil
+	w.mu.Unlock()
+	for _, cmd := range held {
+		w.q.Command(cmd)
 	}
-	return append([]string(nil), s.calls...), s.hookStarts, append([]string(nil), s.joined...), files
 }
 
-// testAgent is one domain's guest agent over a real zoneConn.call (with a
+// testQGA is one domain's transport over a real zoneConn.call (with a
 // placeholder client the simulated send never touches).
-func testAgent(t *testing.T, sim *simQGA) *guestAgent {
+func testQGA(t *testing.T, send qgaSend) *qga {
 	t.Helper()
 	cfg := Config{CallTimeout: 20 * time.Millisecond}
 	cfg.defaults()
 	zc := newZoneConn("z", nil, &cfg, nil, new(atomic.Int64), new(atomic.Int64))
 	zc.lv = &golibvirt.Libvirt{}
 	zc.gen = 1
-	t.Cleanup(func() {
-		select {
-		case <-sim.hang:
-		default:
-			close(sim.hang)
-		}
-	})
-	return &guestAgent{cfg: &cfg, zc: zc, dom: golibvirt.Domain{Name: "vm"}, send: sim.send,
-		poll: retry.Policy{Initial: time.Millisecond, Max: 2 * time.Millisecond}}
+	return &qga{cfg: &cfg, zc: zc, dom: golibvirt.Domain{Name: "vm"}, send: send}
 }
 
-// agentOnly drives the adapter's agent code (everything below the domain
-// lookup) as the executor sees it; the executor calls nothing else for an
-// exec-bootstrap step.
-type agentOnly struct {
-	hypervisors.Hypervisor
-	ga *guestAgent
-}
+var fastPoll = retry.Policy{Initial: time.Millisecond, Max: 2 * time.Millisecond}
 
-func (a agentOnly) AgentWriteFile(ctx context.Context, _ hypervisors.Target, p string, data []byte, mode os.FileMode) error {
-	return a.ga.writeFile(ctx, p, data, mode)
-}
+var transport = guesttest.Transport{Faults: wireFaults,
+	New: func(t *testing.T, g *guestsim.Guest, n int, f guesttest.Fault, onFault func()) guesttest.Env {
+		w := &wire{q: guestsim.NewQGA(g), n: n, fault: f, onFault: onFault, hang: make(chan struct{})}
+		t.Cleanup(func() { close(w.hang) })
+		return guesttest.Env{Agent: &guest.Agent{T: testQGA(t, w.send), Poll: fastPoll}, Seen: w.calls, Replay: w.replay}
+	}}
 
-func (a agentOnly) AgentExec(ctx context.Context, _ hypervisors.Target, argv []string) (hypervisors.ExecResult, error) {
-	return a.ga.exec(ctx, argv, false)
-}
-
-func (a agentOnly) AgentRemoveFile(ctx context.Context, _ hypervisors.Target, p string) error {
-	return a.ga.removeFile(ctx, p)
-}
-
-var drainStep = planner.Step{ID: "z/vm/exec-drain", Action: planner.ActionExecDrain, Target: hypervisors.Target{Zone: "z", Name: "vm"},
-	Params: planner.Params{Exec: planner.DrainArgv(30)}}
-
-var bootstrapStep = planner.Step{ID: "z/vm/exec-bootstrap", Action: planner.ActionExecBootstrap, Target: hypervisors.Target{Zone: "z", Name: "vm"},
-	Params: planner.Params{Exec: []string{planner.LibvirtHook, "c-1"}, BlobPath: planner.LibvirtBlobPath}}
-
-const testBlob = "kubeadm join 10.0.0.1:6443 --token abcdef.0123456789abcdef"
-
-func runBootstrap(t *testing.T, sim *simQGA, deadline time.Duration) (starting int, err error) {
-	t.Helper()
-	return runGuestStep(t, sim, bootstrapStep, deadline)
-}
-
-func runGuestStep(t *testing.T, sim *simQGA, step planner.Step, deadline time.Duration) (starting int, err error) {
-	t.Helper()
-	var calls atomic.Int32
-	ex := executor.New(executor.Options{Hypervisor: agentOnly{ga: testAgent(t, sim)}, Installation: "inst",
-		MinBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond,
-		Blob:         func(string, string) ([]byte, bool) { return []byte(testBlob), true },
-		ExecStarting: func(context.Context, string, string, string) error { calls.Add(1); return nil }})
-	ctx, cancel := context.WithTimeout(context.Background(), deadline)
-	defer cancel()
-	_, err = ex.Run(ctx, planner.Change{Machine: "m", Steps: []planner.Step{step}}, "op")
-	return int(calls.Load()), err
-}
-
-// A fault at every QGA call of a guest step (for the bootstrap: the
-// write's helper execs and their polls, file open/write/close, the hook's
-// exec and each of its polls, the removal; for the drain: its exec and
-// polls): the command starts at most once; only faults that make its
-// start or end unknowable fail the step, with ErrOutcomeUnknown; the blob
-// never stays.
+// The protocol's suite over libvirt's QGA passthrough.
 func TestGuestStepAtMostOnceAtEveryCall(t *testing.T) {
-	for _, step := range []planner.Step{bootstrapStep, drainStep} {
-		clean := newSimQGA()
-		if _, err := runGuestStep(t, clean, step, 10*time.Second); err != nil {
-			t.Fatalf("%s: clean run: %v", step.Action, err)
-		}
-		sequence, _, _, _ := clean.state()
-		if n := clean.starts(step.Action); n != 1 {
-			t.Fatalf("%s: clean run: %d starts", step.Action, n)
-		}
-		cmdExec := slices.Index(sequence, "guest-exec "+step.Params.Exec[0])
-		if step.Action == planner.ActionExecBootstrap {
-			cmdExec = slices.Index(sequence, "guest-exec "+planner.LibvirtHook)
-		}
-		var polls []int
-		for i := cmdExec + 1; cmdExec >= 0 && i < len(sequence) && sequence[i] == "guest-exec-status"; i++ {
-			polls = append(polls, i)
-		}
-		if cmdExec < 0 || len(polls) < 2 {
-			t.Fatalf("%s: want the command run and polled at least twice, sequence %v", step.Action, sequence)
-		}
-		final := polls[len(polls)-1]
-		// unknown says which faults make the command's outcome unknowable:
-		// its start request unanswered (it may or may not run), the answer
-		// that reported its exit lost (qemu-ga forgets a pid once it
-		// reported it), or the agent restarted while it ran.
-		unknown := func(n int, k fault) bool {
-			switch {
-			case n == cmdExec:
-				return k == faultLostBefore || k == faultLostAfter || k == faultHangAfter
-			case n == final && (k == faultLostAfter || k == faultHangAfter):
-				return true
-			}
-			return k == faultReboot && slices.Contains(polls, n)
-		}
-		for n, call := range sequence {
-			kinds := []fault{faultNotConnected, faultLostBefore, faultLostAfter, faultReboot}
-			if n == cmdExec || n == polls[0] || n == final || n == 0 {
-				kinds = append(kinds, faultHangAfter) // each costs a libvirt call timeout (1 s+)
-			}
-			for _, k := range kinds {
-				t.Run(fmt.Sprintf("%s/%02d-%s/%s", step.Action, n, call, k), func(t *testing.T) {
-					t.Parallel()
-					sim := newSimQGA()
-					sim.faultAt = func(i int, _ string) fault {
-						if i == n {
-							return k
-						}
-						return faultNone
-					}
-					starting, err := runGuestStep(t, sim, step, 20*time.Second)
-					_, _, joined, files := sim.state()
-					started := sim.starts(step.Action)
-					if started > 1 {
-						t.Fatalf("the command started %d times", started)
-					}
-					for p := range files {
-						if strings.HasPrefix(p, planner.LibvirtBlobPath) {
-							t.Errorf("%s stayed in the guest", p)
-						}
-					}
-					if starting != 1 {
-						t.Errorf("ExecStarting called %d times, want 1", starting)
-					}
-					if !unknown(n, k) {
-						if err != nil {
-							t.Fatalf("err = %v, want success (the fault is retried)", err)
-						}
-						if started != 1 || step.Action == planner.ActionExecBootstrap && len(joined) != 1 {
-							t.Errorf("%d starts, joined %v; want 1 start (and one join)", started, joined)
-						}
-						return
-					}
-					var u *hypervisors.UnknownOutcomeError
-					if !errors.As(err, &u) || hypervisors.Retryable(err) {
-						t.Fatalf("err = %v, want ErrOutcomeUnknown", err)
-					}
-					if n != cmdExec && (u.PID == 0 || !strings.Contains(err.Error(), "started as pid")) {
-						t.Errorf("err %q does not name the pid", err)
-					}
-					if strings.Contains(err.Error(), testBlob) {
-						t.Error("the error holds the blob")
-					}
-				})
-			}
-		}
-	}
+	guesttest.TestAtMostOnceAtEveryCall(t, transport)
 }
-
-// A hook still running at the deadline: unknown outcome, with its pid.
-func TestExecDeadlineIsUnknownOutcome(t *testing.T) {
-	sim := newSimQGA()
-	sim.hookPolls = 1 << 30
-	_, err := runBootstrap(t, sim, 300*time.Millisecond)
-	var u *hypervisors.UnknownOutcomeError
-	if !errors.As(err, &u) || u.PID == 0 || !strings.Contains(err.Error(), "deadline passed") {
-		t.Fatalf("err = %v, want an unknown outcome naming the pid and the deadline", err)
-	}
-	if _, starts, _, _ := sim.state(); starts != 1 {
-		t.Errorf("hook starts = %d, want 1", starts)
-	}
+func TestGuestStepLeaderKilledAtEveryCall(t *testing.T) {
+	guesttest.TestLeaderKilledAtEveryCall(t, transport)
 }
+func TestExecDeadlineIsUnknownOutcome(t *testing.T) { guesttest.TestDeadline(t, transport) }
+func TestAgentWriteFile(t *testing.T)               { guesttest.TestWriteFile(t, transport) }
 
 // A command to a zone whose connection is down never left this process:
 // it is a retryable class, so the caller may send it again.
 func TestExecOnDisconnectedZoneIsNotStarted(t *testing.T) {
-	sim := newSimQGA()
-	ga := testAgent(t, sim)
-	ga.zc.lv = nil
-	_, err := ga.exec(context.Background(), []string{planner.LibvirtHook, "c-1"}, false)
+	g := guesttest.NewGuest()
+	w := &wire{q: guestsim.NewQGA(g), n: -1}
+	q := testQGA(t, w.send)
+	q.zc.lv = nil
+	_, err := (&guest.Agent{T: q, Poll: fastPoll}).Exec(context.Background(), []string{guesttest.Hook, "c-1"})
 	if !hypervisors.Retryable(err) || errors.Is(err, hypervisors.ErrOutcomeUnknown) {
 		t.Fatalf("err = %v, want a retryable class", err)
 	}
-	if calls, _, _, _ := sim.state(); len(calls) != 0 {
+	if calls := w.calls(); len(calls) != 0 {
 		t.Errorf("commands reached the agent: %v", calls)
+	}
+}
+
+// qemu-ga's answer for an unknown pid is guest.ErrPIDGone; its other
+// refusals are not.
+func TestStatusPIDGone(t *testing.T) {
+	g := guesttest.NewGuest()
+	w := &wire{q: guestsim.NewQGA(g), n: -1}
+	_, err := testQGA(t, w.send).Status(context.Background(), 4242)
+	if !errors.Is(err, guest.ErrPIDGone) {
+		t.Errorf("unknown pid: err = %v, want ErrPIDGone", err)
 	}
 }
 
@@ -472,6 +193,18 @@ func TestStartRefused(t *testing.T) {
 		if got := startRefused(tc.err); got != tc.want {
 			t.Errorf("%s: startRefused = %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// Output that is not base64 is replaced by a note; the exit status is
+// kept (the outcome is never lost over its output).
+func TestUndecodableOutputKeepsExitCode(t *testing.T) {
+	q := testQGA(t, func(_ *golibvirt.Libvirt, _ golibvirt.Domain, _ string, _ int32) (golibvirt.OptString, error) {
+		return golibvirt.OptString{`{"return":{"exited":true,"exitcode":3,"out-data":"%%%"}}`}, nil
+	})
+	st, err := q.Status(context.Background(), 7)
+	if err != nil || !st.Exited || st.ExitCode != 3 || !strings.Contains(string(st.Stdout), "not base64") {
+		t.Fatalf("status = %+v, %v", st, err)
 	}
 }
 

@@ -24,9 +24,11 @@
 //   - Errors are wrapped with what was being done and map onto the
 //     hypervisors error classes; the bootstrap blob written with
 //     AgentWriteFile never appears in an error or log line.
-//   - AgentExec sends guest-exec once and polls guest-exec-status
-//     (retry.Poll) until exit or ctx; it returns a retryable class only when
-//     the command certainly never reached the agent, and ErrOutcomeUnknown
-//     when it may have run. No failed request is retried here: the executor
-//     retries steps by class.
+//   - The guest agent is reached through package guest's protocol over
+//     libvirt's QGA passthrough (agent.go is the transport only): AgentExec
+//     sends guest-exec once and polls guest-exec-status (retry.Poll) until
+//     exit or ctx; it returns a retryable class only when the command
+//     certainly never reached the agent, and ErrOutcomeUnknown when it may
+//     have run. No failed request is retried here: the executor retries
+//     steps by class.
 package libvirt

@@ -47,10 +47,13 @@
 //   - Every API request is made once: the executor retries steps by error
 //     class, so attempts never multiply. Only progress is polled (tasks, a
 //     clone's lock, a guest process) at Config.PollMin..PollMax.
-//   - AgentExec sends the exec request once and polls exec-status until
-//     exit or ctx; it returns a retryable class only when PVE refused the
-//     request before asking the agent (or it never left), and
-//     ErrOutcomeUnknown when the command may have run.
+//   - The guest agent is reached through package guest's protocol over
+//     PVE's agent endpoints (agent.go is the transport only): AgentExec
+//     sends the exec request once and polls exec-status until exit or ctx;
+//     it returns a retryable class only when PVE refused the request before
+//     asking the agent (or it never left), and ErrOutcomeUnknown when the
+//     command may have run. QGA's "Invalid parameter 'pid'" is the one
+//     answer read as a forgotten pid.
 //   - Errors are classified with the hypervisors error classes: lock
 //     errors → ErrLocked, 5xx/timeouts → ErrTransient, 401/403 →
 //     ErrPermission (never retried), "does not exist" → ErrNotFound,

@@ -12,37 +12,25 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/bigfleet-vm/provider/executor"
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/guest"
+	"github.com/bigfleet-vm/provider/hypervisors/guest/guestsim"
+	"github.com/bigfleet-vm/provider/hypervisors/guest/guesttest"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvesim"
 	"github.com/bigfleet-vm/provider/planner"
 )
 
-// reqFault is what the simulated PVE does to one request.
-type reqFault int
-
-const (
-	reqNone reqFault = iota
-	// req500: a 500 before PVE did anything.
-	req500
-	// reqAgentDown: PVE's "QEMU guest agent is not running", before
-	// asking the agent.
-	reqAgentDown
-	// reqDropBefore: the connection drops before PVE did anything.
-	reqDropBefore
-	// reqLostAfter: PVE did it, then the connection dropped.
-	reqLostAfter
-	// reqRestartAgent: the guest agent restarted just before (it forgets
-	// every pid).
-	reqRestartAgent
-)
-
-func (f reqFault) String() string {
-	return [...]string{"none", "500", "agent-down", "drop-before", "lost-after", "restart-agent"}[f]
+// The faults of PVE's wire: what the simulated PVE does to one request.
+var reqFaults = []guesttest.Fault{
+	{Name: "500", Class: guesttest.LostBefore},             // a 500 before PVE did anything
+	{Name: "agent-down", Class: guesttest.Refused},         // "QEMU guest agent is not running", before asking the agent
+	{Name: "drop-before", Class: guesttest.LostBefore},     // the connection drops before PVE did anything
+	{Name: "lost-after", Class: guesttest.LostAfter},       // PVE did it, then the connection dropped
+	{Name: "restart-agent", Class: guesttest.RestartAgent}, // the guest agent restarted just before
 }
 
 func drop(w http.ResponseWriter) {
@@ -53,54 +41,86 @@ func drop(w http.ResponseWriter) {
 	}
 }
 
-// faultAt returns a RequestHook that applies f to the n-th request (from
-// 0) and records every request as "METHOD /path".
-func faultAt(n int, f reqFault, g *pvesim.MemGuest) (pvesim.RequestHook, func() []string) {
+// faultAt returns a RequestHook that applies f to the n-th agent request
+// (from 0) and records every agent request, and a replay of the requests
+// a Late fault held.
+func faultAt(t *testing.T, sim *pvesim.Server, n int, f guesttest.Fault, onFault func(), g *guestsim.Guest) (pvesim.RequestHook, func() []guesttest.Call, func()) {
 	var mu sync.Mutex
-	var seen []string
+	var seen []guesttest.Call
+	type heldReq struct {
+		r    *http.Request
+		body []byte
+	}
+	var held []heldReq
 	return func(w http.ResponseWriter, r *http.Request, serve func(http.ResponseWriter)) {
-			key := r.Method + " " + strings.TrimPrefix(r.URL.Path, "/api2/json")
-			if strings.HasSuffix(key, "/agent/exec") {
-				// Name the command: peek at the body and put it back.
-				b, _ := io.ReadAll(r.Body)
-				r.Body = io.NopCloser(bytes.NewReader(b))
-				var req struct{ Command []string }
-				_ = json.Unmarshal(b, &req)
-				if len(req.Command) > 0 {
-					key += " " + req.Command[0]
-				}
-				if len(req.Command) > 1 {
-					key += " " + req.Command[1]
-				}
-			}
-			mu.Lock()
-			i := len(seen)
-			seen = append(seen, key)
-			mu.Unlock()
-			if i != n {
+			path := strings.TrimPrefix(r.URL.Path, "/api2/json")
+			i := strings.Index(path, "/agent/")
+			if i < 0 || r.Header.Get("X-Replay") != "" {
 				serve(w)
 				return
 			}
-			switch f {
-			case req500:
-				w.WriteHeader(500)
-			case reqAgentDown:
+			c := guesttest.Call{Kind: "other", Name: r.Method + " " + path[i:]}
+			b, _ := io.ReadAll(r.Body)
+			r.Body = io.NopCloser(bytes.NewReader(b))
+			switch path[i:] {
+			case "/agent/exec":
+				var req struct{ Command []string }
+				_ = json.Unmarshal(b, &req)
+				c.Kind, c.Argv = "exec", req.Command
+			case "/agent/exec-status":
+				c.Kind = "status"
+			case "/agent/file-write":
+				c.Kind = "write"
+			}
+			mu.Lock()
+			k := len(seen)
+			seen = append(seen, c)
+			mu.Unlock()
+			if k != n {
+				serve(w)
+				return
+			}
+			if onFault != nil {
+				onFault()
+			}
+			switch f.Class {
+			case guesttest.LostBefore:
+				if f.Name == "500" {
+					w.WriteHeader(500)
+				} else {
+					drop(w)
+				}
+			case guesttest.Refused:
 				writeReason(w, 500, "QEMU guest agent is not running")
-			case reqDropBefore:
-				drop(w)
-			case reqLostAfter:
+			case guesttest.LostAfter:
 				serve(httptest.NewRecorder())
 				drop(w)
-			case reqRestartAgent:
+			case guesttest.Late:
+				late := r.Clone(context.Background())
+				late.Header.Set("X-Replay", "1")
+				mu.Lock()
+				held = append(held, heldReq{late, b})
+				mu.Unlock()
+				drop(w)
+			case guesttest.RestartAgent:
 				g.RestartAgent()
 				serve(w)
 			default:
 				serve(w)
 			}
-		}, func() []string {
+		}, func() []guesttest.Call {
 			mu.Lock()
 			defer mu.Unlock()
-			return append([]string(nil), seen...)
+			return append([]guesttest.Call(nil), seen...)
+		}, func() {
+			mu.Lock()
+			h := held
+			held = nil
+			mu.Unlock()
+			for _, req := range h {
+				req.r.Body = io.NopCloser(bytes.NewReader(req.body))
+				sim.Handler().ServeHTTP(httptest.NewRecorder(), req.r)
+			}
 		}
 }
 
@@ -120,13 +140,48 @@ func writeReason(w http.ResponseWriter, code int, reason string) {
 	buf.Flush()
 }
 
-const (
-	hookPath = "/run/bigfleet-bootstrap"
-	pveBlob  = "kubeadm join 10.0.0.1:6443 --token abcdef.0123456789abcdef\n"
-)
+// transport is PVE's agent endpoints, over the simulator with the real
+// go-proxmox client, as the protocol's suite drives them: a running VM
+// whose guest is the suite's.
+var transport = guesttest.Transport{Faults: reqFaults,
+	New: func(t *testing.T, g *guestsim.Guest, n int, f guesttest.Fault, onFault func()) guesttest.Env {
+		e := newEnv(t, nil, nil)
+		e.sim.SetGuestFactory(func(int) pvesim.Guest { return pvesim.AgentOf(g) })
+		ctx := ctxT(t, 10*time.Second)
+		id, err := e.a.CloneVM(ctx, "pve1", cloneSpec("m-1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tg := hypervisors.Target{Zone: "pve1", VMID: id}
+		if err := e.a.Start(ctx, tg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := waitAgent(ctx, e.a, tg); err != nil {
+			t.Fatal(err)
+		}
+		hook, seen, replay := faultAt(t, e.sim, n, f, onFault, g)
+		e.sim.SetRequestHook(hook)
+		ga, err := e.a.agent(tg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return guesttest.Env{Agent: ga, Seen: seen, Replay: replay}
+	}}
+
+// The protocol's suite over PVE's agent endpoints.
+func TestGuestStepAtMostOnceAtEveryRequest(t *testing.T) {
+	guesttest.TestAtMostOnceAtEveryCall(t, transport)
+}
+func TestGuestStepLeaderKilledAtEveryRequest(t *testing.T) {
+	guesttest.TestLeaderKilledAtEveryCall(t, transport)
+}
+func TestExecDeadlineIsUnknownOutcome(t *testing.T) { guesttest.TestDeadline(t, transport) }
+func TestAgentWriteFileSuite(t *testing.T)          { guesttest.TestWriteFile(t, transport) }
+
+const hookPath = "/run/bigfleet-bootstrap"
 
 // runningVM clones and starts a VM whose agent answers, and returns it
-// with its in-memory guest (every process reports "running" once).
+// with its in-memory guest.
 func runningVM(t *testing.T, e *env) (hypervisors.Target, *pvesim.MemGuest) {
 	t.Helper()
 	ctx := ctxT(t, 10*time.Second)
@@ -141,145 +196,7 @@ func runningVM(t *testing.T, e *env) (hypervisors.Target, *pvesim.MemGuest) {
 	if _, err := waitAgent(ctx, e.a, tg); err != nil {
 		t.Fatal(err)
 	}
-	g := e.sim.GuestOf(id).(*pvesim.MemGuest)
-	g.SetPolls(1)
-	return tg, g
-}
-
-func bootstrapStep(tg hypervisors.Target) planner.Step {
-	return planner.Step{ID: "pve1/vm/exec-bootstrap", Action: planner.ActionExecBootstrap, Target: tg,
-		Params: planner.Params{Exec: []string{"/bin/sh", hookPath}, BlobPath: hookPath}}
-}
-
-func drainStep(tg hypervisors.Target) planner.Step {
-	return planner.Step{ID: "pve1/vm/exec-drain", Action: planner.ActionExecDrain, Target: tg,
-		Params: planner.Params{Exec: planner.DrainArgv(30)}}
-}
-
-// runStep runs one step through the executor against the adapter.
-func runStep(t *testing.T, e *env, s planner.Step, deadline time.Duration) (starting int, err error) {
-	t.Helper()
-	var calls atomic.Int32
-	ex := executor.New(executor.Options{Hypervisor: e.a, Installation: testInst, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond,
-		Blob:         func(string, string) ([]byte, bool) { return []byte(pveBlob), true },
-		ExecStarting: func(context.Context, string, string, string) error { calls.Add(1); return nil }})
-	_, err = ex.Run(ctxT(t, deadline), planner.Change{Machine: "m-1", Steps: []planner.Step{s}}, "op")
-	return int(calls.Load()), err
-}
-
-func bootstrapOn(t *testing.T, e *env, tg hypervisors.Target, deadline time.Duration) (int, error) {
-	return runStep(t, e, bootstrapStep(tg), deadline)
-}
-
-// starts counts the execs of argv in the guest.
-func starts(g *pvesim.MemGuest, argv []string) int {
-	n := 0
-	for _, a := range g.Execs() {
-		if slices.Equal(a, argv) {
-			n++
-		}
-	}
-	return n
-}
-
-func hookStarts(g *pvesim.MemGuest) int { return starts(g, []string{"/bin/sh", hookPath}) }
-
-// A fault at every request of a guest step over the real go-proxmox
-// client (for the bootstrap: file-write, the chmod exec and its polls, the
-// hook's exec and each of its polls, the rm exec and its polls; for the
-// drain: its exec and polls): the command starts at most once; only faults
-// that make its start or its end unknowable fail the step, with
-// ErrOutcomeUnknown; the blob never stays.
-func TestGuestStepAtMostOnceAtEveryRequest(t *testing.T) {
-	for _, kind := range []struct {
-		name string
-		step func(hypervisors.Target) planner.Step
-	}{{"bootstrap", bootstrapStep}, {"drain", drainStep}} {
-		e := newEnv(t, nil, nil)
-		tg, g := runningVM(t, e)
-		argv := kind.step(tg).Params.Exec
-		hook, seen := faultAt(-1, reqNone, g)
-		e.sim.SetRequestHook(hook)
-		if _, err := runStep(t, e, kind.step(tg), 10*time.Second); err != nil {
-			t.Fatalf("%s: clean run: %v", kind.name, err)
-		}
-		sequence := seen()
-		cmdExec := slices.IndexFunc(sequence, func(k string) bool { return strings.HasSuffix(k, "/agent/exec "+argv[0]+" "+argv[1]) })
-		var polls []int
-		for i := cmdExec + 1; i >= 1 && i < len(sequence) && strings.Contains(sequence[i], "/agent/exec-status"); i++ {
-			polls = append(polls, i)
-		}
-		if cmdExec < 0 || len(polls) < 2 || starts(g, argv) != 1 {
-			t.Fatalf("%s: clean run: sequence %v, %d starts", kind.name, sequence, starts(g, argv))
-		}
-		final := polls[len(polls)-1]
-		unknown := func(n int, f reqFault) bool {
-			switch {
-			case n == cmdExec:
-				return f == req500 || f == reqDropBefore || f == reqLostAfter
-			case n == final && f == reqLostAfter:
-				return true // QGA forgets a pid once it reported its exit
-			}
-			return f == reqRestartAgent && slices.Contains(polls, n)
-		}
-		for n, req := range sequence {
-			for _, f := range []reqFault{req500, reqAgentDown, reqDropBefore, reqLostAfter, reqRestartAgent} {
-				t.Run(fmt.Sprintf("%s/%02d-%s/%s", kind.name, n, req, f), func(t *testing.T) {
-					t.Parallel()
-					e := newEnv(t, nil, nil)
-					tg, g := runningVM(t, e)
-					hook, _ := faultAt(n, f, g)
-					e.sim.SetRequestHook(hook)
-					starting, err := runStep(t, e, kind.step(tg), 20*time.Second)
-					started := starts(g, argv)
-					if started > 1 {
-						t.Fatalf("the command started %d times", started)
-					}
-					if _, ok := g.File(hookPath); ok {
-						t.Error("the blob stayed in the guest")
-					}
-					if starting != 1 {
-						t.Errorf("ExecStarting called %d times, want 1", starting)
-					}
-					if !unknown(n, f) {
-						if err != nil {
-							t.Fatalf("err = %v, want success (the fault is retried)", err)
-						}
-						if started != 1 {
-							t.Errorf("command starts = %d, want 1", started)
-						}
-						return
-					}
-					var u *hypervisors.UnknownOutcomeError
-					if !errors.As(err, &u) || hypervisors.Retryable(err) {
-						t.Fatalf("err = %v, want ErrOutcomeUnknown", err)
-					}
-					if n != cmdExec && (u.PID == 0 || !strings.Contains(err.Error(), "started as pid")) {
-						t.Errorf("err %q does not name the pid", err)
-					}
-					if strings.Contains(err.Error(), strings.TrimSpace(pveBlob)) {
-						t.Error("the error holds the blob")
-					}
-				})
-			}
-		}
-	}
-}
-
-// A hook still running at the deadline: unknown outcome with its pid, and
-// it is not sent again.
-func TestExecDeadlineIsUnknownOutcome(t *testing.T) {
-	e := newEnv(t, nil, nil)
-	tg, g := runningVM(t, e)
-	g.SetCommand([]string{"/bin/sh", hookPath}, pvesim.CommandResult{Polls: 1 << 30})
-	_, err := bootstrapOn(t, e, tg, 300*time.Millisecond)
-	var u *hypervisors.UnknownOutcomeError
-	if !errors.As(err, &u) || u.PID == 0 || !strings.Contains(err.Error(), "deadline passed") {
-		t.Fatalf("err = %v, want an unknown outcome naming the pid and the deadline", err)
-	}
-	if n := hookStarts(g); n != 1 {
-		t.Errorf("hook starts = %d, want 1", n)
-	}
+	return tg, e.sim.GuestOf(id).(*pvesim.MemGuest)
 }
 
 // An exec request that could not even connect never started: a retryable
@@ -296,8 +213,21 @@ func TestExecRefusedWhenUnreachable(t *testing.T) {
 	if !hypervisors.Retryable(err) || errors.Is(err, hypervisors.ErrOutcomeUnknown) {
 		t.Fatalf("err = %v, want a retryable class", err)
 	}
-	if n := hookStarts(g); n != 0 {
-		t.Errorf("hook starts = %d, want 0", n)
+	if n := len(g.Execs()); n != 0 {
+		t.Errorf("execs = %d, want 0", n)
+	}
+}
+
+// QGA's answer for an unknown pid, through PVE, is guest.ErrPIDGone.
+func TestStatusPIDGone(t *testing.T) {
+	e := newEnv(t, nil, nil)
+	tg, _ := runningVM(t, e)
+	ga, err := e.a.agent(tg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ga.T.Status(ctxT(t, 5*time.Second), 999999); !errors.Is(err, guest.ErrPIDGone) {
+		t.Errorf("err = %v, want ErrPIDGone", err)
 	}
 }
 

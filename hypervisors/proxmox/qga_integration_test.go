@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/guest"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvesim"
 )
 
@@ -87,7 +88,7 @@ func TestRealQGA(t *testing.T) {
 	if st, _ := os.Stat(filepath.Join(root, "run/big")); st.Mode().Perm() != 0o640 {
 		t.Errorf("mode = %v, want 0640", st.Mode().Perm())
 	}
-	parts, _ := filepath.Glob(filepath.Join(root, "run/big.bigfleet-part-*"))
+	parts, _ := filepath.Glob(filepath.Join(root, "run/big.bf-*"))
 	if len(parts) != 0 {
 		t.Errorf("chunk files left behind: %v", parts)
 	}
@@ -121,5 +122,55 @@ func TestRealQGA(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(root, "run/bigfleet-bootstrap")); !os.IsNotExist(err) {
 		t.Errorf("bootstrap file still present: %v", err)
+	}
+}
+
+// The guest-op wrapper on a real qemu-ga, through the simulator's agent
+// endpoints and the real go-proxmox client (paths sandboxed under a temp
+// root): the blob is staged and put in place, the command runs once, a
+// second run for the same key reports the recorded end instead of running
+// it again, and nothing of the blob stays.
+func TestRealQGARecordedCommand(t *testing.T) {
+	sock := startQGA(t)
+	root := t.TempDir()
+	e := newEnv(t, nil, nil)
+	e.sim.SetGuestFactory(func(int) pvesim.Guest { return &pvesim.QGAGuest{Socket: sock, Root: root} })
+	ctx := ctxT(t, 60*time.Second)
+	id, err := e.a.CloneVM(ctx, "pve1", cloneSpec("m-rec"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tg := hypervisors.Target{Zone: "pve1", VMID: id}
+	if err := e.a.Start(ctx, tg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := waitAgent(ctx, e.a, tg); err != nil {
+		t.Fatalf("agent: %v", err)
+	}
+	ga, err := e.a.agent(tg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := "/var/lib/bigfleet-test-runs"
+	op := guest.Op{Key: "op-7-bootstrap", Argv: []string{"sh", "-c", // "sh": every absolute argument is sandboxed
+		`echo run >> "$0"; cat "$1"; exit 3`, runs, "/run/bigfleet-bootstrap"},
+		Stage: &guest.Stage{Target: "/run/bigfleet-bootstrap", Data: []byte("joined with the blob\n"), Have: true}}
+	for i := range 2 {
+		out, err := guest.Run(ctx, ga, op)
+		if err != nil || out.ExitCode != 3 || string(out.Output) != "joined with the blob\n" {
+			t.Fatalf("run %d: %+v (output %q), %v", i, out, out.Output, err)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(root, runs)); err != nil || string(b) != "run\n" {
+		t.Errorf("the command ran %q (%v), want once", b, err)
+	}
+	for _, p := range []string{"run/bigfleet-bootstrap", "run/bigfleet/stage/op-7-bootstrap"} {
+		if _, err := os.Stat(filepath.Join(root, p)); !os.IsNotExist(err) {
+			t.Errorf("%s left behind: %v", p, err)
+		}
+	}
+	rec, err := os.ReadFile(filepath.Join(root, "var/lib/bigfleet/ops/op-7-bootstrap/exit"))
+	if err != nil || string(rec) != "3\n" {
+		t.Errorf("recorded exit %q, %v", rec, err)
 	}
 }

@@ -30,5 +30,6 @@
 //     missing one is a 403 naming the path and privilege.
 //   - Faults are injected through the Faults API only; nothing is random.
 //   - The guest agent of each VM is an in-memory Guest by default
-//     (MemGuest), or a real qemu-ga on a unix socket (QGAGuest).
+//     (MemGuest, over a guestsim.Guest), or a real qemu-ga on a unix socket
+//     (QGAGuest).
 package pvesim

@@ -2,12 +2,14 @@ package pvesim
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/bigfleet-vm/provider/hypervisors/guest/guestsim"
 )
 
 // ExecStatus is a guest-exec-status result in QGA terms (data not yet
@@ -35,7 +37,7 @@ type Guest interface {
 
 // ErrBadPID is returned for an unknown exec pid (QGA: "Invalid parameter
 // 'pid'").
-var ErrBadPID = errors.New("Invalid parameter 'pid'") //lint:ignore ST1005 QGA's own wording, which the adapter matches
+var ErrBadPID = guestsim.ErrBadPID
 
 // CommandResult is the scripted outcome of a command in a MemGuest.
 type CommandResult struct {
@@ -52,31 +54,25 @@ type CommandResult struct {
 	Polls int
 }
 
-// AssembleMarker starts the first line of a shell script the MemGuest
-// understands as "concatenate parts into a target": argv is
-// ["/bin/sh", "-c", script, name, mode, target, part...]. Real guests run
-// the script with a real shell.
-const AssembleMarker = "# bigfleet:assemble"
-
-// MemGuest is an in-memory guest agent. It records written files and runs
-// a small, honest command set:
+// MemGuest is the guest agent of a simulated guest (guestsim.Guest): the
+// files written through it, the processes it started (forgotten once
+// their exit was reported, as QGA does), the helper scripts of package
+// guest, and, for a guest made by NewMemGuest, a small, honest command
+// set:
 //   - "/bin/sh <path>": exits with N if the file has a line "exit N", else
 //     0; a non-zero exit writes "<path>: exit N" to stderr;
-//   - "rm -f [--] paths...", "chmod mode path", "true", "false", "hostname";
-//   - the assemble script (AssembleMarker);
+//   - "/bin/sh -c <script>": simple commands line by line, stopping at the
+//     first failure (set -e);
+//   - "chmod mode path", "true", "false", "hostname";
 //   - commands scripted with SetCommand (matched by argv prefix), by default
 //     "kubectl" succeeds.
 //
 // Anything else exits 127 with "command not found".
 type MemGuest struct {
+	g *guestsim.Guest
+
 	mu       sync.Mutex
-	files    map[string][]byte
-	modes    map[string]string
 	scripted []scripted
-	procs    map[int]*memProc
-	nextPID  int
-	execs    [][]string
-	polls    int // "not exited" answers of every process started
 }
 
 type scripted struct {
@@ -84,141 +80,130 @@ type scripted struct {
 	res    CommandResult
 }
 
-type memProc struct {
-	res   CommandResult
-	polls int
-}
-
 // NewMemGuest returns an empty in-memory guest.
 func NewMemGuest() *MemGuest {
-	return &MemGuest{files: map[string][]byte{}, modes: map[string]string{}, procs: map[int]*memProc{}, nextPID: 4242,
-		scripted: []scripted{{prefix: []string{"kubectl"}, res: CommandResult{Stdout: "node drained\n"}}}}
+	m := &MemGuest{scripted: []scripted{{prefix: []string{"kubectl"}, res: CommandResult{Stdout: "node drained\n"}}}}
+	m.g = guestsim.New(m.program, nil)
+	return m
 }
+
+// AgentOf returns the agent of a simulated guest made elsewhere (its
+// programs are its own).
+func AgentOf(g *guestsim.Guest) *MemGuest { return &MemGuest{g: g} }
+
+// Sim returns the simulated guest behind the agent.
+func (m *MemGuest) Sim() *guestsim.Guest { return m.g }
 
 // SetCommand scripts the result of every command whose argv starts with
 // prefix (later calls win).
-func (g *MemGuest) SetCommand(prefix []string, res CommandResult) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.scripted = append([]scripted{{prefix: prefix, res: res}}, g.scripted...)
+func (m *MemGuest) SetCommand(prefix []string, res CommandResult) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.scripted = append([]scripted{{prefix: prefix, res: res}}, m.scripted...)
 }
 
 // SetPolls makes every process started from now on report "not exited"
 // to its first n exec-status calls (scripted commands add their own).
-func (g *MemGuest) SetPolls(n int) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.polls = n
-}
+func (m *MemGuest) SetPolls(n int) { m.g.SetPolls(n) }
 
 // RestartAgent restarts the guest agent: it forgets every process, as
 // qemu-ga does (files stay).
-func (g *MemGuest) RestartAgent() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.procs = map[int]*memProc{}
-}
+func (m *MemGuest) RestartAgent() { m.g.RestartAgent() }
 
 // File returns a written file.
-func (g *MemGuest) File(path string) ([]byte, bool) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	b, ok := g.files[path]
-	return append([]byte(nil), b...), ok
+func (m *MemGuest) File(path string) ([]byte, bool) {
+	f, ok := m.g.File(path)
+	return f.Data, ok
 }
 
-// Mode returns the mode last set with chmod on path.
-func (g *MemGuest) Mode(path string) string {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.modes[path]
+// Mode returns a file's mode in octal ("0600"), or "" if it is missing.
+func (m *MemGuest) Mode(path string) string {
+	f, ok := m.g.File(path)
+	if !ok {
+		return ""
+	}
+	return fmt.Sprintf("%04o", f.Mode.Perm())
 }
 
 // Files lists the written paths.
-func (g *MemGuest) Files() []string {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	var out []string
-	for p := range g.files {
-		out = append(out, p)
-	}
-	return out
-}
+func (m *MemGuest) Files() []string { return m.g.Files() }
 
-// Execs returns every argv run so far.
-func (g *MemGuest) Execs() [][]string {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return append([][]string(nil), g.execs...)
-}
+// Execs returns every argv run so far (the most recent few thousand).
+func (m *MemGuest) Execs() [][]string { return m.g.Execs() }
 
-func (g *MemGuest) Ping(context.Context) error { return nil }
+func (m *MemGuest) Ping(context.Context) error { return nil }
 
-func (g *MemGuest) OSInfo(context.Context) (map[string]any, error) {
+func (m *MemGuest) OSInfo(context.Context) (map[string]any, error) {
 	return map[string]any{"id": "debian", "name": "Debian GNU/Linux", "pretty-name": "Debian GNU/Linux 12 (bookworm)",
 		"version": "12 (bookworm)", "version-id": "12", "kernel-release": "6.1.0-simulated",
 		"kernel-version": "#1 SMP PREEMPT_DYNAMIC Debian 6.1.0-simulated", "machine": "x86_64"}, nil
 }
 
-func (g *MemGuest) FileWrite(_ context.Context, path string, data []byte) error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.files[path] = append([]byte(nil), data...)
-	return nil
+func (m *MemGuest) FileWrite(_ context.Context, path string, data []byte) error {
+	return m.g.Write(path, data)
+}
+
+func (m *MemGuest) Exec(_ context.Context, argv []string, _ []byte) (int, error) {
+	return m.g.Exec(argv)
+}
+
+func (m *MemGuest) ExecStatus(_ context.Context, pid int) (ExecStatus, error) {
+	st, err := m.g.Status(pid)
+	if err != nil {
+		return ExecStatus{}, err
+	}
+	return ExecStatus{Exited: st.Exited, ExitCode: st.ExitCode, Signal: st.Signal, OutData: st.Stdout, ErrData: st.Stderr,
+		OutTruncated: st.OutTruncated, ErrTruncated: st.ErrTruncated}, nil
+}
+
+func toRun(r CommandResult) guestsim.Run {
+	return guestsim.Run{ExitCode: r.ExitCode, Signal: r.Signal, Stdout: r.Stdout, Stderr: r.Stderr,
+		OutTruncated: r.OutTruncated, ErrTruncated: r.ErrTruncated, Polls: r.Polls}
+}
+
+// program is the command set of a MemGuest; it runs with the guest
+// locked.
+func (m *MemGuest) program(argv []string) (guestsim.Program, bool) {
+	return func(p *guestsim.Proc) guestsim.Run { return toRun(m.run(p, argv)) }, true
 }
 
 var exitLine = regexp.MustCompile(`(?m)^\s*exit\s+(\d+)\s*$`)
 
-func (g *MemGuest) run(argv []string) CommandResult {
-	for _, s := range g.scripted {
+func (m *MemGuest) run(p *guestsim.Proc, argv []string) CommandResult {
+	m.mu.Lock()
+	sc := m.scripted
+	m.mu.Unlock()
+	for _, s := range sc {
 		if len(argv) >= len(s.prefix) && equal(argv[:len(s.prefix)], s.prefix) {
 			return s.res
 		}
 	}
 	switch {
 	case len(argv) == 2 && argv[0] == "/bin/sh":
-		b, ok := g.files[argv[1]]
+		b, ok := p.File(argv[1])
 		if !ok {
 			return CommandResult{ExitCode: 127, Stderr: fmt.Sprintf("/bin/sh: 0: cannot open %s: No such file\n", argv[1])}
 		}
 		code := 0
-		if m := exitLine.FindAllSubmatch(b, -1); len(m) > 0 {
-			code, _ = strconv.Atoi(string(m[0][1]))
+		if mm := exitLine.FindAllSubmatch(b, -1); len(mm) > 0 {
+			code, _ = strconv.Atoi(string(mm[0][1]))
 		}
 		if code != 0 {
 			return CommandResult{ExitCode: code, Stderr: fmt.Sprintf("%s: exit %d\n", argv[1], code)}
 		}
 		return CommandResult{}
-	case len(argv) >= 6 && argv[0] == "/bin/sh" && argv[1] == "-c" && strings.HasPrefix(argv[2], AssembleMarker):
-		mode, target, parts := argv[4], argv[5], argv[6:]
-		var all []byte
-		for _, p := range parts {
-			b, ok := g.files[p]
-			if !ok {
-				return CommandResult{ExitCode: 1, Stderr: "cat: " + p + ": No such file or directory\n"}
-			}
-			all = append(all, b...)
-		}
-		g.files[target] = all
-		g.modes[target] = mode
-		for _, p := range parts {
-			delete(g.files, p)
-		}
-		return CommandResult{}
 	case len(argv) == 3 && argv[0] == "/bin/sh" && argv[1] == "-c":
-		return g.script(argv[2])
-	case len(argv) >= 1 && argv[0] == "rm":
-		for _, p := range argv[1:] {
-			if !strings.HasPrefix(p, "-") {
-				delete(g.files, p)
-			}
-		}
-		return CommandResult{}
+		return m.script(p, argv[2])
 	case len(argv) == 3 && argv[0] == "chmod":
-		if _, ok := g.files[argv[2]]; !ok {
+		b, ok := p.File(argv[2])
+		if !ok {
 			return CommandResult{ExitCode: 1, Stderr: "chmod: cannot access '" + argv[2] + "'\n"}
 		}
-		g.modes[argv[2]] = argv[1]
+		var mode uint32
+		if _, err := fmt.Sscanf(argv[1], "%o", &mode); err != nil {
+			return CommandResult{ExitCode: 1, Stderr: "chmod: invalid mode: '" + argv[1] + "'\n"}
+		}
+		p.SetFile(argv[2], b, fsMode(mode))
 		return CommandResult{}
 	case len(argv) == 1 && argv[0] == "true":
 		return CommandResult{}
@@ -227,11 +212,7 @@ func (g *MemGuest) run(argv []string) CommandResult {
 	case len(argv) == 1 && argv[0] == "hostname":
 		return CommandResult{Stdout: "guest\n"}
 	}
-	name := ""
-	if len(argv) > 0 {
-		name = argv[0]
-	}
-	return CommandResult{ExitCode: 127, Stderr: name + ": command not found\n"}
+	return CommandResult{ExitCode: 127, Stderr: argv[0] + ": command not found\n"}
 }
 
 // script runs a "/bin/sh -c" script the way `set -e` would: line by line,
@@ -239,14 +220,14 @@ func (g *MemGuest) run(argv []string) CommandResult {
 // understood (no pipes or control flow); "set" lines and variable
 // assignments are accepted as no-ops, which covers the provider's drain
 // script (cordon, then drain).
-func (g *MemGuest) script(src string) CommandResult {
+func (m *MemGuest) script(p *guestsim.Proc, src string) CommandResult {
 	var out CommandResult
 	for _, line := range strings.Split(src, "\n") {
 		line = strings.TrimSpace(line)
 		if line == "" || strings.HasPrefix(line, "#") || strings.HasPrefix(line, "set ") || assignment.MatchString(line) {
 			continue
 		}
-		res := g.run(strings.Fields(line))
+		res := m.run(p, strings.Fields(line))
 		out.Stdout += res.Stdout
 		out.Stderr += res.Stderr
 		if res.ExitCode != 0 {
@@ -271,39 +252,4 @@ func equal(a, b []string) bool {
 	return true
 }
 
-func (g *MemGuest) Exec(_ context.Context, argv []string, _ []byte) (int, error) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.execs = append(g.execs, append([]string(nil), argv...))
-	g.nextPID++
-	res := g.run(argv)
-	res.Polls += g.polls
-	g.procs[g.nextPID] = &memProc{res: res}
-	return g.nextPID, nil
-}
-
-func (g *MemGuest) ExecStatus(_ context.Context, pid int) (ExecStatus, error) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	p, ok := g.procs[pid]
-	if !ok {
-		return ExecStatus{}, ErrBadPID
-	}
-	if p.polls < p.res.Polls {
-		p.polls++
-		return ExecStatus{}, nil
-	}
-	delete(g.procs, pid) // QGA forgets a reaped process
-	st := ExecStatus{Exited: true, ExitCode: p.res.ExitCode, Signal: p.res.Signal,
-		OutTruncated: p.res.OutTruncated, ErrTruncated: p.res.ErrTruncated}
-	if st.Signal != 0 {
-		st.ExitCode = 0
-	}
-	if p.res.Stdout != "" {
-		st.OutData = []byte(p.res.Stdout)
-	}
-	if p.res.Stderr != "" {
-		st.ErrData = []byte(p.res.Stderr)
-	}
-	return st, nil
-}
+func fsMode(m uint32) os.FileMode { return os.FileMode(m).Perm() }

@@ -9,6 +9,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	pxapi "github.com/luthermonson/go-proxmox"
+
+	"github.com/bigfleet-vm/provider/hypervisors/guest"
 )
 
 func setup(t *testing.T) (*Server, *pxapi.Client) {
@@ -136,7 +138,7 @@ func TestMemGuest(t *testing.T) {
 		want ExecStatus
 	}{
 		{[]string{"/bin/sh", "/a"}, ExecStatus{Exited: true, ExitCode: 4, ErrData: []byte("/a: exit 4\n")}},
-		{[]string{"/bin/sh", "-c", AssembleMarker + "\n...", "n", "0600", "/t", "/p0", "/p1"}, ExecStatus{Exited: true}},
+		{[]string{"/bin/sh", "-c", guest.CommitScript, "sh", "600", "/t", "/p0", "/p1"}, ExecStatus{Exited: true}},
 		{[]string{"kubectl", "drain", "x"}, ExecStatus{Exited: true, OutData: []byte("node drained\n")}},
 		{[]string{"nope"}, ExecStatus{Exited: true, ExitCode: 127, ErrData: []byte("nope: command not found\n")}},
 	}
@@ -157,13 +159,26 @@ func TestMemGuest(t *testing.T) {
 
 func TestMemGuestScriptStopsAtFirstFailure(t *testing.T) {
 	g := NewMemGuest()
+	ctx := context.Background()
+	run := func(argv ...string) ExecStatus {
+		t.Helper()
+		pid, err := g.Exec(ctx, argv, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := g.ExecStatus(ctx, pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
 	drain := "set -eu\nnode=\"$(hostname)\"\nkubectl cordon \"$node\"\nkubectl drain \"$node\" --ignore-daemonsets"
-	if res := g.run([]string{"/bin/sh", "-c", drain}); res.ExitCode != 0 {
+	if res := run("/bin/sh", "-c", drain); res.ExitCode != 0 {
 		t.Fatalf("drain script: %+v", res)
 	}
 	g.SetCommand([]string{"kubectl", "drain"}, CommandResult{ExitCode: 1, Stderr: "cannot evict pod\n"})
-	res := g.run([]string{"/bin/sh", "-c", drain})
-	if res.ExitCode != 1 || !strings.Contains(res.Stderr, "cannot evict") {
+	res := run("/bin/sh", "-c", drain)
+	if res.ExitCode != 1 || !strings.Contains(string(res.ErrData), "cannot evict") {
 		t.Fatalf("failing drain: %+v", res)
 	}
 }
