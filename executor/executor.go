@@ -65,7 +65,7 @@ type Options struct {
 	// guest writes, commands, probes and the blob's removal included); a
 	// non-nil answer stops the step at once, never retried (a replica that
 	// lost its leadership must not act, even before its timers have told
-	// it).
+	// it). It is called from several goroutines at once.
 	Guard func() error
 	// RepairAttempts caps the attempts of each step of a change that
 	// carries no operation (opID "": a drift repair, or the clean-up of a

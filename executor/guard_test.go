@@ -59,11 +59,11 @@ func TestGuardBeforeEveryAttempt(t *testing.T) {
 				}
 				return nil
 			})
-			asked := 0
+			var asked atomic.Int64 // Guard is called concurrently (the blob's early staging)
 			ex := New(Options{Hypervisor: g.hv, Installation: inst, MinBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond,
 				Blob: func(string, string) ([]byte, bool) { return blob, true },
 				Guard: func() error {
-					asked++
+					asked.Add(1)
 					if deposed.Load() {
 						return errDeposed
 					}
@@ -81,8 +81,8 @@ func TestGuardBeforeEveryAttempt(t *testing.T) {
 			if diff := cmp.Diff(1, calls[tc.op]); diff != "" {
 				t.Errorf("attempts of %s after the term ended (-want +got):\n%s\n(all calls %v)", tc.op, diff, calls)
 			}
-			if asked < 2 {
-				t.Errorf("the guard was asked %d times, want once before the step and once per attempt", asked)
+			if n := asked.Load(); n < 2 {
+				t.Errorf("the guard was asked %d times, want once before the step and once per attempt", n)
 			}
 		})
 	}
