@@ -27,7 +27,7 @@ const defaultUserData = "#cloud-config\n"
 //
 // so that observation reads a seed's identity from the pool's volume
 // listing, never from the volume's bytes (a download stream per seed, which
-// go-libvirt mishandles: docs/libvirt-stalls.md). CreateSeed removes the
+// go-libvirt mishandles: docs/libvirt-connections.md). CreateSeed removes the
 // seed's tags before it writes the volume and adds the tag after the
 // upload completed, so a seed created but never (or only partly) uploaded
 // has no tag and observes with an empty identity: the planner rebuilds it
