@@ -409,6 +409,10 @@ func (z *zoneConn) call(ctx context.Context, op string, timeout time.Duration, f
 	return z.rpc(ctx, "QEMUDomainAgentCommand", op, timeout, fn)
 }
 
+// overrun is how far past its deadline a call may return before the
+// adapter logs it as an overrun.
+const overrun = time.Second
+
 // Outcomes of one RPC goroutine, decided once.
 const (
 	rpcRunning int32 = iota
@@ -449,6 +453,13 @@ func rpcValue[T any](ctx context.Context, z *zoneConn, proc, op string, timeout 
 	start := time.Now()
 	t := time.NewTimer(timeout)
 	defer t.Stop()
+	// The wrapper itself must keep the bound: when it does not (the
+	// process starved of CPU), say so; the soak fails on this line.
+	defer func() {
+		if el := time.Since(start); el > timeout+overrun {
+			z.log.Error("libvirt call overran its deadline", "zone", z.zone, "procedure", proc, "waited", el.Round(time.Millisecond), "deadline", timeout)
+		}
+	}()
 	if c.slots != nil {
 		select {
 		case c.slots <- struct{}{}:
