@@ -46,6 +46,11 @@ type Config struct {
 	// 4): libvirtd serves max_client_requests (default 5) per client and
 	// stops reading beyond that, and the liveness probe needs the fifth.
 	MaxInFlight int
+	// LostAfter is how long a call given up on may stay unanswered before
+	// its answer counts as lost (default 2m; libvirtd itself gives up
+	// waiting for a domain's job after 30s): when every request slot is
+	// held by such calls, the connection is recycled.
+	LostAfter time.Duration
 	// DialTimeout bounds one connection attempt (default 15s).
 	DialTimeout time.Duration
 	// MinBackoff and MaxBackoff bound the jittered reconnect backoff
@@ -76,6 +81,9 @@ func (c *Config) defaults() {
 	}
 	if c.MaxInFlight <= 0 {
 		c.MaxInFlight = 4
+	}
+	if c.LostAfter <= 0 {
+		c.LostAfter = 2 * time.Minute
 	}
 	if c.DialTimeout <= 0 {
 		c.DialTimeout = 15 * time.Second

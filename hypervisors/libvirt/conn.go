@@ -34,8 +34,10 @@ import (
 // never takes a slot, so it always reaches the daemon), runs under a
 // deadline, and on expiry returns a retryable error at once and has the
 // connection probed straight away. A call that outlives its deadline keeps
-// its slot until the daemon answers or the connection closes; when every
-// slot is held by such calls the connection is recycled.
+// its slot until the daemon answers or the connection closes (so at most
+// MaxInFlight goroutines per connection wait on calls given up on); when
+// every slot is held by calls unanswered for LostAfter, their answers are
+// lost and the connection is recycled.
 type zoneConn struct {
 	zone   string
 	uri    *url.URL
@@ -65,15 +67,70 @@ type zoneConn struct {
 	gen       uint64        // bumped on every new connection
 	broken    chan struct{} // closed to ask run to drop the connection
 	why       error         // why broken was closed
-	// Per connection (nil in unit tests that set lv by hand: no slots,
-	// nothing to wait for).
-	dead      chan struct{} // closed once the connection is dropped
-	deadWhy   error         // why dead was closed
-	slots     chan struct{} // request slots
-	abandoned *atomic.Int64 // calls given up on whose RPC is still pending
-	probeNow  chan struct{} // asks the probe to probe at once
-	ready     chan struct{} // closed when the first dial attempt has finished
-	once      sync.Once
+	// cs is the current connection's call state (nil in unit tests that
+	// set lv by hand: no slots, nothing to wait for).
+	cs    *connState
+	ready chan struct{} // closed when the first dial attempt has finished
+	once  sync.Once
+}
+
+// connState is what the calls on one connection share.
+type connState struct {
+	dead     chan struct{} // closed once the connection is dropped
+	why      error         // why dead was closed (set before)
+	slots    chan struct{} // request slots
+	probeNow chan struct{} // asks the probe to probe at once
+
+	mu sync.Mutex
+	// given holds the calls given up on whose RPC is still pending, by
+	// call number, with when they were given up.
+	given map[uint64]time.Time
+	next  uint64
+}
+
+func newConnState(slots int) *connState {
+	return &connState{dead: make(chan struct{}), slots: make(chan struct{}, slots), probeNow: make(chan struct{}, 1), given: map[uint64]time.Time{}}
+}
+
+func (c *connState) number() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.next++
+	return c.next
+}
+
+func (c *connState) giveUp(n uint64, at time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.given[n] = at
+}
+
+func (c *connState) answered(n uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.given, n)
+}
+
+// lost counts the calls given up on before t and still unanswered.
+func (c *connState) lost(t time.Time) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, at := range c.given {
+		if at.Before(t) {
+			n++
+		}
+	}
+	return n
+}
+
+// deadErr is what a call on a dropped connection returns.
+func (c *connState) deadErr(op string) error {
+	why := c.why
+	if why == nil {
+		why = errors.New("connection dropped")
+	}
+	return fmt.Errorf("%s: %w: connection dropped while the call was in flight: %w", op, hypervisors.ErrUnreachable, why)
 }
 
 func newZoneConn(zone string, u *url.URL, cfg *Config, log *slog.Logger, calls, probes *atomic.Int64) *zoneConn {
@@ -127,24 +184,20 @@ func (z *zoneConn) run(ctx context.Context) {
 		}
 		bo.Reset()
 		connCtx, cancel := context.WithCancel(ctx)
-		dead := make(chan struct{})
+		cs := newConnState(z.cfg.MaxInFlight)
 		z.mu.Lock()
 		z.lv, z.lastErr, z.stalled = lv, nil, time.Time{}
 		z.gen++
 		gen := z.gen
 		broken := make(chan struct{})
 		z.broken, z.why = broken, nil
-		z.dead, z.deadWhy = dead, nil
-		z.slots = make(chan struct{}, z.cfg.MaxInFlight)
-		z.abandoned = new(atomic.Int64)
-		z.probeNow = make(chan struct{}, 1)
-		probeNow := z.probeNow
+		z.cs = cs
 		z.mu.Unlock()
 		z.once.Do(func() { close(z.ready) })
 		z.log.Info("libvirt connected", "zone", z.zone)
 		// Neither waits here: the loop must see the connection break
 		// while either is under way.
-		go z.probe(connCtx, lv, gen, probeNow)
+		go z.probe(connCtx, lv, gen, cs)
 		go z.subscribe(connCtx)
 		z.emit(hypervisors.Event{Kind: hypervisors.EventZoneUp})
 
@@ -161,10 +214,8 @@ func (z *zoneConn) run(ctx context.Context) {
 		}
 		cancel()
 		z.setDown(why, true)
-		z.mu.Lock()
-		z.deadWhy = why
-		z.mu.Unlock()
-		close(dead)
+		cs.why = why
+		close(cs.dead)
 		// Close the transport itself: go-libvirt's Disconnect sends a
 		// close RPC first, which a wedged daemon or connection never
 		// answers. Closing it ends go-libvirt's reader, which releases
@@ -197,8 +248,9 @@ func (z *zoneConn) setDown(why error, dropped bool) {
 // a call gave up (probeNow). A probe pending longer than ProbeTimeout
 // makes the zone report down (without dropping work in flight); one
 // pending for DeadAfter, or one that fails without a libvirt error (the
-// socket is gone), drops the connection. The probe takes no request slot.
-func (z *zoneConn) probe(ctx context.Context, lv *golibvirt.Libvirt, gen uint64, now <-chan struct{}) {
+// socket is gone), drops the connection, and so do request slots all held
+// by calls unanswered for LostAfter. The probe takes no request slot.
+func (z *zoneConn) probe(ctx context.Context, lv *golibvirt.Libvirt, gen uint64, cs *connState) {
 	t := time.NewTicker(z.cfg.ProbeEvery)
 	defer t.Stop()
 	for {
@@ -206,7 +258,11 @@ func (z *zoneConn) probe(ctx context.Context, lv *golibvirt.Libvirt, gen uint64,
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		case <-now:
+		case <-cs.probeNow:
+		}
+		if n := cs.lost(time.Now().Add(-z.cfg.LostAfter)); n >= cap(cs.slots) {
+			z.markBroken(gen, fmt.Errorf("all %d request slots held by calls unanswered for over %s (their answers are lost)", n, z.cfg.LostAfter))
+			return
 		}
 		z.probes.Add(1)
 		done := make(chan error, 1)
@@ -355,12 +411,9 @@ func (z *zoneConn) health() error {
 
 // connRef is one connection as a call sees it.
 type connRef struct {
-	lv        *golibvirt.Libvirt
-	gen       uint64
-	dead      <-chan struct{}
-	slots     chan struct{}
-	abandoned *atomic.Int64
-	probeNow  chan struct{}
+	lv  *golibvirt.Libvirt
+	gen uint64
+	cs  *connState // nil: a connection set up by hand in a unit test
 }
 
 // current returns the live connection, or an error wrapping ErrUnreachable
@@ -371,11 +424,7 @@ func (z *zoneConn) current() (connRef, error) {
 	if z.lv == nil {
 		return connRef{}, fmt.Errorf("zone %s: %w: %w", z.zone, hypervisors.ErrUnreachable, z.lastErr)
 	}
-	ab := z.abandoned
-	if ab == nil {
-		ab = new(atomic.Int64)
-	}
-	return connRef{lv: z.lv, gen: z.gen, dead: z.dead, slots: z.slots, abandoned: ab, probeNow: z.probeNow}, nil
+	return connRef{lv: z.lv, gen: z.gen, cs: z.cs}, nil
 }
 
 // markBroken asks run to drop connection generation gen, saying why.
@@ -390,17 +439,6 @@ func (z *zoneConn) markBroken(gen uint64, why error) {
 			close(z.broken)
 		}
 	}
-}
-
-// deadErr is what a call on a dropped connection returns.
-func (z *zoneConn) deadErr(op string) error {
-	z.mu.Lock()
-	why := z.deadWhy
-	z.mu.Unlock()
-	if why == nil {
-		why = errors.New("connection dropped")
-	}
-	return fmt.Errorf("%s: %w: connection dropped while the call was in flight: %w", op, hypervisors.ErrUnreachable, why)
 }
 
 // call runs one guest-agent command (QEMUDomainAgentCommand) through rpc;
@@ -460,29 +498,36 @@ func rpcValue[T any](ctx context.Context, z *zoneConn, proc, op string, timeout 
 			z.log.Error("libvirt call overran its deadline", "zone", z.zone, "procedure", proc, "waited", el.Round(time.Millisecond), "deadline", timeout)
 		}
 	}()
-	if c.slots != nil {
+	// A connection set up by hand in a unit test has no call state.
+	var dead <-chan struct{}
+	if c.cs != nil {
+		dead = c.cs.dead
 		select {
-		case c.slots <- struct{}{}:
+		case c.cs.slots <- struct{}{}:
 		case <-t.C:
 			z.record(proc, time.Since(start), errNoAnswer)
 			z.probeSoon(c)
-			return zero, fmt.Errorf("%s: %w: no request slot free within %s (all %d taken by calls in flight on this connection)", op, hypervisors.ErrTransient, timeout, cap(c.slots))
+			return zero, fmt.Errorf("%s: %w: no request slot free within %s (all %d taken by calls in flight on this connection)", op, hypervisors.ErrTransient, timeout, cap(c.cs.slots))
 		case <-ctx.Done():
 			return zero, fmt.Errorf("%s: %w: %w", op, hypervisors.ErrTransient, ctx.Err())
-		case <-c.dead:
-			return zero, z.deadErr(op)
+		case <-dead:
+			return zero, c.cs.deadErr(op)
 		}
 	}
 	z.calls.Add(1)
+	var n uint64
+	if c.cs != nil {
+		n = c.cs.number()
+	}
 	var state atomic.Int32
 	done := make(chan answer[T], 1)
 	go func() {
 		v, err := fn(c.lv)
-		if c.slots != nil {
-			<-c.slots
-		}
-		if !state.CompareAndSwap(rpcRunning, rpcFinished) {
-			c.abandoned.Add(-1)
+		if c.cs != nil {
+			<-c.cs.slots
+			if !state.CompareAndSwap(rpcRunning, rpcFinished) {
+				c.cs.answered(n)
+			}
 		}
 		done <- answer[T]{v, err}
 	}()
@@ -494,20 +539,24 @@ func rpcValue[T any](ctx context.Context, z *zoneConn, proc, op string, timeout 
 		gaveUp = fmt.Errorf("%s: %w: no answer within %s", op, hypervisors.ErrTransient, timeout)
 	case <-ctx.Done():
 		gaveUp = fmt.Errorf("%s: %w: %w", op, hypervisors.ErrTransient, ctx.Err())
-	case <-c.dead:
-		gaveUp = z.deadErr(op)
+	case <-dead:
+		gaveUp = c.cs.deadErr(op)
+	}
+	if c.cs != nil {
+		// Recorded before the swap: a goroutine that finds the call
+		// abandoned always finds it recorded.
+		c.cs.giveUp(n, time.Now())
 	}
 	if !state.CompareAndSwap(rpcRunning, rpcAbandoned) {
 		// It finished while we gave up: the answer is there.
+		if c.cs != nil {
+			c.cs.answered(n)
+		}
 		a := <-done
 		return a.v, z.finished(c, proc, op, start, a.err)
 	}
 	z.record(proc, time.Since(start), errNoAnswer)
-	if n := c.abandoned.Add(1); c.slots != nil && n >= int64(cap(c.slots)) {
-		z.markBroken(c.gen, fmt.Errorf("all %d request slots held by calls that outlived their deadline", n))
-	} else {
-		z.probeSoon(c)
-	}
+	z.probeSoon(c)
 	return zero, gaveUp
 }
 
@@ -515,24 +564,27 @@ func rpcValue[T any](ctx context.Context, z *zoneConn, proc, op string, timeout 
 func (z *zoneConn) finished(c connRef, proc, op string, start time.Time, err error) error {
 	z.record(proc, time.Since(start), err)
 	if err != nil && !c.lv.IsConnected() {
-		select {
-		case <-c.dead:
-			return z.deadErr(op)
-		default:
+		if c.cs != nil {
+			select {
+			case <-c.cs.dead:
+				return c.cs.deadErr(op)
+			default:
+			}
 		}
 		return fmt.Errorf("%s: %w: %w", op, hypervisors.ErrUnreachable, err)
 	}
 	return classify(op, err)
 }
 
-// probeSoon asks the connection's probe to run now.
+// probeSoon asks the connection's probe to run now. A connection set up by
+// hand in a unit test has no probe: it is dropped instead.
 func (z *zoneConn) probeSoon(c connRef) {
-	if c.probeNow == nil {
+	if c.cs == nil {
 		z.markBroken(c.gen, errors.New("call timed out"))
 		return
 	}
 	select {
-	case c.probeNow <- struct{}{}:
+	case c.cs.probeNow <- struct{}{}:
 	default:
 	}
 }

@@ -2,6 +2,7 @@ package libvirt
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"io"
 	"strings"
@@ -19,11 +20,17 @@ import (
 // liveness machinery can end them.
 func newFakeZone(t *testing.T, d *fakeDaemon, callTimeout time.Duration, maxInFlight int) *Hypervisor {
 	t.Helper()
+	return newFakeZoneLost(t, d, callTimeout, maxInFlight, 0)
+}
+
+// newFakeZoneLost is newFakeZone with LostAfter (0: the default).
+func newFakeZoneLost(t *testing.T, d *fakeDaemon, callTimeout time.Duration, maxInFlight int, lostAfter time.Duration) *Hypervisor {
+	t.Helper()
 	if callTimeout == 0 {
 		callTimeout = time.Hour
 	}
 	h, err := New(Config{Installation: "i", Zones: []ZoneURI{{Zone: "z", URI: d.uri()}},
-		CallTimeout: callTimeout, MaxInFlight: maxInFlight, MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond,
+		CallTimeout: callTimeout, MaxInFlight: maxInFlight, LostAfter: lostAfter, MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond,
 		ProbeEvery: 50 * time.Millisecond, ProbeTimeout: 200 * time.Millisecond, DeadAfter: 500 * time.Millisecond}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -132,12 +139,12 @@ func TestSlowCallKeepsALiveConnection(t *testing.T) {
 }
 
 // Calls given up on keep their request slot until the daemon answers; once
-// every slot is held by such calls the connection is recycled, so neither
-// slots nor the goroutines waiting on them pile up on one connection.
-func TestAbandonedCallsRecycleTheConnection(t *testing.T) {
+// every slot is held by calls unanswered for LostAfter (their answers are
+// lost) the connection is recycled, so slots do not stay taken for good.
+func TestLostCallsRecycleTheConnection(t *testing.T) {
 	d := newFakeDaemon(t)
 	d.setHold(procDomainLookup, true)
-	h := newFakeZone(t, d, 100*time.Millisecond, 2)
+	h := newFakeZoneLost(t, d, 100*time.Millisecond, 2, 300*time.Millisecond)
 	for i := 0; i < 2; i++ {
 		if err := <-lookupAsync(h); !errors.Is(err, hypervisors.ErrTransient) {
 			t.Fatalf("lookup %d: %v, want ErrTransient", i, err)
@@ -147,6 +154,34 @@ func TestAbandonedCallsRecycleTheConnection(t *testing.T) {
 		acc, closed, _, _ := d.stats(0)
 		return closed >= 1 && acc >= 2
 	})
+}
+
+// Calls that outlive their deadline on a live daemon (eight domains
+// starting at once on a loaded host: each start takes longer than the
+// deadline, every slot is taken by one) do not cost the connection: when
+// the daemon answers them, the slots free up and the next call goes
+// through on the same connection. (TestParallelCreates8 failed when every
+// slot held by a late call recycled the connection at once: the calls in
+// flight failed with it.)
+func TestLateCallsKeepTheConnection(t *testing.T) {
+	d := newFakeDaemon(t)
+	d.setHold(procDomainLookup, true)
+	h := newFakeZone(t, d, 100*time.Millisecond, 2)
+	for i := 0; i < 2; i++ {
+		if err := <-lookupAsync(h); !errors.Is(err, hypervisors.ErrTransient) {
+			t.Fatalf("lookup %d: %v, want ErrTransient", i, err)
+		}
+	}
+	probes := h.Probes()
+	waitFor(t, "more probes", func() bool { return h.Probes() >= probes+5 })
+	d.setHold(procDomainLookup, false)
+	waitFor(t, "a lookup on the freed slots", func() bool {
+		_, err := h.Lookup(context.Background(), hypervisors.Target{Zone: "z", Name: "bf-x"})
+		return errors.Is(err, hypervisors.ErrNotFound)
+	})
+	if acc, closed, _, _ := d.stats(0); acc != 1 || closed != 0 {
+		t.Errorf("connections accepted %d, closed %d; want the one connection kept", acc, closed)
+	}
 }
 
 // At most MaxInFlight calls are on the wire at once; the others wait for a
@@ -265,5 +300,61 @@ func TestWedgedClientReleasesCallsAndRedials(t *testing.T) {
 	waitFor(t, "zone up again", func() bool { return h.ZoneHealth()["z"] == nil })
 	if _, err := h.Lookup(context.Background(), hypervisors.Target{Zone: "z", Name: "bf-x"}); !errors.Is(err, hypervisors.ErrNotFound) {
 		t.Errorf("lookup on the new connection: %v, want the daemon's not-found", err)
+	}
+}
+
+// stateReply is DomainGetState's answer.
+func stateReply(state golibvirt.DomainState, reason int32) []byte {
+	b := binary.BigEndian.AppendUint32(nil, uint32(state))
+	return binary.BigEndian.AppendUint32(b, uint32(reason))
+}
+
+// A start whose call outlived its deadline leaves the domain paused while
+// libvirtd is still starting it; the retried Start waits (retryable)
+// instead of resuming, which would block on the start's job and then be
+// refused.
+func TestStartWaitsForAStartInProgress(t *testing.T) {
+	d := newFakeDaemon(t)
+	d.answer(procDomainLookup, func(int) (uint32, []byte, bool) { return 0, domainReply("bf-x", 3), true })
+	d.answer(procDomainGetState, func(int) (uint32, []byte, bool) {
+		return 0, stateReply(golibvirt.DomainPaused, int32(golibvirt.DomainPausedStartingUp)), true
+	})
+	h := newFakeZone(t, d, 0, 0)
+	err := h.Start(context.Background(), hypervisors.Target{Zone: "z", Name: "bf-x"})
+	if !hypervisors.Retryable(err) || !strings.Contains(err.Error(), "still starting") {
+		t.Fatalf("Start on a domain libvirtd is starting: %v, want a retryable 'still starting'", err)
+	}
+	if _, _, _, n := d.stats(procDomainResume); n != 0 {
+		t.Errorf("%d resumes sent to a domain still starting", n)
+	}
+}
+
+// A resume refused as "already running" (raced with libvirtd's own start)
+// is success when the domain is running, and retryable when its state
+// cannot be read again (every slot taken by other slow starts, in
+// TestParallelCreates8): never a failed machine.
+func TestStartRefusalWithUnreadableStateIsRetryable(t *testing.T) {
+	d := newFakeDaemon(t)
+	d.answer(procDomainLookup, func(int) (uint32, []byte, bool) { return 0, domainReply("bf-x", 3), true })
+	d.answer(procDomainResume, func(int) (uint32, []byte, bool) {
+		return 1, libvirtError(uint32(golibvirt.ErrOperationInvalid), "Requested operation is not valid: domain is already running"), true
+	})
+	d.answer(procDomainGetState, func(n int) (uint32, []byte, bool) {
+		// Paused by the user at first; the second read goes unanswered.
+		return 0, stateReply(golibvirt.DomainPaused, int32(golibvirt.DomainPausedUser)), n == 1
+	})
+	h := newFakeZone(t, d, 300*time.Millisecond, 0)
+	err := h.Start(context.Background(), hypervisors.Target{Zone: "z", Name: "bf-x"})
+	if !hypervisors.Retryable(err) {
+		t.Fatalf("Start refused, state unreadable: %v, want retryable", err)
+	}
+	d.answer(procDomainGetState, func(n int) (uint32, []byte, bool) {
+		if n%2 == 1 {
+			return 0, stateReply(golibvirt.DomainPaused, int32(golibvirt.DomainPausedUser)), true
+		}
+		return 0, stateReply(golibvirt.DomainRunning, 1), true
+	})
+	if err := h.Start(context.Background(), hypervisors.Target{Zone: "z", Name: "bf-x"}); err != nil {
+		t.Errorf("Start refused as already running, then running: %v, want success", err)
 	}
 }
