@@ -31,6 +31,9 @@ type fakeDaemon struct {
 	conns   []net.Conn
 	wmu     []*sync.Mutex // one writer at a time per connection
 	closed  map[int]bool
+	// script, when it has a procedure, answers its calls (n counts them
+	// from 1); ok false holds the call.
+	script map[uint32]func(n int) (status uint32, payload []byte, ok bool)
 	// inFlight and maxInFlight count held calls per procedure.
 	inFlight, maxInFlight map[uint32]int
 	calls                 map[uint32]int
@@ -53,6 +56,9 @@ const (
 	procEventRegisterAny  = 316
 	procEventDeregistrAny = 317
 	procVolDownload       = 209
+	procDomainCreate      = 9
+	procDomainResume      = 28
+	procDomainGetState    = 212
 	remoteProgram         = 0x20008086
 )
 
@@ -64,7 +70,7 @@ func newFakeDaemon(t *testing.T) *fakeDaemon {
 		t.Fatal(err)
 	}
 	d := &fakeDaemon{t: t, ln: ln, path: path, hold: map[uint32]bool{}, silence: map[int]bool{},
-		closed: map[int]bool{}, inFlight: map[uint32]int{}, maxInFlight: map[uint32]int{}, calls: map[uint32]int{}}
+		closed: map[int]bool{}, script: map[uint32]func(int) (uint32, []byte, bool){}, inFlight: map[uint32]int{}, maxInFlight: map[uint32]int{}, calls: map[uint32]int{}}
 	d.wg.Add(1)
 	go d.accept()
 	t.Cleanup(d.close)
@@ -135,6 +141,8 @@ func (d *fakeDaemon) serve(n int, c net.Conn) {
 		d.calls[proc]++
 		silent := d.silence[n]
 		held := d.hold[proc]
+		scripted, hasScript := d.script[proc]
+		nth := d.calls[proc]
 		if held && !silent {
 			d.held = append(d.held, heldCall{n, proc, serial})
 			d.inFlight[proc]++
@@ -142,6 +150,12 @@ func (d *fakeDaemon) serve(n int, c net.Conn) {
 		}
 		d.mu.Unlock()
 		if silent || held {
+			continue
+		}
+		if hasScript {
+			if st, payload, ok := scripted(nth); ok {
+				reply(proc, serial, st, payload)
+			}
 			continue
 		}
 		switch proc {
@@ -193,6 +207,24 @@ func libvirtError(code uint32, msg string) []byte {
 		b = append(b, 0)
 	}
 	return binary.BigEndian.AppendUint32(b, 2) // level
+}
+
+// domainReply encodes a Domain (name, zero UUID, id) as a lookup returns it.
+func domainReply(name string, id int32) []byte {
+	b := binary.BigEndian.AppendUint32(nil, uint32(len(name)))
+	b = append(b, name...)
+	for len(b)%4 != 0 {
+		b = append(b, 0)
+	}
+	b = append(b, make([]byte, 16)...)
+	return binary.BigEndian.AppendUint32(b, uint32(id))
+}
+
+// answer scripts the answers to proc's calls.
+func (d *fakeDaemon) answer(proc uint32, f func(n int) (status uint32, payload []byte, ok bool)) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.script[proc] = f
 }
 
 // setHold makes calls of proc wait (on) or answers the waiting ones (off:

@@ -191,11 +191,18 @@ func (h *Hypervisor) lookupDomain(ctx context.Context, zc *zoneConn, name string
 }
 
 func (h *Hypervisor) domainState(ctx context.Context, zc *zoneConn, dom golibvirt.Domain) (golibvirt.DomainState, error) {
-	st, err := rpcValue(ctx, zc, "DomainGetState", "state of "+dom.Name+" on "+zc.zone, 0, func(l *golibvirt.Libvirt) (int32, error) {
-		st, _, err := l.DomainGetState(dom, 0)
-		return st, err
+	st, _, err := h.domainStateReason(ctx, zc, dom)
+	return st, err
+}
+
+// domainStateReason is the domain's state and libvirt's reason for it
+// (for DomainPaused, a golibvirt.DomainPausedReason).
+func (h *Hypervisor) domainStateReason(ctx context.Context, zc *zoneConn, dom golibvirt.Domain) (golibvirt.DomainState, int32, error) {
+	sr, err := rpcValue(ctx, zc, "DomainGetState", "state of "+dom.Name+" on "+zc.zone, 0, func(l *golibvirt.Libvirt) ([2]int32, error) {
+		st, reason, err := l.DomainGetState(dom, 0)
+		return [2]int32{st, reason}, err
 	})
-	return golibvirt.DomainState(st), err
+	return golibvirt.DomainState(sr[0]), sr[1], err
 }
 
 func (h *Hypervisor) domainXML(ctx context.Context, zc *zoneConn, dom golibvirt.Domain) (*domainRead, error) {
@@ -742,14 +749,22 @@ func (h *Hypervisor) Start(ctx context.Context, t hypervisors.Target) error {
 	if err != nil {
 		return fmt.Errorf("start %s: %w", t.Name, err)
 	}
-	st, err := h.domainState(ctx, zc, dom)
+	st, reason, err := h.domainStateReason(ctx, zc, dom)
 	if err != nil {
 		return fmt.Errorf("start %s: %w", t.Name, err)
 	}
 	switch st {
 	case golibvirt.DomainRunning, golibvirt.DomainBlocked:
 		return nil
-	case golibvirt.DomainPaused, golibvirt.DomainPmsuspended:
+	case golibvirt.DomainPaused:
+		if golibvirt.DomainPausedReason(reason) == golibvirt.DomainPausedStartingUp {
+			// libvirtd is still starting it (a start that outlived its
+			// call's deadline, or one a crashed provider began): resuming
+			// would only wait for that start's job and then be refused.
+			return fmt.Errorf("start %s: libvirtd is still starting the domain: %w", t.Name, hypervisors.ErrTransient)
+		}
+		fallthrough
+	case golibvirt.DomainPmsuspended:
 		err = zc.rpc(ctx, "DomainResume", "resume "+t.Name+" on "+t.Zone, 0, func(l *golibvirt.Libvirt) error { return l.DomainResume(dom) })
 	case golibvirt.DomainShutdown:
 		return fmt.Errorf("start %s: domain is shutting down: %w", t.Name, hypervisors.ErrTransient)
@@ -760,9 +775,14 @@ func (h *Hypervisor) Start(ctx context.Context, t hypervisors.Target) error {
 		// Raced with another start or resume ("domain is already
 		// running"), e.g. libvirtd finishing a start that a crashed
 		// provider began while the domain was still paused for start-up:
-		// fine if it is running now.
-		if st, serr := h.domainState(ctx, zc, dom); serr == nil && (st == golibvirt.DomainRunning || st == golibvirt.DomainBlocked) {
+		// fine if it is running now. When the state cannot be read, the
+		// refusal proves nothing: retry rather than fail the machine.
+		st, serr := h.domainState(ctx, zc, dom)
+		switch {
+		case serr == nil && (st == golibvirt.DomainRunning || st == golibvirt.DomainBlocked):
 			return nil
+		case serr != nil:
+			return fmt.Errorf("start %s: refused (%v), and its state could not be read again: %w", t.Name, err, serr)
 		}
 	}
 	if err != nil {
