@@ -15,7 +15,7 @@
 //     per connection. A call that outlives its deadline returns a retryable
 //     error at once and has the connection probed; a connection whose
 //     probe goes unanswered for DeadAfter (or on which every request slot
-//     is held by calls that outlived their deadline) is closed, every call
+//     is held by calls unanswered for LostAfter) is closed, every call
 //     in flight on it returns ErrUnreachable, and it is redialled. Dialling
 //     is bounded at every step (transport, TLS or SSH handshake, libvirt's
 //     handshake), and closing a connection closes all of its transport.
