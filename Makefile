@@ -26,7 +26,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 RACE := $(shell [ "$$($(GO) env CGO_ENABLED)" = 1 ] && command -v "$$($(GO) env CC | cut -d' ' -f1)" >/dev/null 2>&1 && echo -race)
 FUZZTIME ?= 30s
 
-.PHONY: help build run test bench bench-scale fuzz golden proto lint check integration ha ha-bench pve-sim clean image local-base deploy-test container-test
+.PHONY: help build run test bench bench-scale fuzz golden proto lint check integration soak ha ha-bench pve-sim clean image local-base deploy-test container-test
 
 help: ## List the targets.
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -65,6 +65,11 @@ lint: ## gofmt, go vet and staticcheck.
 
 integration: ## Real libvirtd and real qemu-ga suites (root; installs Debian packages).
 	bash scripts/integration.sh
+
+# SOAK_DURATION sets the churn (default 4m, CI-sized; hours work), and
+# SOAK_WORKERS the parallel machines (default 4).
+soak: ## Churn soak on a real libvirtd with chaos (root; SOAK_DURATION=4m, SOAK_WORKERS=4).
+	bash scripts/soak.sh
 
 # The HA suite runs replicas against embedded three-member etcd clusters
 # and waits out real leases (minutes), so it is not in make test. -v: the

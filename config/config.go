@@ -124,6 +124,8 @@ type Libvirt struct {
 	Kernel       string
 	Initrd       string
 	Cmdline      string
+	// CallTimeout bounds one libvirt RPC (--libvirt-call-timeout).
+	CallTimeout time.Duration
 }
 
 // Proxmox holds the Proxmox settings (zero for libvirt).

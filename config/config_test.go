@@ -74,6 +74,7 @@ func TestSeedInvocations(t *testing.T) {
 				Libvirt: Libvirt{
 					Connect: []ZoneURI{{"rack1", rack1URI}, {"rack2", rack2URI}},
 					Image:   "ubuntu-24.04.qcow2", StoragePool: "default", Network: "default", DomainType: "kvm",
+					CallTimeout: 10 * time.Second,
 				},
 				MaxConcurrentPerZone: 8, ShutdownGrace: 30 * time.Second, RepairTimeout: 2 * time.Minute, RepairAttempts: 5,
 			},
@@ -112,7 +113,7 @@ func TestSeedInvocations(t *testing.T) {
 				Timeouts:             Timeouts{Create: 5 * time.Minute, Configure: 8 * time.Minute, Drain: 15 * time.Minute, Delete: 5 * time.Minute},
 				Zones:                []string{"local-a", "local-b"},
 				Pricing:              pricing,
-				Libvirt:              Libvirt{StoragePool: "default", Network: "default", DomainType: "kvm"},
+				Libvirt:              Libvirt{StoragePool: "default", Network: "default", DomainType: "kvm", CallTimeout: 10 * time.Second},
 				MaxConcurrentPerZone: 8, ShutdownGrace: 30 * time.Second, RepairTimeout: 2 * time.Minute, RepairAttempts: 5,
 			},
 			wantSlots: 32,

@@ -35,6 +35,7 @@ type Flags struct {
 	libvirtBackend, connect, capacityType, image *string
 	storagePool, network, baseUserData           *string
 	domainType, kernel, initrd, kernelCmdline    *string
+	libvirtCallTimeout                           *time.Duration
 	proxmoxBackend, apiURL, tokenID              *string
 	tokenSecret, tokenFile, caFile, fingerprint  *string
 	pool, nodes, bootstrapPath, bootstrapExec    *string
@@ -55,7 +56,7 @@ type Flags struct {
 var (
 	libvirtOnly = []string{
 		"libvirt-backend", "connect", "capacity-type", "image", "storage-pool", "network",
-		"base-user-data", "domain-type", "kernel", "initrd", "kernel-cmdline",
+		"base-user-data", "domain-type", "kernel", "initrd", "kernel-cmdline", "libvirt-call-timeout",
 	}
 	proxmoxOnly = []string{
 		"proxmox-backend", "proxmox-api-url", "proxmox-token-id", "proxmox-token-secret",
@@ -94,6 +95,7 @@ func RegisterFlags(fs *flag.FlagSet) *Flags {
 	f.kernel = fs.String("kernel", "", "Optional direct kernel boot: absolute kernel path on the libvirt host.")
 	f.initrd = fs.String("initrd", "", "Initrd path on the libvirt host (needs --kernel).")
 	f.kernelCmdline = fs.String("kernel-cmdline", "", "Kernel command line (needs --kernel).")
+	f.libvirtCallTimeout = fs.Duration("libvirt-call-timeout", 10*time.Second, "Deadline of one libvirt RPC (1s to 1m; keep it well below the 30s observe budget). A call that outlives it fails retryably and has its connection probed; a connection that stops answering is closed and redialled within seconds.")
 
 	// Proxmox.
 	f.proxmoxBackend = fs.String("proxmox-backend", "auto", "proxmox, fake or auto (proxmox when --proxmox-api-url is set; otherwise refuse unless --use-fake-backend).")
@@ -157,7 +159,7 @@ var usageGroups = []struct {
 }{
 	{"Core", []string{"hypervisor", "addr", "provider", "installation-id", "default-zone", "state", "state-recover", "use-fake-backend"}},
 	{"High availability (--state etcd://...)", []string{"etcd-ca-file", "etcd-cert-file", "etcd-key-file", "leader-lease", "advertise-addr"}},
-	{"libvirt connection and launch parameters", []string{"libvirt-backend", "connect", "image", "storage-pool", "network", "base-user-data", "capacity-type", "domain-type", "kernel", "initrd", "kernel-cmdline"}},
+	{"libvirt connection and launch parameters", []string{"libvirt-backend", "connect", "image", "storage-pool", "network", "base-user-data", "capacity-type", "domain-type", "kernel", "initrd", "kernel-cmdline", "libvirt-call-timeout"}},
 	{"Proxmox connection and clone parameters", []string{"proxmox-backend", "proxmox-api-url", "proxmox-token-id", "proxmox-token-secret", "proxmox-token-file", "proxmox-ca-file", "proxmox-tls-fingerprint", "proxmox-pool", "nodes", "template-vmid", "bootstrap-path", "bootstrap-exec", "proxmox-poll-interval"}},
 	{"Instance types & pricing", []string{"instance-types", "prices", "price-per-vcpu-hour", "price-per-gib-hour"}},
 	{"Offerings", []string{"offerings", "seed-count"}},

@@ -480,6 +480,20 @@ func TestObservabilityKit(t *testing.T) {
 					t.Errorf("%s has no panel on %s", f, m)
 				}
 			}
+			// Per-host latency and per-procedure latency (issue 16).
+			for _, by := range []string{"sum by (le, zone)", "sum by (le, procedure)"} {
+				found := false
+				for _, p := range d.Panels {
+					for _, tg := range p.Targets {
+						if strings.Contains(tg.Expr, by) && strings.Contains(tg.Expr, "bigfleet_provider_hypervisor_call_duration_seconds_bucket") {
+							found = true
+						}
+					}
+				}
+				if !found {
+					t.Errorf("%s has no panel on hypervisor_call_duration_seconds %s", f, by)
+				}
+			}
 			t.Logf("%s: %d panels, %d queries", f, len(d.Panels), n)
 		}
 	})

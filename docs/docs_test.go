@@ -441,7 +441,7 @@ func TestPagesLinked(t *testing.T) {
 	for _, f := range files {
 		exists[f] = true
 	}
-	for _, p := range append(pages, "high-availability.md", "operations.md", "drift.md", "plan-format.md") {
+	for _, p := range append(pages, "high-availability.md", "operations.md", "drift.md", "plan-format.md", "libvirt-connections.md") {
 		if !exists[p] {
 			t.Errorf("%s is missing", p)
 		}

@@ -20,6 +20,9 @@ func Instrument(hv hypervisors.Hypervisor, m *Metrics) hypervisors.Hypervisor {
 		return hv
 	}
 	i := &instrumented{hv: hv, m: m}
+	if r, ok := hv.(rpcReporter); ok {
+		r.ObserveRPCs(m.HypervisorRPC)
+	}
 	lv, isLibvirt := hypervisors.Find[hypervisors.LibvirtSteps](hv)
 	px, isProxmox := hypervisors.Find[hypervisors.ProxmoxSteps](hv)
 	switch {
@@ -31,6 +34,12 @@ func Instrument(hv hypervisors.Hypervisor, m *Metrics) hypervisors.Hypervisor {
 		return &instrumentedProxmox{i, proxmoxSteps{i, px}}
 	}
 	return i
+}
+
+// rpcReporter is an adapter that reports the RPCs its operations make
+// (the libvirt adapter).
+type rpcReporter interface {
+	ObserveRPCs(func(zone, procedure string, d time.Duration, err error))
 }
 
 // instrumented wraps the common operations; the instrumented* types add
@@ -75,8 +84,8 @@ type proxmoxSteps struct {
 	px hypervisors.ProxmoxSteps
 }
 
-func (i *instrumented) done(op string, start time.Time, err error) {
-	i.m.HypervisorCall(op, err, time.Since(start))
+func (i *instrumented) done(op, zone string, start time.Time, err error) {
+	i.m.HypervisorCall(op, zone, err, time.Since(start))
 }
 
 // Unwrap returns the wrapped hypervisor.
@@ -96,114 +105,114 @@ func (i *instrumented) ZoneHealth() map[string]error {
 
 func (i *instrumented) Observe(ctx context.Context, zone string) (z *observed.Zone, err error) {
 	start := time.Now()
-	defer func() { i.done("observe", start, err) }()
+	defer func() { i.done("observe", zone, start, err) }()
 	return i.hv.Observe(ctx, zone)
 }
 
 func (i *instrumented) Lookup(ctx context.Context, t hypervisors.Target) (vm *observed.VM, err error) {
 	start := time.Now()
-	defer func() { i.done("lookup", start, err) }()
+	defer func() { i.done("lookup", t.Zone, start, err) }()
 	return i.hv.Lookup(ctx, t)
 }
 
 func (i *instrumented) Start(ctx context.Context, t hypervisors.Target) (err error) {
 	start := time.Now()
-	defer func() { i.done("start", start, err) }()
+	defer func() { i.done("start", t.Zone, start, err) }()
 	return i.hv.Start(ctx, t)
 }
 
 func (i *instrumented) Resume(ctx context.Context, t hypervisors.Target) (err error) {
 	start := time.Now()
-	defer func() { i.done("resume", start, err) }()
+	defer func() { i.done("resume", t.Zone, start, err) }()
 	return i.hv.Resume(ctx, t)
 }
 
 func (i *instrumented) Stop(ctx context.Context, t hypervisors.Target, grace time.Duration) (err error) {
 	start := time.Now()
-	defer func() { i.done("stop", start, err) }()
+	defer func() { i.done("stop", t.Zone, start, err) }()
 	return i.hv.Stop(ctx, t, grace)
 }
 
 func (i *instrumented) SetAutostart(ctx context.Context, t hypervisors.Target, on bool) (err error) {
 	start := time.Now()
-	defer func() { i.done("set_autostart", start, err) }()
+	defer func() { i.done("set_autostart", t.Zone, start, err) }()
 	return i.hv.SetAutostart(ctx, t, on)
 }
 
 func (i *instrumented) SetMarker(ctx context.Context, t hypervisors.Target, mk observed.Marker) (err error) {
 	start := time.Now()
-	defer func() { i.done("set_marker", start, err) }()
+	defer func() { i.done("set_marker", t.Zone, start, err) }()
 	return i.hv.SetMarker(ctx, t, mk)
 }
 
 func (i *instrumented) AgentPing(ctx context.Context, t hypervisors.Target) (err error) {
 	start := time.Now()
-	defer func() { i.done("agent_ping", start, err) }()
+	defer func() { i.done("agent_ping", t.Zone, start, err) }()
 	return i.hv.AgentPing(ctx, t)
 }
 
 func (i *instrumented) AgentWriteFile(ctx context.Context, t hypervisors.Target, path string, data []byte, mode os.FileMode) (err error) {
 	start := time.Now()
-	defer func() { i.done("agent_write_file", start, err) }()
+	defer func() { i.done("agent_write_file", t.Zone, start, err) }()
 	return i.hv.AgentWriteFile(ctx, t, path, data, mode)
 }
 
 func (i *instrumented) AgentRemoveFile(ctx context.Context, t hypervisors.Target, path string) (err error) {
 	start := time.Now()
-	defer func() { i.done("agent_remove_file", start, err) }()
+	defer func() { i.done("agent_remove_file", t.Zone, start, err) }()
 	return i.hv.AgentRemoveFile(ctx, t, path)
 }
 
 func (i *instrumented) AgentExec(ctx context.Context, t hypervisors.Target, argv []string) (res hypervisors.ExecResult, err error) {
 	start := time.Now()
-	defer func() { i.done("agent_exec", start, err) }()
+	defer func() { i.done("agent_exec", t.Zone, start, err) }()
 	return i.hv.AgentExec(ctx, t, argv)
 }
 
 func (w libvirtSteps) CreateOverlay(ctx context.Context, zone string, s hypervisors.OverlaySpec) (err error) {
 	start := time.Now()
-	defer func() { w.i.done("create_overlay", start, err) }()
+	defer func() { w.i.done("create_overlay", zone, start, err) }()
 	return w.lv.CreateOverlay(ctx, zone, s)
 }
 
 func (w libvirtSteps) CreateSeed(ctx context.Context, zone string, s hypervisors.SeedSpec) (err error) {
 	start := time.Now()
-	defer func() { w.i.done("create_seed", start, err) }()
+	defer func() { w.i.done("create_seed", zone, start, err) }()
 	return w.lv.CreateSeed(ctx, zone, s)
 }
 
 func (w libvirtSteps) DefineDomain(ctx context.Context, zone string, s hypervisors.DomainSpec) (err error) {
 	start := time.Now()
-	defer func() { w.i.done("define_domain", start, err) }()
+	defer func() { w.i.done("define_domain", zone, start, err) }()
 	return w.lv.DefineDomain(ctx, zone, s)
 }
 
 func (w libvirtSteps) UndefineDomain(ctx context.Context, t hypervisors.Target) (err error) {
 	start := time.Now()
-	defer func() { w.i.done("undefine_domain", start, err) }()
+	defer func() { w.i.done("undefine_domain", t.Zone, start, err) }()
 	return w.lv.UndefineDomain(ctx, t)
 }
 
 func (w libvirtSteps) DeleteVolume(ctx context.Context, zone, pool, name string) (err error) {
 	start := time.Now()
-	defer func() { w.i.done("delete_volume", start, err) }()
+	defer func() { w.i.done("delete_volume", zone, start, err) }()
 	return w.lv.DeleteVolume(ctx, zone, pool, name)
 }
 
 func (w proxmoxSteps) CloneVM(ctx context.Context, zone string, s hypervisors.CloneSpec) (vmid int, err error) {
 	start := time.Now()
-	defer func() { w.i.done("clone_vm", start, err) }()
+	defer func() { w.i.done("clone_vm", zone, start, err) }()
 	return w.px.CloneVM(ctx, zone, s)
 }
 
 func (w proxmoxSteps) ConfigureVM(ctx context.Context, t hypervisors.Target, s hypervisors.SizeSpec) (err error) {
 	start := time.Now()
-	defer func() { w.i.done("configure_vm", start, err) }()
+	defer func() { w.i.done("configure_vm", t.Zone, start, err) }()
 	return w.px.ConfigureVM(ctx, t, s)
 }
 
 func (w proxmoxSteps) DeleteVM(ctx context.Context, t hypervisors.Target) (err error) {
 	start := time.Now()
-	defer func() { w.i.done("delete_vm", start, err) }()
+	defer func() { w.i.done("delete_vm", t.Zone, start, err) }()
 	return w.px.DeleteVM(ctx, t)
 }

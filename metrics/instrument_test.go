@@ -165,3 +165,75 @@ func found[T any](hv hypervisors.Hypervisor) bool {
 	_, ok := hypervisors.Find[T](hv)
 	return ok
 }
+
+// reporting is an adapter that reports RPCs (as the libvirt adapter does).
+type reporting struct {
+	hypervisors.Hypervisor
+	f func(zone, procedure string, d time.Duration, err error)
+}
+
+func (r *reporting) ObserveRPCs(f func(zone, procedure string, d time.Duration, err error)) { r.f = f }
+
+func (r *reporting) Unwrap() hypervisors.Hypervisor { return r.Hypervisor }
+
+// hvDurations reads hypervisor_call_duration_seconds sample counts as
+// "op/zone/procedure" -> count.
+func hvDurations(t *testing.T, m *Metrics) map[string]uint64 {
+	t.Helper()
+	mfs, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]uint64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "bigfleet_provider_hypervisor_call_duration_seconds" {
+			continue
+		}
+		for _, mt := range mf.GetMetric() {
+			l := map[string]string{}
+			for _, p := range mt.GetLabel() {
+				l[p.GetName()] = p.GetValue()
+			}
+			out[l["op"]+"/"+l["zone"]+"/"+l["procedure"]] = mt.GetHistogram().GetSampleCount()
+		}
+	}
+	return out
+}
+
+// Call durations carry the zone of each operation (a slow host shows up
+// on its own); the RPCs an adapter reports land under op="rpc" by
+// procedure, without a zone (one series per procedure whatever the number
+// of hosts), and its liveness probes under op="probe" by zone.
+func TestCallDurationsByZoneAndProcedure(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	fk := fake.NewLibvirt(fake.Options{})
+	defer fk.Close()
+	r := &reporting{Hypervisor: fk}
+	m := New(nil, nil)
+	w := Instrument(r, m)
+	if r.f == nil {
+		t.Fatal("Instrument did not subscribe to the adapter's RPCs")
+	}
+	zones := fk.Zones()
+	for _, z := range zones {
+		if _, err := w.Observe(ctx, z); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lv, _ := hypervisors.Find[hypervisors.LibvirtSteps](w)
+	_ = lv.DeleteVolume(ctx, zones[1], "default", "bf-gone")
+	r.f(zones[0], "DomainGetXMLDesc", 3*time.Millisecond, nil)
+	r.f(zones[1], "DomainGetXMLDesc", 4*time.Millisecond, nil)
+	r.f(zones[1], "", time.Millisecond, nil)
+	want := map[string]uint64{
+		"observe/" + zones[0] + "/":       1,
+		"observe/" + zones[1] + "/":       1,
+		"delete_volume/" + zones[1] + "/": 1,
+		"rpc//DomainGetXMLDesc":           2,
+		"probe/" + zones[1] + "/":         1,
+	}
+	if d := cmp.Diff(want, hvDurations(t, m)); d != "" {
+		t.Errorf("duration series (-want +got):\n%s", d)
+	}
+}

@@ -129,21 +129,46 @@ fi
 
 # 3. Daemons, in the background, by PID file.
 alive /run/virtlogd.pid || { log "starting virtlogd"; virtlogd -d || die "virtlogd failed to start"; }
-if ! alive /run/libvirtd.pid; then
+start_libvirtd() {
 	log "starting libvirtd"
 	# shellcheck disable=SC2086
 	libvirtd $LIBVIRTD_ARGS || die "libvirtd failed to start (see /var/log/libvirt/libvirtd.log)"
+	local ok=""
+	for _ in $(seq 300); do
+		if virsh -c "$URI" uri >/dev/null 2>&1; then ok=1; break; fi
+		alive /run/libvirtd.pid || break
+		sleep 0.1
+	done
+	if [ -z "$ok" ]; then
+		tail -20 /var/log/libvirt/libvirtd.log >&2 2>/dev/null || true
+		die "libvirtd is not answering on $URI"
+	fi
+}
+stop_libvirtd() {
+	local pid
+	pid=$(cat /run/libvirtd.pid)
+	kill "$pid" 2>/dev/null || true
+	for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
+	kill -9 "$pid" 2>/dev/null || true
+}
+if alive /run/libvirtd.pid && ! virsh -c "$URI" uri >/dev/null 2>&1; then
+	log "libvirtd (pid $(cat /run/libvirtd.pid)) does not answer on $URI: restarting it"
+	stop_libvirtd
 fi
-
-ok=""
-for _ in $(seq 300); do
-	if virsh -c "$URI" uri >/dev/null 2>&1; then ok=1; break; fi
-	alive /run/libvirtd.pid || break
-	sleep 0.1
-done
-if [ -z "$ok" ]; then
-	tail -20 /var/log/libvirt/libvirtd.log >&2 2>/dev/null || true
-	die "libvirtd is not answering on $URI"
+alive /run/libvirtd.pid || start_libvirtd
+# A live PID file proves nothing about the TLS listener the tests need: a
+# libvirtd started without --listen (by hand, or by another script)
+# answers on the unix socket only. Ask the listener itself.
+TLS_URI="qemu+tls://127.0.0.1:$TLS_PORT/system?pkipath=$T/client"
+tls_ok() { virsh -c "$TLS_URI" uri >/dev/null 2>&1; }
+if ! tls_ok; then
+	log "libvirtd (pid $(cat /run/libvirtd.pid)) answers on $URI but not on $TLS_URI: restarting it with '$LIBVIRTD_ARGS'"
+	stop_libvirtd
+	start_libvirtd
+	if ! tls_ok; then
+		virsh -c "$TLS_URI" uri >&2 || true
+		die "libvirtd's TLS listener on 127.0.0.1:$TLS_PORT does not answer (libvirtd $LIBVIRTD_ARGS, /etc/libvirt/libvirtd.conf listen_tls = 1)"
+	fi
 fi
 # The first capabilities probe takes ~7 s once; pay it here, not in a test.
 virsh -c "$URI" version >/dev/null || die "virsh version failed"

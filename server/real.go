@@ -16,7 +16,7 @@ import (
 // blocks on a host: connections are made and re-made in the background,
 // and an unreachable host is observed as unknown.
 func openLibvirt(_ context.Context, cfg *config.Config, installation string, log *slog.Logger) (hypervisors.Hypervisor, error) {
-	lc := libvirt.Config{Installation: installation, Pool: cfg.Libvirt.StoragePool}
+	lc := libvirt.Config{Installation: installation, Pool: cfg.Libvirt.StoragePool, CallTimeout: cfg.Libvirt.CallTimeout}
 	for _, z := range cfg.Libvirt.Connect {
 		lc.Zones = append(lc.Zones, libvirt.ZoneURI{Zone: z.Zone, URI: z.URI, Pool: cfg.Libvirt.ZonePools[z.Zone]})
 	}

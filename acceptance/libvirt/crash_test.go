@@ -59,8 +59,12 @@ func TestCrashAfterDefine(t *testing.T) {
 	if ref := m.GetHost().GetRef(); ref != "a/"+dom {
 		t.Errorf("host ref = %q, want a/%s", ref, dom)
 	}
-	if d := cmp.Diff([]string{dom + "-cidata.iso", dom + "-disk.qcow2"}, volumes(t, sub.Pool, pfx)); d != "" {
+	vols, tags := splitTags(volumes(t, sub.Pool, pfx), dom)
+	if d := cmp.Diff([]string{dom + "-cidata.iso", dom + "-disk.qcow2"}, vols); d != "" {
 		t.Errorf("volumes after adoption (-want +got):\n%s", d)
+	}
+	if len(tags) != 1 {
+		t.Errorf("identity tags after adoption: %v, want one", tags)
 	}
 	checkRunning(t, dom)
 	checkBinding(t, dom, p.inst, id, "")

@@ -53,17 +53,34 @@ func vmOf(t *testing.T, p *provider, m *pb.Machine) string {
 // format declared.
 func checkVolumes(t *testing.T, pool, dom string) {
 	t.Helper()
-	got := volumes(t, pool, dom)
+	got, tags := splitTags(volumes(t, pool, dom), dom)
 	want := []string{dom + "-cidata.iso", dom + "-disk.qcow2"}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("volumes of %s in %s (-want +got):\n%s", dom, pool, d)
 		return
+	}
+	if len(tags) != 1 {
+		t.Errorf("identity tags of %s's seed in %s: %v, want one", dom, pool, tags)
 	}
 	info := imgInfo(t, volPath(t, pool, dom+"-disk.qcow2"))
 	wantInfo := qemuImgInfo{Format: "qcow2", BackingFilename: volPath(t, pool, sub.Image), BackingFileFormat: "qcow2"}
 	if d := cmp.Diff(wantInfo, info); d != "" {
 		t.Errorf("overlay qemu-img info (-want +got):\n%s", d)
 	}
+}
+
+// splitTags separates the seed's identity tag volumes
+// (<dom>-cidata.iso.<identity>.<bytes>, see hypervisors/libvirt) from the
+// other volumes of a listing.
+func splitTags(vols []string, dom string) (plain, tags []string) {
+	for _, v := range vols {
+		if strings.HasPrefix(v, dom+"-cidata.iso.") {
+			tags = append(tags, v)
+		} else {
+			plain = append(plain, v)
+		}
+	}
+	return plain, tags
 }
 
 func checkRunning(t *testing.T, dom string) {

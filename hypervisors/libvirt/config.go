@@ -19,6 +19,11 @@ type ZoneURI struct {
 	Pool string
 }
 
+// DefaultCallTimeout is the default bound of one libvirt RPC: well below
+// the reconciler's 30 s observe budget, far above what a healthy daemon
+// needs (milliseconds; a domain start or destroy under load, seconds).
+const DefaultCallTimeout = 10 * time.Second
+
 // Config configures the adapter. Zero durations take the defaults below.
 type Config struct {
 	Zones []ZoneURI
@@ -30,8 +35,22 @@ type Config struct {
 	// fill: the adapter keeps no defaults of its own.
 	Pool string
 
-	// CallTimeout bounds one libvirt call (default 30s).
+	// CallTimeout bounds one libvirt RPC, the wait for a request slot
+	// included (default DefaultCallTimeout). A guest-agent command gets
+	// its own agent wait on top.
 	CallTimeout time.Duration
+	// UploadTimeout bounds one seed upload stream (default 3 ×
+	// CallTimeout); an upload still running then is aborted.
+	UploadTimeout time.Duration
+	// MaxInFlight is how many RPCs one connection carries at once (default
+	// 4): libvirtd serves max_client_requests (default 5) per client and
+	// stops reading beyond that, and the liveness probe needs the fifth.
+	MaxInFlight int
+	// LostAfter is how long a call given up on may stay unanswered before
+	// its answer counts as lost (default 2m; libvirtd itself gives up
+	// waiting for a domain's job after 30s): when every request slot is
+	// held by such calls, the connection is recycled.
+	LostAfter time.Duration
 	// DialTimeout bounds one connection attempt (default 15s).
 	DialTimeout time.Duration
 	// MinBackoff and MaxBackoff bound the jittered reconnect backoff
@@ -39,9 +58,10 @@ type Config struct {
 	// at once and the backoff resets after every successful dial.
 	MinBackoff, MaxBackoff time.Duration
 	// ProbeEvery is how often an idle or busy connection is probed with a
-	// cheap call (default 1s). A probe unanswered for ProbeTimeout (2s)
-	// reports the zone down; one unanswered for DeadAfter (15s) drops the
-	// connection and redials.
+	// cheap call (default 1s), and a call that gives up probes at once. A
+	// probe unanswered for ProbeTimeout (2s) reports the zone down; one
+	// unanswered for DeadAfter (5s) drops the connection, releases every
+	// call in flight on it with ErrUnreachable, and redials.
 	ProbeEvery, ProbeTimeout, DeadAfter time.Duration
 	// PingTimeout bounds one guest-ping (default 5s).
 	PingTimeout time.Duration
@@ -54,7 +74,16 @@ type Config struct {
 
 func (c *Config) defaults() {
 	if c.CallTimeout <= 0 {
-		c.CallTimeout = 30 * time.Second
+		c.CallTimeout = DefaultCallTimeout
+	}
+	if c.UploadTimeout <= 0 {
+		c.UploadTimeout = 3 * c.CallTimeout
+	}
+	if c.MaxInFlight <= 0 {
+		c.MaxInFlight = 4
+	}
+	if c.LostAfter <= 0 {
+		c.LostAfter = 2 * time.Minute
 	}
 	if c.DialTimeout <= 0 {
 		c.DialTimeout = 15 * time.Second
@@ -72,7 +101,7 @@ func (c *Config) defaults() {
 		c.ProbeTimeout = 2 * time.Second
 	}
 	if c.DeadAfter <= c.ProbeTimeout {
-		c.DeadAfter = max(15*time.Second, 2*c.ProbeTimeout)
+		c.DeadAfter = max(5*time.Second, 2*c.ProbeTimeout)
 	}
 	if c.PingTimeout <= 0 {
 		c.PingTimeout = 5 * time.Second

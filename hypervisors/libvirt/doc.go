@@ -9,9 +9,23 @@
 //     with backoff, so an unreachable host never blocks startup or another
 //     zone. Calls on a zone that is not connected fail at once with an error
 //     wrapping hypervisors.ErrUnreachable.
-//   - Every libvirt call has a deadline (Config.CallTimeout, or the context's
-//     if earlier). A call that exceeds CallTimeout marks its connection
-//     broken; the background loop reconnects.
+//   - Every libvirt RPC has a deadline (Config.CallTimeout, or the
+//     context's if earlier; a guest-agent command adds its agent wait, a
+//     seed upload has UploadTimeout) and at most MaxInFlight run at once
+//     per connection. A call that outlives its deadline returns a retryable
+//     error at once and has the connection probed; a connection whose
+//     probe goes unanswered for DeadAfter (or on which every request slot
+//     is held by calls unanswered for LostAfter) is closed, every call
+//     in flight on it returns ErrUnreachable, and it is redialled. Dialling
+//     is bounded at every step (transport, TLS or SSH handshake, libvirt's
+//     handshake), and closing a connection closes all of its transport.
+//   - Observation reads metadata only, never volume bytes: a seed's identity
+//     is the name of its identity tag volume (seedTag). go-libvirt
+//     mishandles a download whose data libvirtd sends before the reply (it
+//     loses the data and can deadlock the connection:
+//     TestGoLibvirtStreamDataBeforeReply), so the adapter downloads
+//     nothing; the seed upload is the only stream, aborted cleanly at its
+//     deadline.
 //   - Ownership lives in a metadata element in the namespace Namespace,
 //     written to both the live and the persistent definition. Nothing is
 //     stopped, undefined or adopted unless that element names this
@@ -20,7 +34,8 @@
 //   - Observe costs O(1 + changed domains) libvirt calls: one stats listing,
 //     one autostart listing and one volume listing per tick, plus one XML read
 //     per domain that is new, changed state or id, was mutated through this
-//     adapter, or whose cached read is older than Config.RefreshEvery.
+//     adapter, or whose cached read is older than Config.RefreshEvery (and
+//     one per volume the first time it is seen, and per seed rewritten).
 //   - Errors are wrapped with what was being done and map onto the
 //     hypervisors error classes; the bootstrap blob written with
 //     AgentWriteFile never appears in an error or log line.

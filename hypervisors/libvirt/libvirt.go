@@ -1,10 +1,10 @@
 package libvirt
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"sort"
 	"strings"
@@ -31,6 +31,13 @@ type Hypervisor struct {
 	probes atomic.Int64
 	now    func() time.Time
 	events *hypervisors.EventQueue
+	// uploadPace, when set, runs before each chunk of a seed upload, and
+	// uploadChunk, when positive, replaces the chunk size (tests slow an
+	// upload down to make it time out half-way).
+	uploadPace  func(context.Context)
+	uploadChunk int
+	// rpcs is told about every RPC (ObserveRPCs).
+	rpcs atomic.Pointer[func(zone, procedure string, d time.Duration, err error)]
 
 	// owners maps "zone\x00domain name" to the machine id the adapter
 	// last saw in its marker or defined it for, so lifecycle events name
@@ -74,6 +81,7 @@ func New(cfg Config, logger *slog.Logger) (*Hypervisor, error) {
 		h.caches[z.Zone] = newZoneCache()
 		zc := newZoneConn(z.Zone, u, &h.cfg, logger, &h.calls, &h.probes)
 		zc.events = h.events
+		zc.observe = h.observeRPC
 		zone := z.Zone
 		zc.owner = func(name string) string { return h.owner(zone, name) }
 		cache := h.caches[zone]
@@ -99,6 +107,22 @@ func (h *Hypervisor) Calls() int64 { return h.calls.Load() }
 
 // Probes returns how many liveness probes the adapter has sent.
 func (h *Hypervisor) Probes() int64 { return h.probes.Load() }
+
+// ObserveRPCs has f told, for every libvirt RPC the adapter makes, its
+// zone, its procedure (go-libvirt's name, e.g. "DomainGetXMLDesc"; "" for
+// the connection's liveness probe), how long the caller waited and how it
+// ended (errors.Is(err, ...) works as for the adapter's own errors; a call
+// given up on has a non-nil error). One adapter operation makes several
+// RPCs. f must be fast and safe for concurrent use.
+func (h *Hypervisor) ObserveRPCs(f func(zone, procedure string, d time.Duration, err error)) {
+	h.rpcs.Store(&f)
+}
+
+func (h *Hypervisor) observeRPC(zone, procedure string, d time.Duration, err error) {
+	if f := h.rpcs.Load(); f != nil {
+		(*f)(zone, procedure, d, err)
+	}
+}
 
 // Events implements hypervisors.EventSource: zone up/down and every
 // domain lifecycle event of every connected zone, coalesced per domain.
@@ -185,28 +209,29 @@ func (h *Hypervisor) zone(zone string) (*zoneConn, error) {
 // ---- domain helpers ----
 
 func (h *Hypervisor) lookupDomain(ctx context.Context, zc *zoneConn, name string) (golibvirt.Domain, error) {
-	var dom golibvirt.Domain
-	err := zc.call(ctx, "lookup domain "+name+" on "+zc.zone, 0, func(l *golibvirt.Libvirt) (err error) {
-		dom, err = l.DomainLookupByName(name)
-		return err
+	return rpcValue(ctx, zc, "DomainLookupByName", "lookup domain "+name+" on "+zc.zone, 0, func(l *golibvirt.Libvirt) (golibvirt.Domain, error) {
+		return l.DomainLookupByName(name)
 	})
-	return dom, err
 }
 
 func (h *Hypervisor) domainState(ctx context.Context, zc *zoneConn, dom golibvirt.Domain) (golibvirt.DomainState, error) {
-	var st int32
-	err := zc.call(ctx, "state of "+dom.Name+" on "+zc.zone, 0, func(l *golibvirt.Libvirt) (err error) {
-		st, _, err = l.DomainGetState(dom, 0)
-		return err
+	st, _, err := h.domainStateReason(ctx, zc, dom)
+	return st, err
+}
+
+// domainStateReason is the domain's state and libvirt's reason for it
+// (for DomainPaused, a golibvirt.DomainPausedReason).
+func (h *Hypervisor) domainStateReason(ctx context.Context, zc *zoneConn, dom golibvirt.Domain) (golibvirt.DomainState, int32, error) {
+	sr, err := rpcValue(ctx, zc, "DomainGetState", "state of "+dom.Name+" on "+zc.zone, 0, func(l *golibvirt.Libvirt) ([2]int32, error) {
+		st, reason, err := l.DomainGetState(dom, 0)
+		return [2]int32{st, reason}, err
 	})
-	return golibvirt.DomainState(st), err
+	return golibvirt.DomainState(sr[0]), sr[1], err
 }
 
 func (h *Hypervisor) domainXML(ctx context.Context, zc *zoneConn, dom golibvirt.Domain) (*domainRead, error) {
-	var s string
-	err := zc.call(ctx, "read "+dom.Name+" on "+zc.zone, 0, func(l *golibvirt.Libvirt) (err error) {
-		s, err = l.DomainGetXMLDesc(dom, 0)
-		return err
+	s, err := rpcValue(ctx, zc, "DomainGetXMLDesc", "read "+dom.Name+" on "+zc.zone, 0, func(l *golibvirt.Libvirt) (string, error) {
+		return l.DomainGetXMLDesc(dom, 0)
 	})
 	if err != nil {
 		return nil, err
@@ -284,11 +309,10 @@ func (h *Hypervisor) Lookup(ctx context.Context, t hypervisors.Target) (*observe
 	if err != nil {
 		return nil, err
 	}
-	var auto int32
-	if err := zc.call(ctx, "autostart of "+t.Name, 0, func(l *golibvirt.Libvirt) (err error) {
-		auto, err = l.DomainGetAutostart(dom)
-		return err
-	}); err != nil {
+	auto, err := rpcValue(ctx, zc, "DomainGetAutostart", "autostart of "+t.Name, 0, func(l *golibvirt.Libvirt) (int32, error) {
+		return l.DomainGetAutostart(dom)
+	})
+	if err != nil {
 		return nil, err
 	}
 	return h.vmFrom(t.Zone, d, power(st), auto == 1), nil
@@ -308,28 +332,20 @@ func (h *Hypervisor) vmFrom(zone string, d *domainRead, p observed.Power, autost
 // ---- storage ----
 
 func (h *Hypervisor) lookupPool(ctx context.Context, zc *zoneConn, pool string) (golibvirt.StoragePool, error) {
-	var p golibvirt.StoragePool
-	err := zc.call(ctx, "lookup pool "+pool+" on "+zc.zone, 0, func(l *golibvirt.Libvirt) (err error) {
-		p, err = l.StoragePoolLookupByName(pool)
-		return err
+	return rpcValue(ctx, zc, "StoragePoolLookupByName", "lookup pool "+pool+" on "+zc.zone, 0, func(l *golibvirt.Libvirt) (golibvirt.StoragePool, error) {
+		return l.StoragePoolLookupByName(pool)
 	})
-	return p, err
 }
 
 func (h *Hypervisor) lookupVolume(ctx context.Context, zc *zoneConn, p golibvirt.StoragePool, name string) (golibvirt.StorageVol, error) {
-	var v golibvirt.StorageVol
-	err := zc.call(ctx, "lookup volume "+p.Name+"/"+name+" on "+zc.zone, 0, func(l *golibvirt.Libvirt) (err error) {
-		v, err = l.StorageVolLookupByName(p, name)
-		return err
+	return rpcValue(ctx, zc, "StorageVolLookupByName", "lookup volume "+p.Name+"/"+name+" on "+zc.zone, 0, func(l *golibvirt.Libvirt) (golibvirt.StorageVol, error) {
+		return l.StorageVolLookupByName(p, name)
 	})
-	return v, err
 }
 
 func (h *Hypervisor) volumeXML(ctx context.Context, zc *zoneConn, v golibvirt.StorageVol) (*volumeRead, error) {
-	var s string
-	err := zc.call(ctx, "read volume "+v.Pool+"/"+v.Name+" on "+zc.zone, 0, func(l *golibvirt.Libvirt) (err error) {
-		s, err = l.StorageVolGetXMLDesc(v, 0)
-		return err
+	s, err := rpcValue(ctx, zc, "StorageVolGetXMLDesc", "read volume "+v.Pool+"/"+v.Name+" on "+zc.zone, 0, func(l *golibvirt.Libvirt) (string, error) {
+		return l.StorageVolGetXMLDesc(v, 0)
 	})
 	if err != nil {
 		return nil, err
@@ -375,7 +391,7 @@ func (h *Hypervisor) CreateOverlay(ctx context.Context, zone string, spec hyperv
 	if err != nil {
 		return err
 	}
-	err = zc.call(ctx, "create volume "+spec.Pool+"/"+spec.Name+" on "+zone, 0, func(l *golibvirt.Libvirt) error {
+	err = zc.rpc(ctx, "StorageVolCreateXML", "create volume "+spec.Pool+"/"+spec.Name+" on "+zone, 0, func(l *golibvirt.Libvirt) error {
 		_, err := l.StorageVolCreateXML(p, def, 0)
 		return err
 	})
@@ -385,17 +401,45 @@ func (h *Hypervisor) CreateOverlay(ctx context.Context, zone string, spec hyperv
 	return nil
 }
 
-// CreateSeed implements hypervisors.LibvirtSteps. The seed (ISO plus
-// identity trailer) is (re)uploaded even when the volume exists, so a
-// crash between create and upload converges; a volume of the wrong size
-// is replaced.
+// listVolumes lists a pool's volumes (one RPC) by name.
+func (h *Hypervisor) listVolumes(ctx context.Context, zc *zoneConn, p golibvirt.StoragePool) (map[string]golibvirt.StorageVol, []string, error) {
+	vols, err := rpcValue(ctx, zc, "StoragePoolListAllVolumes", "list volumes "+p.Name+" on "+zc.zone, 0, func(l *golibvirt.Libvirt) ([]golibvirt.StorageVol, error) {
+		vols, _, err := l.StoragePoolListAllVolumes(p, 1, 0)
+		return vols, err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	byName := make(map[string]golibvirt.StorageVol, len(vols))
+	names := make([]string, 0, len(vols))
+	for _, v := range vols {
+		byName[v.Name] = v
+		names = append(names, v.Name)
+	}
+	return byName, names, nil
+}
+
+// dropSeedTags deletes every identity tag of seed among a listing.
+func (h *Hypervisor) dropSeedTags(ctx context.Context, zc *zoneConn, vols map[string]golibvirt.StorageVol, names []string, seed string) error {
+	for _, t := range seedTags(names)[seed] {
+		if err := h.deleteVol(ctx, zc, vols[t.name]); err != nil && !errors.Is(err, hypervisors.ErrNotFound) {
+			return fmt.Errorf("drop identity tag %s: %w", t.name, err)
+		}
+	}
+	return nil
+}
+
+// CreateSeed implements hypervisors.LibvirtSteps. The seed is (re)uploaded
+// even when the volume exists, so a crash between create and upload
+// converges; a volume of the wrong size is replaced. Its identity tag is
+// removed first and added last (see seedTag).
 func (h *Hypervisor) CreateSeed(ctx context.Context, zone string, spec hypervisors.SeedSpec) error {
 	zc, err := h.zone(zone)
 	if err != nil {
 		return err
 	}
-	if !strings.HasPrefix(spec.Name, naming.VolumePrefix) {
-		return fmt.Errorf("seed %q lacks prefix %q: %w", spec.Name, naming.VolumePrefix, hypervisors.ErrInvalid)
+	if !strings.HasPrefix(spec.Name, naming.VolumePrefix) || !isSeedVolume(spec.Name) {
+		return fmt.Errorf("seed %q lacks prefix %q or suffix %q: %w", spec.Name, naming.VolumePrefix, naming.SeedVolume(""), hypervisors.ErrInvalid)
 	}
 	img, err := buildSeed(spec)
 	if err != nil {
@@ -406,78 +450,115 @@ func (h *Hypervisor) CreateSeed(ctx context.Context, zone string, spec hyperviso
 	if err != nil {
 		return fmt.Errorf("create seed %s: %w", spec.Name, err)
 	}
-	size := uint64(len(img))
-	vol, err := h.lookupVolume(ctx, zc, p, spec.Name)
-	switch {
-	case err == nil:
-		vx, err := h.volumeXML(ctx, zc, vol)
-		if err != nil {
-			return fmt.Errorf("create seed %s: %w", spec.Name, err)
-		}
-		if vx.capacity != size {
-			if err := h.deleteVol(ctx, zc, vol); err != nil {
-				return fmt.Errorf("create seed %s: replace: %w", spec.Name, err)
-			}
-			vol, err = h.createRaw(ctx, zc, p, spec.Name, size)
-			if err != nil {
-				return fmt.Errorf("create seed %s: %w", spec.Name, err)
-			}
-		}
-	case errors.Is(err, hypervisors.ErrNotFound):
-		vol, err = h.createRaw(ctx, zc, p, spec.Name, size)
-		if err != nil {
-			return fmt.Errorf("create seed %s: %w", spec.Name, err)
-		}
-	default:
-		return fmt.Errorf("create seed %s: %w", spec.Name, err)
-	}
-	err = zc.call(ctx, "upload "+spec.Pool+"/"+spec.Name+" on "+zone, 0, func(l *golibvirt.Libvirt) error {
-		return l.StorageVolUpload(vol, bytes.NewReader(img), 0, size, 0)
-	})
+	vols, names, err := h.listVolumes(ctx, zc, p)
 	if err != nil {
 		return fmt.Errorf("create seed %s: %w", spec.Name, err)
+	}
+	if err := h.dropSeedTags(ctx, zc, vols, names, spec.Name); err != nil {
+		return fmt.Errorf("create seed %s: %w", spec.Name, err)
+	}
+	size := uint64(len(img))
+	vol, found := vols[spec.Name]
+	if found {
+		vx, err := h.volumeXML(ctx, zc, vol)
+		if errors.Is(err, hypervisors.ErrNotFound) {
+			found = false
+		} else if err != nil {
+			return fmt.Errorf("create seed %s: %w", spec.Name, err)
+		} else if vx.capacity != size {
+			if err := h.deleteVol(ctx, zc, vol); err != nil && !errors.Is(err, hypervisors.ErrNotFound) {
+				return fmt.Errorf("create seed %s: replace: %w", spec.Name, err)
+			}
+			found = false
+		}
+	}
+	if !found {
+		if vol, err = h.createRaw(ctx, zc, p, spec.Name, size); err != nil {
+			return fmt.Errorf("create seed %s: %w", spec.Name, err)
+		}
+	}
+	if err := h.upload(ctx, zc, vol, img); err != nil {
+		return fmt.Errorf("create seed %s: %w", spec.Name, err)
+	}
+	if _, err := h.createRaw(ctx, zc, p, seedTag(spec.Name, hypervisors.SeedIdentity(spec), size), 0); err != nil {
+		return fmt.Errorf("create seed %s: identity tag: %w", spec.Name, err)
 	}
 	return nil
 }
 
-// readSeedIdentity reads a seed volume's trailer ("" when it has none).
-func (h *Hypervisor) readSeedIdentity(ctx context.Context, zc *zoneConn, v golibvirt.StorageVol, capacity uint64) (string, error) {
-	if capacity < trailerSize {
-		return "", nil
+// uploadChunk is the most one upload stream packet carries; the upload can
+// be aborted between two packets.
+const uploadChunk = 128 << 10
+
+// upload writes img into vol through one upload stream, bounded by
+// UploadTimeout: the bytes go in chunks, and once the deadline has passed
+// the next chunk fails instead, which makes go-libvirt send libvirt's
+// stream abort. The daemon confirms the abort, the call returns a
+// retryable error and the connection stays in use. Only an abort the
+// daemon does not confirm within ProbeTimeout leaves the call to rpc's
+// deadline (and the connection to the probe).
+func (h *Hypervisor) upload(ctx context.Context, zc *zoneConn, vol golibvirt.StorageVol, img []byte) error {
+	uctx, cancel := context.WithTimeout(ctx, h.cfg.UploadTimeout)
+	defer cancel()
+	// The call itself waits ProbeTimeout longer than the data, for the
+	// abort's confirmation, whether the deadline passed or ctx ended.
+	gctx, gcancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer gcancel()
+	stop := context.AfterFunc(uctx, func() { time.AfterFunc(h.cfg.ProbeTimeout, gcancel) })
+	defer stop()
+	r := &abortableReader{ctx: uctx, data: img, pace: h.uploadPace, chunk: uploadChunk}
+	if h.uploadChunk > 0 {
+		r.chunk = h.uploadChunk
 	}
-	var tail []byte
-	err := zc.call(ctx, "read seed trailer "+v.Pool+"/"+v.Name+" on "+zc.zone, 0, func(l *golibvirt.Libvirt) error {
-		var b bytes.Buffer
-		if err := l.StorageVolDownload(v, &b, capacity-trailerSize, trailerSize, 0); err != nil {
-			return err
-		}
-		tail = b.Bytes()
-		return nil
+	op := "upload " + vol.Pool + "/" + vol.Name + " on " + zc.zone
+	return zc.rpc(gctx, "StorageVolUpload", op, h.cfg.UploadTimeout+h.cfg.ProbeTimeout, func(l *golibvirt.Libvirt) error {
+		return l.StorageVolUpload(vol, r, 0, uint64(len(img)), 0)
 	})
-	if err != nil {
-		return "", err
-	}
-	return seedIdentity(tail, capacity), nil
 }
 
-// readVolume reads what observation reports about one volume.
-func (h *Hypervisor) readVolume(ctx context.Context, zc *zoneConn, pool string, v golibvirt.StorageVol) (*observed.Volume, error) {
+// abortableReader hands out data in chunks until ctx ends, then fails.
+type abortableReader struct {
+	ctx  context.Context
+	data []byte
+	off  int
+	// chunk is the most one Read returns.
+	chunk int
+	// pace, when set, runs before each chunk (tests slow an upload down).
+	pace func(context.Context)
+}
+
+func (r *abortableReader) Read(p []byte) (int, error) {
+	if r.pace != nil && r.off < len(r.data) {
+		r.pace(r.ctx)
+	}
+	if err := r.ctx.Err(); err != nil {
+		return 0, fmt.Errorf("upload aborted after %d of %d bytes: %w", r.off, len(r.data), err)
+	}
+	if r.off >= len(r.data) {
+		return 0, io.EOF
+	}
+	n := copy(p[:min(len(p), r.chunk)], r.data[r.off:])
+	r.off += n
+	return n, nil
+}
+
+// readVolume reads what observation reports about one volume: format and
+// backing format from its XML, a seed's identity from its tags.
+func (h *Hypervisor) readVolume(ctx context.Context, zc *zoneConn, pool string, v golibvirt.StorageVol, tags []seedTagInfo) (*observed.Volume, uint64, error) {
 	vx, err := h.volumeXML(ctx, zc, v)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	ov := &observed.Volume{Zone: zc.zone, Pool: pool, Name: v.Name, Format: vx.format, BackingFormat: vx.backingFormat}
 	if isSeedVolume(v.Name) {
-		ov.Identity, err = h.readSeedIdentity(ctx, zc, v, vx.capacity)
-		if err != nil && !errors.Is(err, hypervisors.ErrUnsupported) {
-			return nil, err
-		}
+		ov.Identity = seedIdentity(tags, vx.capacity)
 	}
-	return ov, nil
+	return ov, vx.capacity, nil
 }
 
-// ReadVolumes implements hypervisors.VolumeReader: each named volume is
-// looked up and read directly (a seed's identity included).
+// ReadVolumes implements hypervisors.VolumeReader: the pool is listed once
+// and each named volume found there is read (a seed's identity from the
+// listing).
 func (h *Hypervisor) ReadVolumes(ctx context.Context, zone, pool string, names []string) ([]*observed.Volume, error) {
 	zc, err := h.zone(zone)
 	if err != nil {
@@ -487,15 +568,18 @@ func (h *Hypervisor) ReadVolumes(ctx context.Context, zone, pool string, names [
 	if err != nil {
 		return nil, fmt.Errorf("read volumes in %s on %s: %w", pool, zone, err)
 	}
+	vols, listed, err := h.listVolumes(ctx, zc, p)
+	if err != nil {
+		return nil, fmt.Errorf("read volumes in %s on %s: %w", pool, zone, err)
+	}
+	tags := seedTags(listed)
 	var out []*observed.Volume
 	for _, name := range names {
-		v, err := h.lookupVolume(ctx, zc, p, name)
-		if errors.Is(err, hypervisors.ErrNotFound) {
+		v, ok := vols[name]
+		if !ok {
 			continue
-		} else if err != nil {
-			return nil, fmt.Errorf("read volume %s: %w", name, err)
 		}
-		ov, err := h.readVolume(ctx, zc, pool, v)
+		ov, _, err := h.readVolume(ctx, zc, pool, v, tags[name])
 		if errors.Is(err, hypervisors.ErrNotFound) {
 			continue
 		} else if err != nil {
@@ -511,10 +595,8 @@ func (h *Hypervisor) createRaw(ctx context.Context, zc *zoneConn, p golibvirt.St
 	if err != nil {
 		return golibvirt.StorageVol{}, err
 	}
-	var vol golibvirt.StorageVol
-	err = zc.call(ctx, "create volume "+p.Name+"/"+name+" on "+zc.zone, 0, func(l *golibvirt.Libvirt) (err error) {
-		vol, err = l.StorageVolCreateXML(p, def, 0)
-		return err
+	vol, err := rpcValue(ctx, zc, "StorageVolCreateXML", "create volume "+p.Name+"/"+name+" on "+zc.zone, 0, func(l *golibvirt.Libvirt) (golibvirt.StorageVol, error) {
+		return l.StorageVolCreateXML(p, def, 0)
 	})
 	if errors.Is(err, hypervisors.ErrExists) {
 		return h.lookupVolume(ctx, zc, p, name)
@@ -523,14 +605,15 @@ func (h *Hypervisor) createRaw(ctx context.Context, zc *zoneConn, p golibvirt.St
 }
 
 func (h *Hypervisor) deleteVol(ctx context.Context, zc *zoneConn, v golibvirt.StorageVol) error {
-	return zc.call(ctx, "delete volume "+v.Pool+"/"+v.Name+" on "+zc.zone, 0, func(l *golibvirt.Libvirt) error {
+	return zc.rpc(ctx, "StorageVolDelete", "delete volume "+v.Pool+"/"+v.Name+" on "+zc.zone, 0, func(l *golibvirt.Libvirt) error {
 		return l.StorageVolDelete(v, golibvirt.StorageVolDeleteNormal)
 	})
 }
 
 // DeleteVolume implements hypervisors.LibvirtSteps: a missing volume is
 // success, and the volume is verified gone. Only volumes named with
-// naming.VolumePrefix are ever deleted (never a golden image).
+// naming.VolumePrefix are ever deleted (never a golden image). A seed's
+// identity tags go first, even when the seed itself is gone.
 func (h *Hypervisor) DeleteVolume(ctx context.Context, zone, pool, name string) error {
 	zc, err := h.zone(zone)
 	if err != nil {
@@ -539,9 +622,19 @@ func (h *Hypervisor) DeleteVolume(ctx context.Context, zone, pool, name string) 
 	if !strings.HasPrefix(name, naming.VolumePrefix) {
 		return fmt.Errorf("delete volume %s/%s on %s: %w", pool, name, zone, hypervisors.ErrNotOwned)
 	}
+	defer h.caches[zone].touchVolume(name)
 	p, err := h.lookupPool(ctx, zc, pool)
 	if err != nil {
 		return fmt.Errorf("delete volume %s: %w", name, err)
+	}
+	if isSeedVolume(name) {
+		vols, names, err := h.listVolumes(ctx, zc, p)
+		if err == nil {
+			err = h.dropSeedTags(ctx, zc, vols, names, name)
+		}
+		if err != nil {
+			return fmt.Errorf("delete volume %s: %w", name, err)
+		}
 	}
 	vol, err := h.lookupVolume(ctx, zc, p, name)
 	if errors.Is(err, hypervisors.ErrNotFound) {
@@ -582,7 +675,7 @@ func (h *Hypervisor) DefineDomain(ctx context.Context, zone string, spec hypervi
 	if done, err := h.adoptDomain(ctx, zc, spec); done || err != nil {
 		return err
 	}
-	err = zc.call(ctx, "define "+spec.Name+" on "+zone, 0, func(l *golibvirt.Libvirt) error {
+	err = zc.rpc(ctx, "DomainDefineXMLFlags", "define "+spec.Name+" on "+zone, 0, func(l *golibvirt.Libvirt) error {
 		_, err := l.DomainDefineXMLFlags(def, 0)
 		return err
 	})
@@ -639,16 +732,16 @@ func (h *Hypervisor) UndefineDomain(ctx context.Context, t hypervisors.Target) e
 		}
 	}
 	op := "undefine " + t.Name + " on " + t.Zone
-	err = zc.call(ctx, op, 0, func(l *golibvirt.Libvirt) error {
+	err = zc.rpc(ctx, "DomainUndefineFlags", op, 0, func(l *golibvirt.Libvirt) error {
 		return l.DomainUndefineFlags(dom, golibvirt.DomainUndefineManagedSave|golibvirt.DomainUndefineNvram)
 	})
 	if errors.Is(err, hypervisors.ErrUnsupported) || errors.Is(err, hypervisors.ErrInvalid) {
 		// Hosts (and the test driver) that reject the NVRAM flag.
-		err = zc.call(ctx, op, 0, func(l *golibvirt.Libvirt) error {
+		err = zc.rpc(ctx, "DomainUndefineFlags", op, 0, func(l *golibvirt.Libvirt) error {
 			return l.DomainUndefineFlags(dom, golibvirt.DomainUndefineManagedSave)
 		})
 		if errors.Is(err, hypervisors.ErrUnsupported) || errors.Is(err, hypervisors.ErrInvalid) {
-			err = zc.call(ctx, op, 0, func(l *golibvirt.Libvirt) error { return l.DomainUndefine(dom) })
+			err = zc.rpc(ctx, "DomainUndefine", op, 0, func(l *golibvirt.Libvirt) error { return l.DomainUndefine(dom) })
 		}
 	}
 	if err != nil && !errors.Is(err, hypervisors.ErrNotFound) {
@@ -659,7 +752,7 @@ func (h *Hypervisor) UndefineDomain(ctx context.Context, t hypervisors.Target) e
 
 // destroy powers a domain off; "not running" is success.
 func (h *Hypervisor) destroy(ctx context.Context, zc *zoneConn, dom golibvirt.Domain) error {
-	err := zc.call(ctx, "destroy "+dom.Name+" on "+zc.zone, 0, func(l *golibvirt.Libvirt) error {
+	err := zc.rpc(ctx, "DomainDestroy", "destroy "+dom.Name+" on "+zc.zone, 0, func(l *golibvirt.Libvirt) error {
 		return l.DomainDestroy(dom)
 	})
 	if err != nil && isCode(err, golibvirt.ErrOperationInvalid) {
@@ -680,27 +773,40 @@ func (h *Hypervisor) Start(ctx context.Context, t hypervisors.Target) error {
 	if err != nil {
 		return fmt.Errorf("start %s: %w", t.Name, err)
 	}
-	st, err := h.domainState(ctx, zc, dom)
+	st, reason, err := h.domainStateReason(ctx, zc, dom)
 	if err != nil {
 		return fmt.Errorf("start %s: %w", t.Name, err)
 	}
 	switch st {
 	case golibvirt.DomainRunning, golibvirt.DomainBlocked:
 		return nil
-	case golibvirt.DomainPaused, golibvirt.DomainPmsuspended:
-		err = zc.call(ctx, "resume "+t.Name+" on "+t.Zone, 0, func(l *golibvirt.Libvirt) error { return l.DomainResume(dom) })
+	case golibvirt.DomainPaused:
+		if golibvirt.DomainPausedReason(reason) == golibvirt.DomainPausedStartingUp {
+			// libvirtd is still starting it (a start that outlived its
+			// call's deadline, or one a crashed provider began): resuming
+			// would only wait for that start's job and then be refused.
+			return fmt.Errorf("start %s: libvirtd is still starting the domain: %w", t.Name, hypervisors.ErrTransient)
+		}
+		fallthrough
+	case golibvirt.DomainPmsuspended:
+		err = zc.rpc(ctx, "DomainResume", "resume "+t.Name+" on "+t.Zone, 0, func(l *golibvirt.Libvirt) error { return l.DomainResume(dom) })
 	case golibvirt.DomainShutdown:
 		return fmt.Errorf("start %s: domain is shutting down: %w", t.Name, hypervisors.ErrTransient)
 	default:
-		err = zc.call(ctx, "create "+t.Name+" on "+t.Zone, 0, func(l *golibvirt.Libvirt) error { return l.DomainCreate(dom) })
+		err = zc.rpc(ctx, "DomainCreate", "create "+t.Name+" on "+t.Zone, 0, func(l *golibvirt.Libvirt) error { return l.DomainCreate(dom) })
 	}
 	if err != nil && isCode(err, golibvirt.ErrOperationInvalid) {
 		// Raced with another start or resume ("domain is already
 		// running"), e.g. libvirtd finishing a start that a crashed
 		// provider began while the domain was still paused for start-up:
-		// fine if it is running now.
-		if st, serr := h.domainState(ctx, zc, dom); serr == nil && (st == golibvirt.DomainRunning || st == golibvirt.DomainBlocked) {
+		// fine if it is running now. When the state cannot be read, the
+		// refusal proves nothing: retry rather than fail the machine.
+		st, serr := h.domainState(ctx, zc, dom)
+		switch {
+		case serr == nil && (st == golibvirt.DomainRunning || st == golibvirt.DomainBlocked):
 			return nil
+		case serr != nil:
+			return fmt.Errorf("start %s: refused (%v), and its state could not be read again: %w", t.Name, err, serr)
 		}
 	}
 	if err != nil {
@@ -736,7 +842,7 @@ func (h *Hypervisor) Stop(ctx context.Context, t hypervisors.Target, grace time.
 		return nil
 	}
 	if grace > 0 && st != golibvirt.DomainPaused && st != golibvirt.DomainPmsuspended {
-		err := zc.call(ctx, "shutdown "+t.Name+" on "+t.Zone, 0, func(l *golibvirt.Libvirt) error { return l.DomainShutdown(dom) })
+		err := zc.rpc(ctx, "DomainShutdown", "shutdown "+t.Name+" on "+t.Zone, 0, func(l *golibvirt.Libvirt) error { return l.DomainShutdown(dom) })
 		if err == nil {
 			deadline := time.Now().Add(grace)
 			for time.Now().Before(deadline) {
@@ -777,7 +883,7 @@ func (h *Hypervisor) SetAutostart(ctx context.Context, t hypervisors.Target, on 
 	if on {
 		v = 1
 	}
-	if err := zc.call(ctx, "autostart "+t.Name+" on "+t.Zone, 0, func(l *golibvirt.Libvirt) error {
+	if err := zc.rpc(ctx, "DomainSetAutostart", "autostart "+t.Name+" on "+t.Zone, 0, func(l *golibvirt.Libvirt) error {
 		return l.DomainSetAutostart(dom, v)
 	}); err != nil {
 		return fmt.Errorf("autostart %s: %w", t.Name, err)
@@ -820,13 +926,13 @@ func (h *Hypervisor) SetMarker(ctx context.Context, t hypervisors.Target, m obse
 	if st != golibvirt.DomainShutoff {
 		flags |= golibvirt.DomainAffectLive
 	}
-	err = zc.call(ctx, "set marker on "+t.Name+" on "+t.Zone, 0, func(l *golibvirt.Libvirt) error {
+	err = zc.rpc(ctx, "DomainSetMetadata", "set marker on "+t.Name+" on "+t.Zone, 0, func(l *golibvirt.Libvirt) error {
 		return l.DomainSetMetadata(dom, int32(golibvirt.DomainMetadataElement),
 			golibvirt.OptString{body}, golibvirt.OptString{nsPrefix}, golibvirt.OptString{Namespace}, flags)
 	})
 	if err != nil && flags&golibvirt.DomainAffectLive != 0 && isCode(err, golibvirt.ErrOperationInvalid) {
 		// Stopped between the state read and the write.
-		err = zc.call(ctx, "set marker on "+t.Name+" on "+t.Zone, 0, func(l *golibvirt.Libvirt) error {
+		err = zc.rpc(ctx, "DomainSetMetadata", "set marker on "+t.Name+" on "+t.Zone, 0, func(l *golibvirt.Libvirt) error {
 			return l.DomainSetMetadata(dom, int32(golibvirt.DomainMetadataElement),
 				golibvirt.OptString{body}, golibvirt.OptString{nsPrefix}, golibvirt.OptString{Namespace}, golibvirt.DomainAffectConfig)
 		})

@@ -239,7 +239,7 @@ func TestMarkerRoundTripByteExact(t *testing.T) {
 
 // The seed is a NoCloud ISO whose meta-data parses back to exactly the
 // instance id and hostname given, whatever YAML would make of them
-// unquoted, followed by a trailer naming its identity.
+// unquoted.
 func TestBuildSeed(t *testing.T) {
 	tests := []struct {
 		name     string
@@ -258,11 +258,8 @@ func TestBuildSeed(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(vol)%2048 != 0 || len(vol) < 2*trailerSize {
+			if len(vol)%2048 != 0 {
 				t.Fatalf("seed volume is %d bytes, want whole 2 KiB sectors", len(vol))
-			}
-			if got, want := seedIdentity(vol[len(vol)-trailerSize:], uint64(len(vol))), hypervisors.SeedIdentity(tc.spec); got != want {
-				t.Errorf("trailer identity %q, want %q", got, want)
 			}
 			img, err := iso9660.OpenImage(bytes.NewReader(vol))
 			if err != nil {
@@ -301,36 +298,47 @@ func TestBuildSeed(t *testing.T) {
 	}
 }
 
-// A seed volume's identity is read from its trailer only when the
-// trailer is intact and accounts for the whole volume: an all-zero volume
-// (created, never uploaded), a truncated or resized one and a foreign
-// trailer all read as "".
+// A seed volume's identity is its identity tag's, from the listing, only
+// when exactly one tag names it and records the volume's size: a volume
+// without a tag (created, never uploaded), a replaced or resized volume,
+// two tags and malformed or foreign tag names all read as "".
 func TestSeedIdentity(t *testing.T) {
-	spec := hypervisors.SeedSpec{Name: "bf-s", InstanceID: "m-1", Hostname: "h"}
-	vol, err := buildSeed(spec)
-	if err != nil {
-		t.Fatal(err)
+	spec := hypervisors.SeedSpec{Name: "bf-i-m1-c1-cidata.iso", InstanceID: "m-1", Hostname: "h"}
+	id := hypervisors.SeedIdentity(spec)
+	other := hypervisors.SeedIdentity(hypervisors.SeedSpec{InstanceID: "m-2", Hostname: "h"})
+	const size = 374784
+	tag := seedTag(spec.Name, id, size)
+	if tag != spec.Name+"."+id+".374784" {
+		t.Fatalf("tag name %q", tag)
 	}
-	n := uint64(len(vol))
-	tail := vol[len(vol)-trailerSize:]
-	other := append([]byte(nil), tail...)
-	copy(other, "NOT-A-SEED v1\n")
 	tests := []struct {
 		name     string
-		tail     []byte
+		listing  []string
 		capacity uint64
 		want     string
 	}{
-		{"intact", tail, n, hypervisors.SeedIdentity(spec)},
-		{"all zero", make([]byte, trailerSize), n, ""},
-		{"volume resized", tail, n + 2048, ""},
-		{"short read", tail[:100], n, ""},
-		{"foreign trailer", other, n, ""},
+		{"intact", []string{spec.Name, tag}, size, id},
+		{"no tag (never uploaded)", []string{spec.Name}, size, ""},
+		{"volume replaced (size differs)", []string{spec.Name, tag}, size + 2048, ""},
+		{"two tags", []string{spec.Name, tag, seedTag(spec.Name, other, size)}, size, ""},
+		{"another seed's tag", []string{spec.Name, seedTag("bf-i-m2-c1-cidata.iso", id, size)}, size, ""},
+		{"not hex", []string{spec.Name, spec.Name + ".seed1-0123456789abcdef0123456789abcdeX.374784"}, size, ""},
+		{"short identity", []string{spec.Name, spec.Name + ".seed1-0123456789abcdef.374784"}, size, ""},
+		{"other identity scheme", []string{spec.Name, spec.Name + ".seed2-" + strings.TrimPrefix(id, "seed1-") + ".374784"}, size, ""},
+		{"size with a leading zero", []string{spec.Name, spec.Name + "." + id + ".0374784"}, size, ""},
+		{"no size", []string{spec.Name, spec.Name + "." + id}, size, ""},
+		{"trailing text", []string{spec.Name, tag + ".bak"}, size, ""},
 	}
 	for _, tc := range tests {
-		if got := seedIdentity(tc.tail, tc.capacity); got != tc.want {
+		if got := seedIdentity(seedTags(tc.listing)[spec.Name], tc.capacity); got != tc.want {
 			t.Errorf("%s: identity %q, want %q", tc.name, got, tc.want)
 		}
+	}
+	if _, ok := parseSeedTag(spec.Name); ok {
+		t.Errorf("the seed volume itself parses as a tag")
+	}
+	if _, ok := parseSeedTag("bf-i-m1-c1-disk.qcow2." + id + ".5"); ok {
+		t.Errorf("a tag of a non-seed volume parses")
 	}
 }
 

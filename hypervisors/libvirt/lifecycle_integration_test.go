@@ -430,6 +430,52 @@ func TestIntegrationBlankSeed(t *testing.T) {
 	if files := readISO(t, filepath.Join(e.State, "pool-a", m.seed)); files["user-data"] != "#cloud-config\n" {
 		t.Errorf("ISO after upload: %v", files)
 	}
+	// The identity travels in the name of an empty tag volume, which the
+	// listing hides; a rebuild from other inputs replaces the tag, and
+	// DeleteVolume takes it along.
+	tags := func() []string {
+		t.Helper()
+		out, err := exec.Command("virsh", "-c", e.URI, "vol-list", "--pool", e.Pool).CombinedOutput()
+		if err != nil {
+			t.Fatalf("vol-list: %v %s", err, out)
+		}
+		var got []string
+		for _, l := range strings.Split(string(out), "\n") {
+			if f := strings.Fields(l); len(f) > 0 && strings.HasPrefix(f[0], m.seed+".") {
+				got = append(got, f[0])
+			}
+		}
+		return got
+	}
+	if got := tags(); len(got) != 1 || !strings.Contains(got[0], want) {
+		t.Errorf("identity tags %v, want one naming %s", got, want)
+	}
+	z, err := h.Observe(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range z.Volumes {
+		if strings.HasPrefix(v.Name, m.seed+".") {
+			t.Errorf("the identity tag %s is observed as a volume", v.Name)
+		}
+	}
+	other := spec
+	other.InstanceID = "blank-seed-2"
+	if err := h.CreateSeed(ctx, "a", other); err != nil {
+		t.Fatal(err)
+	}
+	if l, d := seedOf("rebuilt"); l != hypervisors.SeedIdentity(other) || d != l {
+		t.Errorf("rebuilt seed identity: listed %q, direct %q, want %q", l, d, hypervisors.SeedIdentity(other))
+	}
+	if got := tags(); len(got) != 1 {
+		t.Errorf("identity tags after the rebuild: %v, want one", got)
+	}
+	if err := h.DeleteVolume(ctx, "a", e.Pool, m.seed); err != nil {
+		t.Fatal(err)
+	}
+	if got := tags(); len(got) != 0 {
+		t.Errorf("identity tags left after DeleteVolume: %v", got)
+	}
 }
 
 // Markers keep every byte through the real daemon, in a definition and in

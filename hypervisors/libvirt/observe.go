@@ -19,7 +19,8 @@ import (
 // zoneCache keeps what Observe last read per domain (by UUID) and per
 // volume (by key), so a steady-state tick reads no per-object detail.
 // A cached seed volume is re-read when the adapter rewrote it or its read
-// is older than Config.RefreshEvery.
+// is older than Config.RefreshEvery (its identity comes from each tick's
+// listing).
 type zoneCache struct {
 	mu    sync.Mutex // held for a whole Observe tick of the zone
 	doms  map[golibvirt.UUID]*domEntry
@@ -48,8 +49,9 @@ type domEntry struct {
 
 // volEntry is one cached volume read.
 type volEntry struct {
-	read time.Time
-	vol  *observed.Volume
+	read     time.Time
+	vol      *observed.Volume
+	capacity uint64
 }
 
 func newZoneCache() *zoneCache {
@@ -120,17 +122,17 @@ func (h *Hypervisor) observe(ctx context.Context, zone string, at time.Time) (*o
 		state golibvirt.DomainState
 	}
 	var doms []listed
-	var recs []golibvirt.DomainStatsRecord
-	err = zc.call(ctx, "list domains on "+zone, 0, func(l *golibvirt.Libvirt) (err error) {
-		// NOWAIT: a domain busy in a long job (a destroy takes 1-2 s)
-		// must not stall the whole zone's listing; its state is always
-		// reported.
-		recs, err = l.ConnectGetAllDomainStats(nil, uint32(golibvirt.DomainStatsState), uint32(golibvirt.ConnectGetAllDomainsStatsNowait))
-		if isCode(err, golibvirt.ErrInvalidArg, golibvirt.ErrNoSupport) {
-			recs, err = l.ConnectGetAllDomainStats(nil, uint32(golibvirt.DomainStatsState), 0)
-		}
-		return err
-	})
+	// NOWAIT: a domain busy in a long job (a destroy takes 1-2 s) must
+	// not stall the whole zone's listing; its state is always reported.
+	stats := func(flags golibvirt.ConnectGetAllDomainStatsFlags) ([]golibvirt.DomainStatsRecord, error) {
+		return rpcValue(ctx, zc, "ConnectGetAllDomainStats", "list domains on "+zone, 0, func(l *golibvirt.Libvirt) ([]golibvirt.DomainStatsRecord, error) {
+			return l.ConnectGetAllDomainStats(nil, uint32(golibvirt.DomainStatsState), uint32(flags))
+		})
+	}
+	recs, err := stats(golibvirt.ConnectGetAllDomainsStatsNowait)
+	if isCode(err, golibvirt.ErrInvalidArg, golibvirt.ErrNoSupport) {
+		recs, err = stats(0)
+	}
 	switch {
 	case err == nil:
 		for _, r := range recs {
@@ -138,11 +140,11 @@ func (h *Hypervisor) observe(ctx context.Context, zone string, at time.Time) (*o
 		}
 	case errors.Is(err, hypervisors.ErrUnsupported):
 		// Drivers without bulk stats: list, then one state call each.
-		var all []golibvirt.Domain
-		if err := zc.call(ctx, "list domains on "+zone, 0, func(l *golibvirt.Libvirt) (err error) {
-			all, _, err = l.ConnectListAllDomains(1, 0)
-			return err
-		}); err != nil {
+		all, err := rpcValue(ctx, zc, "ConnectListAllDomains", "list domains on "+zone, 0, func(l *golibvirt.Libvirt) ([]golibvirt.Domain, error) {
+			all, _, err := l.ConnectListAllDomains(1, 0)
+			return all, err
+		})
+		if err != nil {
 			return nil, err
 		}
 		for _, d := range all {
@@ -158,11 +160,11 @@ func (h *Hypervisor) observe(ctx context.Context, zone string, at time.Time) (*o
 		return nil, err
 	}
 
-	var autostart []golibvirt.Domain
-	if err := zc.call(ctx, "list autostart domains on "+zone, 0, func(l *golibvirt.Libvirt) (err error) {
-		autostart, _, err = l.ConnectListAllDomains(1, golibvirt.ConnectListDomainsAutostart)
-		return err
-	}); err != nil {
+	autostart, err := rpcValue(ctx, zc, "ConnectListAllDomains", "list autostart domains on "+zone, 0, func(l *golibvirt.Libvirt) ([]golibvirt.Domain, error) {
+		autostart, _, err := l.ConnectListAllDomains(1, golibvirt.ConnectListDomainsAutostart)
+		return autostart, err
+	})
+	if err != nil {
 		return nil, err
 	}
 	auto := make(map[golibvirt.UUID]bool, len(autostart))
@@ -224,9 +226,11 @@ func (h *Hypervisor) poolOf(zone string) string {
 	return h.cfg.Pool
 }
 
-// observeVolumes lists the pool's bf- volumes; format and backing format
-// are read once per volume key, a seed's identity also after the adapter
-// rewrote it. The caller holds cache.mu.
+// observeVolumes lists the pool's bf- volumes; format, backing format and
+// capacity are read once per volume key (a seed's also after the adapter
+// rewrote it, or RefreshEvery), and a seed's identity comes from the
+// listing itself (its identity tag, see seedTag), never from its bytes.
+// Identity tags are not reported as volumes. The caller holds cache.mu.
 func (h *Hypervisor) observeVolumes(ctx context.Context, zc *zoneConn, cache *zoneCache, pool string, at time.Time) ([]*observed.Volume, error) {
 	dirty := cache.takeDirtyVolumes()
 	p, ok := cache.pools[pool]
@@ -238,10 +242,9 @@ func (h *Hypervisor) observeVolumes(ctx context.Context, zc *zoneConn, cache *zo
 		}
 		cache.pools[pool] = p
 	}
-	var vols []golibvirt.StorageVol
-	err := zc.call(ctx, "list volumes "+pool+" on "+zc.zone, 0, func(l *golibvirt.Libvirt) (err error) {
-		vols, _, err = l.StoragePoolListAllVolumes(p, 1, 0)
-		return err
+	vols, err := rpcValue(ctx, zc, "StoragePoolListAllVolumes", "list volumes "+pool+" on "+zc.zone, 0, func(l *golibvirt.Libvirt) ([]golibvirt.StorageVol, error) {
+		vols, _, err := l.StoragePoolListAllVolumes(p, 1, 0)
+		return vols, err
 	})
 	if errors.Is(err, hypervisors.ErrNotFound) {
 		delete(cache.pools, pool) // redefined pool: look it up again next time
@@ -249,26 +252,37 @@ func (h *Hypervisor) observeVolumes(ctx context.Context, zc *zoneConn, cache *zo
 	if err != nil {
 		return nil, err
 	}
+	names := make([]string, len(vols))
+	for i, v := range vols {
+		names[i] = v.Name
+	}
+	tags := seedTags(names)
 	var out []*observed.Volume
 	seen := map[string]bool{}
 	for _, v := range vols {
 		if !strings.HasPrefix(v.Name, naming.VolumePrefix) {
 			continue
 		}
+		if _, isTag := parseSeedTag(v.Name); isTag {
+			continue
+		}
 		key := v.Key + "\x00" + v.Name
 		seen[key] = true
 		e := cache.vols[key]
 		if e == nil || isSeedVolume(v.Name) && (dirty[v.Name] || at.Sub(e.read) >= h.cfg.RefreshEvery) {
-			ov, err := h.readVolume(ctx, zc, pool, v)
+			ov, capacity, err := h.readVolume(ctx, zc, pool, v, nil)
 			if errors.Is(err, hypervisors.ErrNotFound) {
 				continue
 			} else if err != nil {
 				return nil, err
 			}
-			e = &volEntry{read: at, vol: ov}
+			e = &volEntry{read: at, vol: ov, capacity: capacity}
 			cache.vols[key] = e
 		}
 		c := *e.vol
+		if isSeedVolume(v.Name) {
+			c.Identity = seedIdentity(tags[v.Name], e.capacity)
+		}
 		out = append(out, &c)
 	}
 	for k := range cache.vols {

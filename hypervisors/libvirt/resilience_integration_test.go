@@ -281,7 +281,7 @@ func TestIntegrationObserveCallsAtScale(t *testing.T) {
 		name := fmt.Sprintf("foreign-%s-%03d", h.cfg.Installation, i)
 		foreignNames = append(foreignNames, name)
 		xml := fmt.Sprintf(`<domain type='qemu'><name>%s</name><memory unit='MiB'>32</memory><os><type arch='x86_64'>hvm</type></os></domain>`, name)
-		if err := h.zones["a"].call(ctx, "define foreign", 0, func(l *golibvirt.Libvirt) error {
+		if err := h.zones["a"].rpc(ctx, "DomainDefineXMLFlags", "define foreign", 0, func(l *golibvirt.Libvirt) error {
 			_, err := l.DomainDefineXMLFlags(xml, 0)
 			return err
 		}); err != nil {

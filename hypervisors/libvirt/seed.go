@@ -2,8 +2,6 @@ package libvirt
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"strconv"
 	"strings"
@@ -21,17 +19,90 @@ const seedLabel = "cidata"
 // defaultUserData is written when a SeedSpec carries no user-data.
 const defaultUserData = "#cloud-config\n"
 
-// Seed volumes are the NoCloud ISO followed by one trailer sector that
-// records what the ISO was built from (hypervisors.SeedIdentity), its
-// length and its SHA-256. ISO 9660 readers stop at the volume space size
-// the ISO declares, so the guest never sees the trailer. The trailer is
-// the last thing one sequential upload writes: a volume that was created
-// but never (or only partly) uploaded has none and observes with an empty
-// identity, so the planner rebuilds it instead of attaching it.
-const (
-	trailerSize  = 2048
-	trailerMagic = "BIGFLEET-SEED v1\n"
-)
+// A seed volume is the NoCloud ISO. What it was built from
+// (hypervisors.SeedIdentity) and its size in bytes are carried by the name
+// of an empty sibling volume, its identity tag:
+//
+//	<seed volume name>.<identity>.<bytes>
+//
+// so that observation reads a seed's identity from the pool's volume
+// listing, never from the volume's bytes (a download stream per seed, which
+// go-libvirt mishandles: docs/libvirt-connections.md). CreateSeed removes the
+// seed's tags before it writes the volume and adds the tag after the
+// upload completed, so a seed created but never (or only partly) uploaded
+// has no tag and observes with an empty identity: the planner rebuilds it
+// instead of attaching it. A tag whose size differs from the volume's (the
+// volume was replaced out of band) does not count either. DeleteVolume
+// removes a seed's tags before the seed, so a crash between the two leaves
+// no tag without its seed.
+const tagSep = "."
+
+// seedTag is the name of the identity tag of seed (a volume name) built
+// from identity, size bytes long.
+func seedTag(seed, identity string, size uint64) string {
+	return seed + tagSep + identity + tagSep + strconv.FormatUint(size, 10)
+}
+
+// seedTagInfo is what an identity tag's name says.
+type seedTagInfo struct {
+	name, seed, identity string
+	size                 uint64
+}
+
+// parseSeedTag reads a volume name as an identity tag.
+func parseSeedTag(name string) (seedTagInfo, bool) {
+	suffix := naming.SeedVolume("") + tagSep
+	i := strings.LastIndex(name, suffix)
+	if i < 0 {
+		return seedTagInfo{}, false
+	}
+	seed, rest := name[:i+len(suffix)-len(tagSep)], name[i+len(suffix):]
+	id, size, ok := strings.Cut(rest, tagSep)
+	if !ok || !validIdentity(id) {
+		return seedTagInfo{}, false
+	}
+	n, err := strconv.ParseUint(size, 10, 64)
+	if err != nil || strconv.FormatUint(n, 10) != size {
+		return seedTagInfo{}, false
+	}
+	return seedTagInfo{name: name, seed: seed, identity: id, size: n}, true
+}
+
+// validIdentity reports whether id has the form hypervisors.SeedIdentity
+// gives: "seed1-" and 32 lowercase hex digits.
+func validIdentity(id string) bool {
+	h, ok := strings.CutPrefix(id, "seed1-")
+	if !ok || len(h) != 32 {
+		return false
+	}
+	for _, c := range h {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// seedTags groups the identity tags among a listing by seed name.
+func seedTags(names []string) map[string][]seedTagInfo {
+	out := map[string][]seedTagInfo{}
+	for _, n := range names {
+		if t, ok := parseSeedTag(n); ok {
+			out[t.seed] = append(out[t.seed], t)
+		}
+	}
+	return out
+}
+
+// seedIdentity is the identity of a seed volume of capacity bytes given
+// its tags: the one tag's identity when there is exactly one and it
+// records that size, else "".
+func seedIdentity(tags []seedTagInfo, capacity uint64) string {
+	if len(tags) != 1 || tags[0].size != capacity {
+		return ""
+	}
+	return tags[0].identity
+}
 
 // metaDataDoc is NoCloud meta-data.
 type metaDataDoc struct {
@@ -81,47 +152,8 @@ func buildISO(spec hypervisors.SeedSpec) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// buildSeed returns the bytes of a seed volume: the ISO plus its trailer.
-func buildSeed(spec hypervisors.SeedSpec) ([]byte, error) {
-	iso, err := buildISO(spec)
-	if err != nil {
-		return nil, err
-	}
-	sum := sha256.Sum256(iso)
-	t := trailerMagic +
-		"identity=" + hypervisors.SeedIdentity(spec) + "\n" +
-		"iso-bytes=" + strconv.Itoa(len(iso)) + "\n" +
-		"iso-sha256=" + hex.EncodeToString(sum[:]) + "\n"
-	out := make([]byte, len(iso)+trailerSize)
-	copy(out, iso)
-	copy(out[len(iso):], t)
-	return out, nil
-}
-
-// seedIdentity reads the identity from a seed volume's last trailerSize
-// bytes, given the volume's capacity. It is "" unless the trailer is
-// intact and its recorded ISO length accounts for the whole volume.
-func seedIdentity(tail []byte, capacity uint64) string {
-	if len(tail) != trailerSize || !bytes.HasPrefix(tail, []byte(trailerMagic)) {
-		return ""
-	}
-	body, _, _ := bytes.Cut(tail[len(trailerMagic):], []byte{0})
-	fields := map[string]string{}
-	for _, line := range strings.Split(string(body), "\n") {
-		if k, v, ok := strings.Cut(line, "="); ok {
-			fields[k] = v
-		}
-	}
-	n, err := strconv.ParseUint(fields["iso-bytes"], 10, 64)
-	if err != nil || n+trailerSize != capacity || len(fields["iso-sha256"]) != 64 {
-		return ""
-	}
-	id := fields["identity"]
-	if !strings.HasPrefix(id, "seed1-") || len(id) > 64 {
-		return ""
-	}
-	return id
-}
+// buildSeed returns the bytes of a seed volume: the NoCloud ISO.
+func buildSeed(spec hypervisors.SeedSpec) ([]byte, error) { return buildISO(spec) }
 
 // isSeedVolume reports whether a volume name is a seed volume's.
 func isSeedVolume(name string) bool { return strings.HasSuffix(name, naming.SeedVolume("")) }

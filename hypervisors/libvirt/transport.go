@@ -5,7 +5,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"net/url"
 	"path/filepath"
@@ -39,6 +38,8 @@ func dialError(u *url.URL, err error) error {
 	case strings.Contains(err.Error(), "unable to authenticate"):
 		return fmt.Errorf("dial %s: %w: ssh authentication as %q failed (keyfile %s): %w", uri, hypervisors.ErrPermission, u.User.Username(), q.Get("keyfile"), err)
 	}
+	var silent *tlsSilentError
+	var refused *tlsRefusedError
 	var ua x509.UnknownAuthorityError
 	var hn x509.HostnameError
 	var ci x509.CertificateInvalidError
@@ -48,6 +49,14 @@ func dialError(u *url.URL, err error) error {
 		pki = "/etc/pki (libvirt's default locations)"
 	}
 	switch {
+	case errors.As(err, &silent):
+		// Not a refusal: nothing that speaks TLS answered. The zone is
+		// unreachable and redialled.
+		return fmt.Errorf("dial %s: no TLS answer: %w (is libvirtd listening there with listen_tls = 1, or is a proxy in front of it without its upstream?)",
+			uri, err)
+	case errors.As(err, &refused):
+		return fmt.Errorf("dial %s: %w: libvirtd refused our client certificate %s after the TLS handshake (is it signed by the CA libvirtd trusts, and allowed by its tls_allowed_dn_list?): %w",
+			uri, hypervisors.ErrPermission, filepath.Join(pki, "clientcert.pem"), err)
 	case errors.As(err, &ua):
 		return fmt.Errorf("dial %s: %w: the server certificate is not signed by the CA in %s: refused: %w",
 			uri, hypervisors.ErrPermission, filepath.Join(pki, "cacert.pem"), err)
@@ -63,21 +72,10 @@ func dialError(u *url.URL, err error) error {
 	case errors.Is(err, fs.ErrNotExist) && strings.Contains(err.Error(), "tls client cert"):
 		return fmt.Errorf("dial %s: %w: no client certificate: qemu+tls needs clientcert.pem and clientkey.pem in %s: %w",
 			uri, hypervisors.ErrPermission, pki, err)
-	case isTLS(u) && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || strings.Contains(err.Error(), "connection reset")):
-		// TLS 1.3 finishes the client's handshake before the server has
-		// checked our certificate; libvirtd then just hangs up.
-		return fmt.Errorf("dial %s: %w: libvirtd closed the connection right after the TLS handshake: it refused our client certificate %s (signed by a CA it does not trust?): %w",
-			uri, hypervisors.ErrPermission, filepath.Join(pki, "clientcert.pem"), err)
 	case errors.Is(err, fs.ErrNotExist) && strings.Contains(err.Error(), "CA cert"):
 		return fmt.Errorf("dial %s: %w: no CA certificate: qemu+tls needs cacert.pem in %s: %w", uri, hypervisors.ErrPermission, pki, err)
 	}
 	return fmt.Errorf("dial %s: %w", uri, err)
-}
-
-// isTLS reports whether u dials over TLS.
-func isTLS(u *url.URL) bool {
-	_, transport, _ := strings.Cut(u.Scheme, "+")
-	return transport == "tls" || transport == "" && u.Host != ""
 }
 
 // knownHostsFile is the known_hosts file go-libvirt checks for u.

@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"net/url"
+	"os"
 	"strings"
 	"testing"
 
@@ -31,7 +32,12 @@ func TestDialError(t *testing.T) {
 		{"ssh auth", libssh, errors.New("ssh: handshake failed: ssh: unable to authenticate, attempted methods [none publickey]"), true, []string{`as "u"`, "keyfile /k"}},
 		{"untrusted server cert", tlsURI, fmt.Errorf("tls: failed to verify certificate: %w", x509.UnknownAuthorityError{}), true, []string{"/pki/cacert.pem"}},
 		{"no client cert", tlsURI, fmt.Errorf("could not read tls client cert: %w", fs.ErrNotExist), true, []string{"no client certificate", "/pki"}},
-		{"client cert refused", tlsURI, fmt.Errorf("failed to connect to libvirt: %w", io.EOF), true, []string{"refused our client certificate /pki/clientcert.pem"}},
+		{"client cert refused after the handshake", tlsURI, &tlsRefusedError{addr: "h:16514", err: io.EOF}, true, []string{"refused our client certificate /pki/clientcert.pem", "after the TLS handshake"}},
+		// A port that accepts TCP and hangs up before any TLS byte (a
+		// relay without upstream, a daemon without its TLS listener) is
+		// not a certificate problem.
+		{"closed before any TLS answer", tlsURI, &tlsSilentError{addr: "h:16514", err: io.EOF}, false, []string{"no TLS answer", "accepted the TCP connection but sent no TLS answer before it closed it", "listen_tls"}},
+		{"silent TLS port", tlsURI, &tlsSilentError{addr: "h:16514", err: os.ErrDeadlineExceeded}, false, []string{"before it timed out"}},
 		{"connection refused", tlsURI, errors.New("dial tcp 127.0.0.1:16514: connect: connection refused"), false, []string{"dial qemu+tls://h/system", "connection refused"}},
 		{"password redacted", "qemu+ssh://u:secret@h/system", errors.New("boom"), false, []string{"u:xxxxx@h"}},
 	}
