@@ -54,6 +54,7 @@ var (
 		"delete-timeout":        {Min: time.Second, Max: 24 * time.Hour},
 		"shutdown-grace":        {Min: 0, Max: time.Hour},
 		"fake-latency":          {Min: 0, Max: time.Minute, Why: "0 is instant"},
+		"libvirt-call-timeout":  {Min: time.Second, Max: time.Minute, Why: "one libvirt RPC; keep it well below the 30s observe budget"},
 	}
 	IntBounds = map[string]IntBound{
 		"seed-count":              {Min: 1, Max: inventory.MaxSlots, Why: "each slot costs memory and state; split a larger host-set across providers"},

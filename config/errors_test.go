@@ -236,10 +236,10 @@ func TestErrors(t *testing.T) {
 			`--domain-type: unknown domain type "xen"; use kvm (hardware virtualisation) or qemu (emulation)`,
 		}},
 		{"libvirt call timeout out of range", with(fakeArgs, "--libvirt-call-timeout", "500ms"), []string{
-			"--libvirt-call-timeout: 500ms is out of range: a libvirt RPC deadline is between 1s and 1m (default 10s), well below the 30s observe budget",
+			"--libvirt-call-timeout: must be between 1s and 1m0s, got 500ms (one libvirt RPC; keep it well below the 30s observe budget)",
 		}},
 		{"libvirt call timeout too long", with(fakeArgs, "--libvirt-call-timeout", "2m"), []string{
-			"--libvirt-call-timeout: 2m0s is out of range: a libvirt RPC deadline is between 1s and 1m (default 10s), well below the 30s observe budget",
+			"--libvirt-call-timeout: must be between 1s and 1m0s, got 2m0s (one libvirt RPC; keep it well below the 30s observe budget)",
 		}},
 		{"kernel paths", with(fakeArgs, "--kernel", "vmlinuz", "--initrd", "initrd.img"), []string{
 			`--kernel: "vmlinuz" must be an absolute path on the libvirt host`,
