@@ -1167,7 +1167,17 @@ type Adoption struct {
 // Adopt records an owned, running VM: a SPECULATIVE machine becomes IDLE
 // (or CONFIGURED if the VM carries a binding) with its host; an unknown id
 // becomes a slotless machine so it stays visible and deletable.
+//
+// An adoption carrying a string the load checks would refuse (not UTF-8,
+// oversized: a foreign or damaged VM) is not recorded, so nothing the
+// hypervisor reports can make the state unreadable or List fail.
 func (d *Document) Adopt(ctx context.Context, a Adoption) (bool, error) {
+	for field, s := range map[string]string{"zone": a.Zone, "host": a.Host, "vm name": a.VMName,
+		"instance type": a.InstanceType, "capacity": a.Capacity} {
+		if storedString(field, s) != nil {
+			return false, nil
+		}
+	}
 	return d.update(ctx, func(t *txn) bool {
 		m := d.work[a.MachineID]
 		var n *Machine

@@ -102,3 +102,43 @@ func TestFailedReasonIsEchoedEscaped(t *testing.T) {
 		t.Errorf("refusal = %q, want the reason quoted", msg)
 	}
 }
+
+// TestAdoptRefusesWhatLoadWouldRefuse (issue 17: a non-UTF-8 VM name from
+// the simulator's admin endpoint made every List answer Internal and the
+// state unreadable afterwards): an adoption carrying a string the load
+// checks refuse is not recorded, and the document still opens.
+func TestAdoptRefusesWhatLoadWouldRefuse(t *testing.T) {
+	const id = "z1/kvm.small/000"
+	for _, tc := range []struct {
+		name string
+		a    Adoption
+	}{
+		{"vm name not UTF-8", Adoption{MachineID: id, Zone: "z1", Host: "h", VMName: "bf-\xff\xfe"}},
+		{"host not UTF-8", Adoption{MachineID: id, Zone: "z1", Host: "h\xc3", VMName: "vm"}},
+		{"vm name oversized", Adoption{MachineID: id, Zone: "z1", Host: "h", VMName: strings.Repeat("v", maxStoredString+1)}},
+		{"slotless, zone not UTF-8", Adoption{MachineID: "z9/kvm.small/000", Zone: "z9\xff", Host: "h", VMName: "vm"}},
+		{"slotless, type not UTF-8", Adoption{MachineID: "z9/kvm.small/000", Zone: "z9", InstanceType: "kvm\xff", Host: "h", VMName: "vm"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store := NewMemoryStore(nil)
+			d := open(t, store, slots(2))
+			ok, err := d.Adopt(context.Background(), tc.a)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok {
+				t.Errorf("Adopt = true, want the adoption refused")
+			}
+			opts := Options{Store: NewMemoryStore(snapshot(t, store)), DefaultInstallation: "inst", DeleteSupported: true,
+				Now: func() time.Time { return t0 }, VMName: naming.VMName}
+			if _, _, err := Open(context.Background(), opts, slots(2)); err != nil {
+				t.Errorf("the document no longer opens after the adoption: %v", err)
+			}
+		})
+	}
+	// A clean adoption is still recorded.
+	d := open(t, NewMemoryStore(nil), slots(2))
+	if ok, err := d.Adopt(context.Background(), Adoption{MachineID: id, Zone: "z1", Host: "h", VMName: "vm"}); err != nil || !ok {
+		t.Errorf("clean Adopt = %v, %v; want true", ok, err)
+	}
+}
