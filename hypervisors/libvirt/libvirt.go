@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"sort"
 	"strings"
 	"sync"
@@ -77,7 +78,7 @@ func New(cfg Config, logger *slog.Logger) (*Hypervisor, error) {
 		events: hypervisors.NewEventQueue(), owners: map[string]ownerNote{},
 	}
 	for _, z := range cfg.Zones {
-		u, _ := ParseURI(z.URI) // validated above
+		u, _ := url.Parse(z.URI) // validated above
 		h.caches[z.Zone] = newZoneCache()
 		zc := newZoneConn(z.Zone, u, &h.cfg, logger, &h.calls, &h.probes)
 		zc.events = h.events
