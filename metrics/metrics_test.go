@@ -24,6 +24,7 @@ import (
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
 	"github.com/bigfleet-vm/provider/config"
+	"github.com/bigfleet-vm/provider/internal/providertest"
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/server"
 )
@@ -195,26 +196,9 @@ func (h *harness) metricEquals(name string, labels map[string]string, want float
 	})
 }
 
-func (h *harness) state(id string) (*pb.Machine, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	return h.client.Get(ctx, &pb.MachineRef{Id: id})
-}
-
 func (h *harness) waitState(id string, want pb.MachineState) *pb.Machine {
 	h.t.Helper()
-	var m *pb.Machine
-	h.eventually(id+" reaches "+want.String(), func() error {
-		var err error
-		if m, err = h.state(id); err != nil {
-			return err
-		}
-		if m.GetState() != want {
-			return fmt.Errorf("state %s (last_error %q)", m.GetState(), m.GetLastError())
-		}
-		return nil
-	})
-	return m
+	return providertest.WaitState(h.t, h.client, id, want, 20*time.Second)
 }
 
 func (h *harness) create(id string) {
