@@ -20,8 +20,8 @@ import (
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvesim"
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
-	"github.com/bigfleet-vm/provider/retry"
 	"github.com/bigfleet-vm/provider/planner"
+	"github.com/bigfleet-vm/provider/retry"
 )
 
 func TestTLSAndConfig(t *testing.T) {
