@@ -196,9 +196,23 @@ func (h *harness) metricEquals(name string, labels map[string]string, want float
 	})
 }
 
+func (h *harness) state(id string) (*pb.Machine, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return h.client.Get(ctx, &pb.MachineRef{Id: id})
+}
+
+// waitState waits until machine id is in want; a machine not there yet
+// (an orphan before its adoption) is waited for too.
 func (h *harness) waitState(id string, want pb.MachineState) *pb.Machine {
 	h.t.Helper()
-	return providertest.WaitState(h.t, h.client, id, want, 20*time.Second)
+	return providertest.WaitFor(h.t, func() *pb.Machine {
+		m, err := h.state(id)
+		if err != nil {
+			return &pb.Machine{Id: id, LastError: err.Error()}
+		}
+		return m
+	}, id, want, 20*time.Second)
 }
 
 func (h *harness) create(id string) {
