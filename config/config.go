@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvuri"
 	"github.com/bigfleet-vm/provider/inventory"
 )
 
@@ -107,9 +108,7 @@ type Fake struct {
 }
 
 // ZoneURI maps one zone to the libvirt host that serves it.
-type ZoneURI struct {
-	Zone, URI string
-}
+type ZoneURI = lvuri.ZoneURI
 
 // Libvirt holds the libvirt settings (zero for Proxmox).
 type Libvirt struct {

@@ -72,7 +72,7 @@ func TestSeedInvocations(t *testing.T) {
 				Zones:             []string{"rack1", "rack2"},
 				Pricing:           pricing,
 				Libvirt: Libvirt{
-					Connect: []ZoneURI{{"rack1", rack1URI}, {"rack2", rack2URI}},
+					Connect: []ZoneURI{{Zone: "rack1", URI: rack1URI}, {Zone: "rack2", URI: rack2URI}},
 					Image:   "ubuntu-24.04.qcow2", StoragePool: "default", Network: "default", DomainType: "kvm",
 					CallTimeout: 10 * time.Second,
 				},

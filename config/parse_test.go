@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvuri"
 	"github.com/google/go-cmp/cmp"
 )
 
@@ -17,21 +18,21 @@ func TestParseConnect(t *testing.T) {
 		want []ZoneURI
 	}{
 		{"", nil},
-		{"qemu:///system", []ZoneURI{{"local", "qemu:///system"}}},
-		{" qemu:///session ", []ZoneURI{{"local", "qemu:///session"}}},
-		{"test:///default", []ZoneURI{{"local", "test:///default"}}},
-		{"qemu+unix:///system?socket=/run/libvirt/libvirt-sock", []ZoneURI{{"local", "qemu+unix:///system?socket=/run/libvirt/libvirt-sock"}}},
+		{"qemu:///system", []ZoneURI{{Zone: "local", URI: "qemu:///system"}}},
+		{" qemu:///session ", []ZoneURI{{Zone: "local", URI: "qemu:///session"}}},
+		{"test:///default", []ZoneURI{{Zone: "local", URI: "test:///default"}}},
+		{"qemu+unix:///system?socket=/run/libvirt/libvirt-sock", []ZoneURI{{Zone: "local", URI: "qemu+unix:///system?socket=/run/libvirt/libvirt-sock"}}},
 		// A bare URI whose query holds '=' (the text before it has ':').
 		{"qemu+libssh://u@h/system?keyfile=/k&known_hosts=/kh&known_hosts_verify=normal",
-			[]ZoneURI{{"local", "qemu+libssh://u@h/system?keyfile=/k&known_hosts=/kh&known_hosts_verify=normal"}}},
-		{"qemu+ssh://u@h:2222/system?keyfile=/k&no_verify=0", []ZoneURI{{"local", "qemu+ssh://u@h:2222/system?keyfile=/k&no_verify=0"}}},
-		{"qemu+tls://h/system?pkipath=/pki&no_verify=0", []ZoneURI{{"local", "qemu+tls://h/system?pkipath=/pki&no_verify=0"}}},
-		{"qemu://h/system", []ZoneURI{{"local", "qemu://h/system"}}},
-		{"rack1=qemu+libssh2://h1/system, rack2 = qemu+tls://h2/system,", []ZoneURI{{"rack1", "qemu+libssh2://h1/system"}, {"rack2", "qemu+tls://h2/system"}}},
-		{seedConnect, []ZoneURI{{"rack1", rack1URI}, {"rack2", rack2URI}}},
+			[]ZoneURI{{Zone: "local", URI: "qemu+libssh://u@h/system?keyfile=/k&known_hosts=/kh&known_hosts_verify=normal"}}},
+		{"qemu+ssh://u@h:2222/system?keyfile=/k&no_verify=0", []ZoneURI{{Zone: "local", URI: "qemu+ssh://u@h:2222/system?keyfile=/k&no_verify=0"}}},
+		{"qemu+tls://h/system?pkipath=/pki&no_verify=0", []ZoneURI{{Zone: "local", URI: "qemu+tls://h/system?pkipath=/pki&no_verify=0"}}},
+		{"qemu://h/system", []ZoneURI{{Zone: "local", URI: "qemu://h/system"}}},
+		{"rack1=qemu+libssh2://h1/system, rack2 = qemu+tls://h2/system,", []ZoneURI{{Zone: "rack1", URI: "qemu+libssh2://h1/system"}, {Zone: "rack2", URI: "qemu+tls://h2/system"}}},
+		{seedConnect, []ZoneURI{{Zone: "rack1", URI: rack1URI}, {Zone: "rack2", URI: rack2URI}}},
 	}
 	for _, tt := range tests {
-		got, err := ParseConnect(tt.in, "local")
+		got, err := lvuri.ParseConnect(tt.in, "local")
 		if err != nil {
 			t.Errorf("ParseConnect(%q): %v", tt.in, err)
 			continue

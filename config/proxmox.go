@@ -11,6 +11,7 @@ import (
 	"unicode"
 
 	"github.com/bigfleet-vm/provider/conffile"
+	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/inventory"
 )
 
@@ -114,7 +115,7 @@ func (f *Flags) resolveProxmox(c *Config, set map[string]bool, real bool, p *pro
 func checkAPIURL(raw string) error {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return fmt.Errorf("%q does not parse as a URL: %v", redactURI(raw), urlErrorReason(err))
+		return fmt.Errorf("%q does not parse as a URL: %v", hypervisors.RedactURL(raw), urlErrorReason(err))
 	}
 	switch {
 	case strings.EqualFold(u.Scheme, "http"):
@@ -164,4 +165,12 @@ func parseNodes(s string) ([]string, error) {
 		nodes = append(nodes, n)
 	}
 	return nodes, nil
+}
+
+// urlErrorReason drops the *url.Error wrapper, which repeats the URL.
+func urlErrorReason(err error) error {
+	if ue, ok := err.(*url.Error); ok {
+		return ue.Err
+	}
+	return err
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/bigfleet-vm/provider/etcdstore"
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvuri"
 	"github.com/bigfleet-vm/provider/inventory"
 	"github.com/bigfleet-vm/provider/statefile"
 	"github.com/hashicorp/go-multierror"
@@ -110,7 +111,7 @@ func (f *Flags) Resolve(fs *flag.FlagSet) (*Config, error) {
 		}
 	}
 	zoneOK := defaultZone != "" && inventory.ValidateZone(defaultZone+"-a") == nil
-	if !zoneOK && !(set["connect"] && isBareURI(*f.connect)) {
+	if !zoneOK && !(set["connect"] && lvuri.IsBare(*f.connect)) {
 		// (A bare --connect URI reports its own zone problem.)
 		p.add("default-zone", "%q is not a usable zone name: it must be non-empty, at most 61 bytes, without '/', ':' or whitespace", defaultZone)
 	}

@@ -42,7 +42,7 @@ func benchServer(b *testing.B) *server {
 		benchDir = dir
 		benchSrv = startWith(b, providertest.Options{Detached: true},
 			[]string{"--seed-count", strconv.Itoa(benchMachines), "--state", filepath.Join(dir, "state")})
-		benchPool.ids = ids(listAll(b, benchSrv.c, stSpec))
+		benchPool.ids = ids(providertest.ListAll(b, benchSrv.c, providertest.StSpeculative))
 	})
 	if benchSrv == nil {
 		b.Fatal("bench server failed to start")
@@ -94,7 +94,7 @@ func pct(d []time.Duration, p float64) time.Duration {
 // waitQuiet waits until no machine is in a transitional state.
 func waitQuiet(b *testing.B, s *server) {
 	for end := time.Now().Add(5 * time.Minute); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
-		if len(listAll(b, s.c, stCreating, stConfiguring, stDraining, stDeleting)) == 0 {
+		if len(providertest.ListAll(b, s.c, providertest.StCreating, providertest.StConfiguring, providertest.StDraining, providertest.StDeleting)) == 0 {
 			return
 		}
 	}
@@ -250,11 +250,11 @@ func BenchmarkWalkToIdle16(b *testing.B) {
 				}
 				for {
 					m, err := c.Get(ctx(b), &pb.MachineRef{Id: targets[i]})
-					if err != nil || m.State == stFailed {
+					if err != nil || m.State == providertest.StFailed {
 						b.Errorf("walk %s: %v %v", targets[i], m.GetState(), err)
 						return
 					}
-					if m.State == stIdle {
+					if m.State == providertest.StIdle {
 						break
 					}
 					time.Sleep(2 * time.Millisecond)
@@ -273,7 +273,7 @@ func BenchmarkWalkToIdle16(b *testing.B) {
 func BenchmarkServerRSS(b *testing.B) {
 	s := benchServer(b)
 	for range b.N {
-		get(b, s.c, benchPool.ids[0])
+		providertest.Get(b, s.c, benchPool.ids[0])
 	}
 	b.ReportMetric(rssKiB(s.Pid())/1024, "MiB-RSS")
 }

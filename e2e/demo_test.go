@@ -9,6 +9,7 @@ import (
 	"time"
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
 // runFlags returns the Makefile's RUN_FLAGS (what `make run` starts the
@@ -83,10 +84,10 @@ func TestReadmeDriftDemo(t *testing.T) {
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	if st := get(t, s.c, machine).State; st != pb.MachineState_MACHINE_STATE_IDLE {
+	if st := providertest.Get(t, s.c, machine).State; st != pb.MachineState_MACHINE_STATE_IDLE {
 		t.Errorf("the repaired machine is %v", st)
 	}
-	if got := s.metric("bigfleet_provider_drift", `zone="local-a"`, `kind="stopped"`); got != 0 {
+	if got := s.Metric("bigfleet_provider_drift", `zone="local-a"`, `kind="stopped"`); got != 0 {
 		t.Errorf("drift{local-a,stopped} = %v after the repair", got)
 	}
 }

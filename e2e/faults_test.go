@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
 // waitFailed polls until FAILED, failing if the machine ever shows
@@ -14,9 +15,9 @@ import (
 func waitFailed(t *testing.T, c pb.CapacityProviderClient, id string, never pb.MachineState) *pb.Machine {
 	t.Helper()
 	for end := time.Now().Add(pollDeadline); time.Now().Before(end); sleepPoll() {
-		m := get(t, c, id)
+		m := providertest.Get(t, c, id)
 		switch m.State {
-		case stFailed:
+		case providertest.StFailed:
 			if m.LastError == "" {
 				t.Errorf("%s FAILED with an empty last_error", id)
 			}
@@ -56,22 +57,22 @@ func TestFaults(t *testing.T) {
 			t.Run(tc.cluster, func(t *testing.T) {
 				t.Parallel()
 				began := time.Now()
-				must(t, "configure")(configure(s.c, t, id, tc.cluster, map[string]string{"f": tc.cluster}, tok{}))
+				providertest.Must(t, "configure")(configure(s.c, t, id, tc.cluster, map[string]string{"f": tc.cluster}, tok{}))
 				if tc.drain {
-					waitState(t, s.c, id, stConfigured)
-					must(t, "drain")(drain(s.c, t, id, tok{}))
-					m := waitFailed(t, s.c, id, stIdle)
+					providertest.WaitState(t, s.c, id, providertest.StConfigured, pollDeadline)
+					providertest.Must(t, "drain")(drain(s.c, t, id, tok{}))
+					m := waitFailed(t, s.c, id, providertest.StIdle)
 					t.Logf("drain failure: %q", m.LastError)
 					return
 				}
-				m := waitFailed(t, s.c, id, stConfigured)
+				m := waitFailed(t, s.c, id, providertest.StConfigured)
 				if el := time.Since(began); el < tc.minAfter {
 					t.Errorf("FAILED after %v, before the %v configure timeout", el, tc.minAfter)
 				}
 				t.Logf("last_error: %q", m.LastError)
 				if tc.hold > 0 {
 					for end := time.Now().Add(tc.hold); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
-						if g := get(t, s.c, id); g.State != stFailed || g.LastError != m.LastError {
+						if g := providertest.Get(t, s.c, id); g.State != providertest.StFailed || g.LastError != m.LastError {
 							t.Fatalf("FAILED machine changed after the late success: %v %q", g.State, g.LastError)
 						}
 					}
@@ -86,8 +87,8 @@ func TestFailedIsSticky(t *testing.T) {
 		s := start(t, append(sh.args, "--seed-count", "4", "--fake-faults")...)
 		id := speculative(t, s.c, 1)[0]
 		toIdle(t, s.c, id)
-		must(t, "configure")(configure(s.c, t, id, "fault-error", nil, tok{}))
-		failed := waitFailed(t, s.c, id, stConfigured)
+		providertest.Must(t, "configure")(configure(s.c, t, id, "fault-error", nil, tok{}))
+		failed := waitFailed(t, s.c, id, providertest.StConfigured)
 		// Ordered: the fenced calls carry increasing tokens, so each passes
 		// the fence and must then be refused because the machine is FAILED.
 		calls := []struct {
@@ -108,11 +109,11 @@ func TestFailedIsSticky(t *testing.T) {
 				t.Errorf("%s on FAILED: %v, want a rejection other than FAILED_PRECONDITION", c.name, err)
 			}
 		}
-		holds(t, s.c, id, stFailed, 300*time.Millisecond)
-		if diff := protoDiff(failed, get(t, s.c, id)); diff != "" {
+		holds(t, s.c, id, providertest.StFailed, 300*time.Millisecond)
+		if diff := protoDiff(failed, providertest.Get(t, s.c, id)); diff != "" {
 			t.Errorf("FAILED machine changed (-before +after):\n%s", diff)
 		}
-		if got := listAll(t, s.c, stFailed); len(got) != 1 || got[0].LastError != failed.LastError {
+		if got := providertest.ListAll(t, s.c, providertest.StFailed); len(got) != 1 || got[0].LastError != failed.LastError {
 			t.Errorf("List(FAILED) = %v, want the machine with its last_error verbatim", got)
 		}
 	})
@@ -122,9 +123,9 @@ func TestCreateFaultOffering(t *testing.T) {
 	eachShape(t, func(t *testing.T, sh shape) {
 		s := start(t, append(sh.args, "--fake-faults",
 			"--offerings", offeringsFile(t, sh, "on_demand", 2, map[string]string{"conformance.fault/create": "error"}))...)
-		id := listAll(t, s.c, stSpec)[0].Id // every slot carries the fault label
-		must(t, "create")(create(s.c, t, id, tok{}))
-		m := waitFailed(t, s.c, id, stIdle)
+		id := providertest.ListAll(t, s.c, providertest.StSpeculative)[0].Id // every slot carries the fault label
+		providertest.Must(t, "create")(create(s.c, t, id, tok{}))
+		m := waitFailed(t, s.c, id, providertest.StIdle)
 		t.Logf("create failure: %q", m.LastError)
 		checkShape(t, m, providerOf(sh))
 	})
@@ -140,7 +141,7 @@ func TestPlainFakeFaultsConvention(t *testing.T) {
 	eachShape(t, func(t *testing.T, sh shape) {
 		s := start(t, append(sh.args, "--fake-faults", "--configure-timeout", timeout.String())...)
 		var faulty, plain []string
-		for _, m := range listAll(t, s.c, stSpec) {
+		for _, m := range providertest.ListAll(t, s.c, providertest.StSpeculative) {
 			if m.Labels["conformance.fault/create"] == "error" {
 				faulty = append(faulty, m.Id)
 			} else {
@@ -150,14 +151,14 @@ func TestPlainFakeFaultsConvention(t *testing.T) {
 		if len(faulty) == 0 {
 			t.Fatal("the default offerings hold no slot labelled conformance.fault/create=error")
 		}
-		must(t, "create")(create(s.c, t, faulty[0], tok{}))
-		waitFailed(t, s.c, faulty[0], stIdle)
+		providertest.Must(t, "create")(create(s.c, t, faulty[0], tok{}))
+		waitFailed(t, s.c, faulty[0], providertest.StIdle)
 
 		id := plain[0]
 		toIdle(t, s.c, id)
 		began := time.Now()
-		must(t, "configure")(configure(s.c, t, id, "fault-readiness-block", nil, tok{}))
-		m := waitFailed(t, s.c, id, stConfigured)
+		providertest.Must(t, "configure")(configure(s.c, t, id, "fault-readiness-block", nil, tok{}))
+		m := waitFailed(t, s.c, id, providertest.StConfigured)
 		if el := time.Since(began); el < timeout {
 			t.Errorf("FAILED after %v, before the %v configure timeout", el, timeout)
 		}

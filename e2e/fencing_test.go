@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
 // fenceModel is the oracle: per (shard, machine) the highest accepted
@@ -104,7 +105,7 @@ func TestFencingOracle(t *testing.T) {
 					t.Errorf("%s: %v, want FailedPrecondition (stale token)", step, err)
 				}
 				if before != nil {
-					if diff := protoDiff(before, get(t, s.c, id)); diff != "" {
+					if diff := protoDiff(before, providertest.Get(t, s.c, id)); diff != "" {
 						t.Errorf("%s: fenced call changed the machine (-before +after):\n%s", step, diff)
 					}
 				}
@@ -125,9 +126,9 @@ func TestFencingOracle(t *testing.T) {
 		}
 		// Get and List carry no token and are never fenced.
 		for _, id := range machines {
-			get(t, s.c, id)
+			providertest.Get(t, s.c, id)
 		}
-		listAll(t, s.c)
+		providertest.ListAll(t, s.c)
 	})
 }
 

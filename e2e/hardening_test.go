@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
 // Black-box regressions for issue 8: what a shard (or an attacker) can do
@@ -28,7 +29,7 @@ func TestCursorlessPagesHandOutDifferentMachines(t *testing.T) {
 		s := start(t, append(sh.args, "--seed-count", "16")...)
 		seen := map[string]bool{}
 		for range 3 {
-			l, err := s.c.List(ctx(t), &pb.ListFilter{States: []pb.MachineState{stSpec}, MaxResults: 1})
+			l, err := s.c.List(ctx(t), &pb.ListFilter{States: []pb.MachineState{providertest.StSpeculative}, MaxResults: 1})
 			if err != nil || len(l.Machines) != 1 {
 				t.Fatalf("List: %v %v", err, l)
 			}
@@ -164,7 +165,7 @@ func TestInvalidUTF8GetsInvalidArgumentEverywhere(t *testing.T) {
 			t.Errorf("%s: %v, want InvalidArgument", c.name, err)
 		}
 	}
-	if m := get(t, s.c, id); m.State != stIdle {
+	if m := providertest.Get(t, s.c, id); m.State != providertest.StIdle {
 		t.Errorf("machine changed by refused requests: %v", m.State)
 	}
 }
@@ -181,9 +182,9 @@ func TestEmptyBlobAndFailedConfigure(t *testing.T) {
 		if _, err := s.c.Configure(ctx(t), &pb.ConfigureRequest{MachineId: ids[0], ClusterId: "c1", BootstrapBlob: []byte{}}); err != nil {
 			t.Fatal(err)
 		}
-		waitState(t, s.c, ids[0], stConfigured)
-		must(t, "configure")(configure(s.c, t, ids[1], "fault-error", map[string]string{"k": "v"}, tok{}))
-		m := waitFailed(t, s.c, ids[1], stConfigured)
+		providertest.WaitState(t, s.c, ids[0], providertest.StConfigured, pollDeadline)
+		providertest.Must(t, "configure")(configure(s.c, t, ids[1], "fault-error", map[string]string{"k": "v"}, tok{}))
+		m := waitFailed(t, s.c, ids[1], providertest.StConfigured)
 		if m.Cluster != "" || len(m.ShardMetadata) != 0 {
 			t.Errorf("failed configure kept cluster %q metadata %v", m.Cluster, m.ShardMetadata)
 		}
@@ -199,7 +200,7 @@ func TestDrainGraceIsClampedOverTheWire(t *testing.T) {
 	if _, err := s.c.Drain(ctx(t), &pb.DrainRequest{MachineId: id, GracePeriodSeconds: math.MaxInt64}); err != nil {
 		t.Fatal(err)
 	}
-	waitState(t, s.c, id, stIdle)
+	providertest.WaitState(t, s.c, id, providertest.StIdle, pollDeadline)
 	if strings.Contains(s.Output(), "--timeout=-") {
 		t.Error("a negative drain timeout reached the guest")
 	}
@@ -245,7 +246,7 @@ func TestFullDiskChangeIsNeverVisible(t *testing.T) {
 			if !strings.Contains(err.Error(), "no space left") {
 				t.Errorf("the error does not say why: %v", err)
 			}
-			if m := get(t, s.c, id); m.State != stSpec {
+			if m := providertest.Get(t, s.c, id); m.State != providertest.StSpeculative {
 				t.Errorf("Get shows %v for a Create that never committed", m.State)
 			}
 		default:
@@ -258,11 +259,11 @@ func TestFullDiskChangeIsNeverVisible(t *testing.T) {
 	os.Remove(filepath.Join(dir, "filler"))
 	s.Restart()
 	for _, id := range ids[1:] {
-		if m := get(t, s.c, id); !committed[id] && m.State != stSpec {
+		if m := providertest.Get(t, s.c, id); !committed[id] && m.State != providertest.StSpeculative {
 			t.Errorf("%s after a restart: %v, want SPECULATIVE (its Create never committed)", id, m.State)
 		}
 	}
-	if m := get(t, s.c, ids[0]); m.State != stIdle {
+	if m := providertest.Get(t, s.c, ids[0]); m.State != providertest.StIdle {
 		t.Errorf("committed machine after a restart: %v", m.State)
 	}
 }
@@ -299,7 +300,7 @@ func TestDeletedStateStopsTheWriter(t *testing.T) {
 		t.Errorf("the log does not say why:\n%s", log)
 	}
 	second := start(t, "--seed-count", "4", "--state", state)
-	if m := get(t, second.c, id); m.State != stSpec {
+	if m := providertest.Get(t, second.c, id); m.State != providertest.StSpeculative {
 		t.Errorf("the second provider's state shows %v for %s, want a fresh SPECULATIVE slot", m.State, id)
 	}
 }
@@ -317,8 +318,8 @@ func TestDamagedJournalIsRefusedThenRecovered(t *testing.T) {
 	// The transitions stay in flight: the last frame is the second Create.
 	s := start(t, "--seed-count", "4", "--state", state, "--fake-latency", "1m")
 	ids := speculative(t, s.c, 2)
-	first := must(t, "create")(create(s.c, t, ids[0], tok{"shard-a", 3, 1}))
-	second := must(t, "create")(create(s.c, t, ids[1], tok{"shard-a", 3, 2}))
+	first := providertest.Must(t, "create")(create(s.c, t, ids[0], tok{"shard-a", 3, 1}))
+	second := providertest.Must(t, "create")(create(s.c, t, ids[1], tok{"shard-a", 3, 2}))
 	s.Kill()
 
 	journal := state + ".journal"
@@ -339,19 +340,19 @@ func TestDamagedJournalIsRefusedThenRecovered(t *testing.T) {
 	if log := r.Log(); !strings.Contains(log, "state recovered: acknowledged records were dropped") || !strings.Contains(log, "from offset") {
 		t.Errorf("the recovery is not reported:\n%s", log)
 	}
-	if m := get(t, r.c, ids[1]); m.State != stSpec {
+	if m := providertest.Get(t, r.c, ids[1]); m.State != providertest.StSpeculative {
 		t.Fatalf("%s is %v, want SPECULATIVE (its Create was in the dropped frame)", ids[1], m.State)
 	}
 	if _, err := create(r.c, t, ids[1], tok{"shard-a", 3, 2}); code(err) != codes.FailedPrecondition {
 		t.Errorf("the dropped Create's token again: %v, want FailedPrecondition", err)
 	}
-	again := must(t, "create with a new epoch")(create(r.c, t, ids[1], tok{"shard-a", 4, 1}))
+	again := providertest.Must(t, "create with a new epoch")(create(r.c, t, ids[1], tok{"shard-a", 4, 1}))
 	for _, old := range []string{first.OperationId, second.OperationId} {
 		if again.OperationId == old {
 			t.Errorf("op id %s issued again", old)
 		}
 	}
-	if m := get(t, r.c, ids[0]); m.State == stSpec {
+	if m := providertest.Get(t, r.c, ids[0]); m.State == providertest.StSpeculative {
 		t.Errorf("%s is %v, want its acknowledged Create kept (re-driven)", ids[0], m.State)
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -16,50 +15,11 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
-)
-
-const (
-	stSpec        = pb.MachineState_MACHINE_STATE_SPECULATIVE
-	stCreating    = pb.MachineState_MACHINE_STATE_CREATING
-	stIdle        = pb.MachineState_MACHINE_STATE_IDLE
-	stConfiguring = pb.MachineState_MACHINE_STATE_CONFIGURING
-	stConfigured  = pb.MachineState_MACHINE_STATE_CONFIGURED
-	stDraining    = pb.MachineState_MACHINE_STATE_DRAINING
-	stDeleting    = pb.MachineState_MACHINE_STATE_DELETING
-	stFailed      = pb.MachineState_MACHINE_STATE_FAILED
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
 // pollDeadline bounds every wait for asynchronous state.
 const pollDeadline = 90 * time.Second
-
-func get(t testing.TB, c pb.CapacityProviderClient, id string) *pb.Machine {
-	t.Helper()
-	m, err := c.Get(ctx(t), &pb.MachineRef{Id: id})
-	if err != nil {
-		t.Fatalf("Get %s: %v", id, err)
-	}
-	return m
-}
-
-// waitState polls Get until the machine is in want. Reaching FAILED while
-// waiting for something else is fatal.
-func waitState(t testing.TB, c pb.CapacityProviderClient, id string, want pb.MachineState) *pb.Machine {
-	t.Helper()
-	deadline := time.Now().Add(pollDeadline)
-	var m *pb.Machine
-	for time.Now().Before(deadline) {
-		m = get(t, c, id)
-		if m.State == want {
-			return m
-		}
-		if m.State == stFailed {
-			t.Fatalf("machine %s went FAILED while waiting for %v: %q", id, want, m.LastError)
-		}
-		time.Sleep(15 * time.Millisecond)
-	}
-	t.Fatalf("machine %s still %v after %v, want %v", id, m.GetState(), pollDeadline, want)
-	return nil
-}
 
 // tok is a fencing token; the zero value is "unfenced".
 type tok struct {
@@ -84,36 +44,12 @@ func del(c pb.CapacityProviderClient, t testing.TB, id string, k tok) (*pb.Trans
 	return c.Delete(ctx(t), &pb.DeleteRequest{MachineId: id, ShardId: k.shard, ShardEpoch: k.epoch, SequenceNumber: k.seq})
 }
 
-// must fails the test on an RPC error and checks the ack's basic shape.
-func must(t testing.TB, what string) func(*pb.TransitionAck, error) *pb.TransitionAck {
-	t.Helper()
-	return func(a *pb.TransitionAck, err error) *pb.TransitionAck {
-		t.Helper()
-		if err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		if a.GetOperationId() == "" {
-			t.Fatalf("%s: empty operation_id in ack %v", what, a)
-		}
-		return a
-	}
-}
-
-func listAll(t testing.TB, c pb.CapacityProviderClient, states ...pb.MachineState) []*pb.Machine {
-	t.Helper()
-	l, err := c.List(ctx(t), &pb.ListFilter{States: states})
-	if err != nil {
-		t.Fatalf("List: %v", err)
-	}
-	return l.Machines
-}
-
 // speculative returns the ids of n SPECULATIVE machines, skipping the
 // slots whose Create the fault convention fails.
 func speculative(t testing.TB, c pb.CapacityProviderClient, n int) []string {
 	t.Helper()
 	var ids []string
-	for _, m := range listAll(t, c, stSpec) {
+	for _, m := range providertest.ListAll(t, c, providertest.StSpeculative) {
 		if len(ids) == n {
 			break
 		}
@@ -131,55 +67,27 @@ func speculative(t testing.TB, c pb.CapacityProviderClient, n int) []string {
 // toIdle creates a machine and waits until IDLE.
 func toIdle(t testing.TB, c pb.CapacityProviderClient, id string) {
 	t.Helper()
-	must(t, "Create "+id)(create(c, t, id, tok{}))
-	waitState(t, c, id, stIdle)
+	providertest.Must(t, "Create "+id)(create(c, t, id, tok{}))
+	providertest.WaitState(t, c, id, providertest.StIdle, pollDeadline)
 }
 
 // toConfigured walks a SPECULATIVE machine to CONFIGURED.
 func toConfigured(t testing.TB, c pb.CapacityProviderClient, id, cluster string, md map[string]string) {
 	t.Helper()
 	toIdle(t, c, id)
-	must(t, "Configure "+id)(configure(c, t, id, cluster, md, tok{}))
-	waitState(t, c, id, stConfigured)
-}
-
-// metric sums the samples of a Prometheus metric whose label set contains
-// every given label pair (`op="clone_vm"`).
-func (s *server) metric(name string, labels ...string) float64 {
-	s.T().Helper()
-	var sum float64
-	_, body := s.HTTPGet("/metrics")
-	for _, line := range strings.Split(body, "\n") {
-		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
-			continue
-		}
-		ok := true
-		for _, l := range labels {
-			if !strings.Contains(line, l) {
-				ok = false
-			}
-		}
-		if !ok {
-			continue
-		}
-		f := strings.Fields(line)
-		v, err := strconv.ParseFloat(f[len(f)-1], 64)
-		if err == nil {
-			sum += v
-		}
-	}
-	return sum
+	providertest.Must(t, "Configure "+id)(configure(c, t, id, cluster, md, tok{}))
+	providertest.WaitState(t, c, id, providertest.StConfigured, pollDeadline)
 }
 
 // vmCreates counts successful VM creations in the simulator (define or
 // clone).
 func (s *server) vmCreates() float64 {
-	return s.metric("bigfleet_provider_hypervisor_calls_total", `op="define_domain"`, `outcome="ok"`) +
-		s.metric("bigfleet_provider_hypervisor_calls_total", `op="clone_vm"`, `outcome="ok"`)
+	return s.Metric("bigfleet_provider_hypervisor_calls_total", `op="define_domain"`, `outcome="ok"`) +
+		s.Metric("bigfleet_provider_hypervisor_calls_total", `op="clone_vm"`, `outcome="ok"`)
 }
 
 func (s *server) bootstraps() float64 {
-	return s.metric("bigfleet_provider_executor_steps_total", `action="exec-bootstrap"`, `outcome="ok"`)
+	return s.Metric("bigfleet_provider_executor_steps_total", `action="exec-bootstrap"`, `outcome="ok"`)
 }
 
 var memRE = regexp.MustCompile(`^([0-9]+)(Gi|Mi)$`)
@@ -195,17 +103,17 @@ func shapeProblems(m *pb.Machine, provider string) []string {
 		add("instance_type/zone/capacity_type not all set at top level: %q %q %v", m.InstanceType, m.Zone, m.CapacityType)
 	}
 	switch m.State {
-	case stSpec:
+	case providertest.StSpeculative:
 		if m.Host != nil {
 			add("host set for SPECULATIVE: %v", m.Host)
 		}
-	case stIdle, stConfiguring, stConfigured, stDraining:
+	case providertest.StIdle, providertest.StConfiguring, providertest.StConfigured, providertest.StDraining:
 		if m.Host == nil || m.Host.Ref == "" || m.Host.Provider != provider {
 			add("host for %v = %v, want provider %q and a ref", m.State, m.Host, provider)
 		}
 	}
 	switch m.State {
-	case stConfiguring, stConfigured, stDraining:
+	case providertest.StConfiguring, providertest.StConfigured, providertest.StDraining:
 		if m.Cluster == "" {
 			add("cluster empty while %v", m.State)
 		}
@@ -215,7 +123,7 @@ func shapeProblems(m *pb.Machine, provider string) []string {
 		}
 	}
 	switch m.State {
-	case stSpec, stIdle, stCreating, stDeleting:
+	case providertest.StSpeculative, providertest.StIdle, providertest.StCreating, providertest.StDeleting:
 		if len(m.ShardMetadata) != 0 {
 			add("shard_metadata %v while %v", m.ShardMetadata, m.State)
 		}
@@ -246,7 +154,7 @@ func shapeProblems(m *pb.Machine, provider string) []string {
 			}
 		}
 	}
-	if m.State == stFailed && m.LastError == "" {
+	if m.State == providertest.StFailed && m.LastError == "" {
 		add("FAILED without last_error")
 	}
 	return p

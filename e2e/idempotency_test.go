@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
 // opSet records every operation id seen, to prove new cycles mint fresh ones.
@@ -47,61 +48,61 @@ func TestIdempotentRetries(t *testing.T) {
 		md := map[string]string{"a": "1"}
 
 		// Create: retried while CREATING and once IDLE.
-		op := must(t, "create")(create(s.c, t, id, tok{})).OperationId
+		op := providertest.Must(t, "create")(create(s.c, t, id, tok{})).OperationId
 		ops.fresh(t, "create#1", op)
-		if st := get(t, s.c, id).State; st != stCreating {
+		if st := providertest.Get(t, s.c, id).State; st != providertest.StCreating {
 			t.Logf("note: machine already %v at the first retry", st)
 		}
 		same("create retry while CREATING", op)(create(s.c, t, id, tok{}))
-		waitState(t, s.c, id, stIdle)
+		providertest.WaitState(t, s.c, id, providertest.StIdle, pollDeadline)
 		a, err := create(s.c, t, id, tok{})
 		same("create retry on IDLE", op)(a, err)
-		if a.GetMachine().GetState() != stIdle {
+		if a.GetMachine().GetState() != providertest.StIdle {
 			t.Errorf("create retry on IDLE: ack state %v, want IDLE", a.GetMachine().GetState())
 		}
 
 		// Configure: retried while CONFIGURING and once CONFIGURED; a
 		// conflicting cluster is rejected in both.
-		op = must(t, "configure")(configure(s.c, t, id, "c1", md, tok{})).OperationId
+		op = providertest.Must(t, "configure")(configure(s.c, t, id, "c1", md, tok{})).OperationId
 		ops.fresh(t, "configure#1", op)
 		same("configure retry while CONFIGURING", op)(configure(s.c, t, id, "c1", md, tok{}))
 		_, err = configure(s.c, t, id, "c2", md, tok{})
 		rejected("conflicting configure while CONFIGURING", err)
-		waitState(t, s.c, id, stConfigured)
+		providertest.WaitState(t, s.c, id, providertest.StConfigured, pollDeadline)
 		same("configure retry on CONFIGURED", op)(configure(s.c, t, id, "c1", md, tok{}))
 		_, err = configure(s.c, t, id, "c2", md, tok{})
 		rejected("conflicting configure on CONFIGURED", err)
-		if m := get(t, s.c, id); m.Cluster != "c1" || m.State != stConfigured {
+		if m := providertest.Get(t, s.c, id); m.Cluster != "c1" || m.State != providertest.StConfigured {
 			t.Errorf("after conflicting configure: %v cluster %q, want CONFIGURED c1", m.State, m.Cluster)
 		}
 
 		// Drain, retried, then again on the IDLE it drained to.
-		op = must(t, "drain")(drain(s.c, t, id, tok{})).OperationId
+		op = providertest.Must(t, "drain")(drain(s.c, t, id, tok{})).OperationId
 		ops.fresh(t, "drain#1", op)
 		same("drain retry while DRAINING", op)(drain(s.c, t, id, tok{}))
-		waitState(t, s.c, id, stIdle)
+		providertest.WaitState(t, s.c, id, providertest.StIdle, pollDeadline)
 		same("drain retry on IDLE after the drain", op)(drain(s.c, t, id, tok{}))
 
 		// A new cycle mints fresh ids.
-		op = must(t, "configure#2")(configure(s.c, t, id, "c2", map[string]string{"b": "2"}, tok{})).OperationId
+		op = providertest.Must(t, "configure#2")(configure(s.c, t, id, "c2", map[string]string{"b": "2"}, tok{})).OperationId
 		ops.fresh(t, "configure#2", op)
-		waitState(t, s.c, id, stConfigured)
-		if m := get(t, s.c, id); m.Cluster != "c2" || m.ShardMetadata["a"] != "" {
+		providertest.WaitState(t, s.c, id, providertest.StConfigured, pollDeadline)
+		if m := providertest.Get(t, s.c, id); m.Cluster != "c2" || m.ShardMetadata["a"] != "" {
 			t.Errorf("second cycle: cluster %q metadata %v, want c2 without old keys", m.Cluster, m.ShardMetadata)
 		}
-		ops.fresh(t, "drain#2", must(t, "drain#2")(drain(s.c, t, id, tok{})).OperationId)
-		waitState(t, s.c, id, stIdle)
-		op = must(t, "delete")(del(s.c, t, id, tok{})).OperationId
+		ops.fresh(t, "drain#2", providertest.Must(t, "drain#2")(drain(s.c, t, id, tok{})).OperationId)
+		providertest.WaitState(t, s.c, id, providertest.StIdle, pollDeadline)
+		op = providertest.Must(t, "delete")(del(s.c, t, id, tok{})).OperationId
 		ops.fresh(t, "delete#1", op)
 		same("delete retry while DELETING", op)(del(s.c, t, id, tok{}))
-		waitState(t, s.c, id, stSpec)
+		providertest.WaitState(t, s.c, id, providertest.StSpeculative, pollDeadline)
 		if a, err := del(s.c, t, id, tok{}); err == nil && a.OperationId != op {
 			t.Errorf("delete retry on SPECULATIVE: operation_id %q, want %q", a.OperationId, op)
 		} else if code(err) == codes.FailedPrecondition {
 			t.Errorf("delete retry on SPECULATIVE: %v", err)
 		}
-		ops.fresh(t, "create#2", must(t, "create#2")(create(s.c, t, id, tok{})).OperationId)
-		waitState(t, s.c, id, stIdle)
+		ops.fresh(t, "create#2", providertest.Must(t, "create#2")(create(s.c, t, id, tok{})).OperationId)
+		providertest.WaitState(t, s.c, id, providertest.StIdle, pollDeadline)
 	})
 }
 
@@ -138,12 +139,12 @@ func TestParallelRetriesCollapse(t *testing.T) {
 			call   func(c pb.CapacityProviderClient) (*pb.TransitionAck, error)
 			settle pb.MachineState
 		}{
-			{"create", func(c pb.CapacityProviderClient) (*pb.TransitionAck, error) { return create(c, t, id, tok{}) }, stIdle},
+			{"create", func(c pb.CapacityProviderClient) (*pb.TransitionAck, error) { return create(c, t, id, tok{}) }, providertest.StIdle},
 			{"configure", func(c pb.CapacityProviderClient) (*pb.TransitionAck, error) {
 				return configure(c, t, id, "c1", map[string]string{"k": "v"}, tok{})
-			}, stConfigured},
-			{"drain", func(c pb.CapacityProviderClient) (*pb.TransitionAck, error) { return drain(c, t, id, tok{}) }, stIdle},
-			{"delete", func(c pb.CapacityProviderClient) (*pb.TransitionAck, error) { return del(c, t, id, tok{}) }, stSpec},
+			}, providertest.StConfigured},
+			{"drain", func(c pb.CapacityProviderClient) (*pb.TransitionAck, error) { return drain(c, t, id, tok{}) }, providertest.StIdle},
+			{"delete", func(c pb.CapacityProviderClient) (*pb.TransitionAck, error) { return del(c, t, id, tok{}) }, providertest.StSpeculative},
 		}
 		for _, st := range steps {
 			acks, errs := parallel(s, n, st.call)
@@ -158,7 +159,7 @@ func TestParallelRetriesCollapse(t *testing.T) {
 			if len(got) != 1 {
 				t.Errorf("%s: %d identical parallel retries gave %v, want one operation id", st.name, n, got)
 			}
-			waitState(t, s.c, id, st.settle)
+			providertest.WaitState(t, s.c, id, st.settle, pollDeadline)
 			switch st.name {
 			case "create":
 				if d := s.vmCreates() - vms; d != 1 {
@@ -210,8 +211,8 @@ func TestConflictingMutationsRace(t *testing.T) {
 						// Identical retries of the winner are idempotent
 						// successes; the key is the op id plus the target
 						// its snapshot shows.
-						target := map[pb.MachineState]string{stConfiguring: "configure", stConfigured: "configure",
-							stDeleting: "delete", stSpec: "delete"}[a.Machine.State]
+						target := map[pb.MachineState]string{providertest.StConfiguring: "configure", providertest.StConfigured: "configure",
+							providertest.StDeleting: "delete", providertest.StSpeculative: "delete"}[a.Machine.State]
 						if target == "" {
 							t.Errorf("ack snapshot in %v, not the transitional or settled state of Configure or Delete", a.Machine.State)
 						}
@@ -238,7 +239,7 @@ func TestConflictingMutationsRace(t *testing.T) {
 			if len(wins) > 0 {
 				var op, target, cluster string
 				fmt.Sscanf(strings.ReplaceAll(wins[0], "/", " "), "%s %s %s", &op, &target, &cluster)
-				want := map[string]pb.MachineState{"configure": stConfigured, "delete": stSpec}[target]
+				want := map[string]pb.MachineState{"configure": providertest.StConfigured, "delete": providertest.StSpeculative}[target]
 				if m.State != want || m.Cluster != cluster {
 					t.Errorf("machine %s settled %v cluster %q, want the winner's %v cluster %q", id, m.State, m.Cluster, want, cluster)
 				}
@@ -251,7 +252,7 @@ func TestConflictingMutationsRace(t *testing.T) {
 func waitSettled(t testing.TB, c pb.CapacityProviderClient, id string) *pb.Machine {
 	t.Helper()
 	for range 6000 {
-		m := get(t, c, id)
+		m := providertest.Get(t, c, id)
 		if stable(m.State) {
 			return m
 		}

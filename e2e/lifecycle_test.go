@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
 // traceTo polls Get until the machine reaches target, checking the field
@@ -20,7 +21,7 @@ func traceTo(t *testing.T, c pb.CapacityProviderClient, id string, through, targ
 	var seen []pb.MachineState
 	deadline := time.Now().Add(pollDeadline)
 	for time.Now().Before(deadline) {
-		m := get(t, c, id)
+		m := providertest.Get(t, c, id)
 		checkShape(t, m, provider)
 		if len(seen) == 0 || seen[len(seen)-1] != m.State {
 			seen = append(seen, m.State)
@@ -43,7 +44,7 @@ func traceTo(t *testing.T, c pb.CapacityProviderClient, id string, through, targ
 func holds(t *testing.T, c pb.CapacityProviderClient, id string, st pb.MachineState, d time.Duration) {
 	t.Helper()
 	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(25 * time.Millisecond) {
-		if m := get(t, c, id); m.State != st {
+		if m := providertest.Get(t, c, id); m.State != st {
 			t.Fatalf("machine %s left settled state %v for %v (last_error %q)", id, st, m.State, m.LastError)
 		}
 	}
@@ -53,7 +54,7 @@ func TestLifecycleTrace(t *testing.T) {
 	eachShape(t, func(t *testing.T, sh shape) {
 		s := start(t, append(sh.args, "--seed-count", "4", "--fake-latency", "150ms", "--reconcile-interval", "500ms")...)
 		prov := providerOf(sh)
-		for _, m := range listAll(t, s.c) {
+		for _, m := range providertest.ListAll(t, s.c) {
 			checkShape(t, m, prov)
 		}
 		id := speculative(t, s.c, 1)[0]
@@ -67,14 +68,14 @@ func TestLifecycleTrace(t *testing.T) {
 			cluster         string
 			md              map[string]string
 		}{
-			{"create", func() (*pb.TransitionAck, error) { return create(s.c, t, id, tok{}) }, stCreating, stIdle, "", nil},
-			{"configure", func() (*pb.TransitionAck, error) { return configure(s.c, t, id, "cluster-a", md, tok{}) }, stConfiguring, stConfigured, "cluster-a", md},
-			{"drain", func() (*pb.TransitionAck, error) { return drain(s.c, t, id, tok{}) }, stDraining, stIdle, "", nil},
-			{"delete", func() (*pb.TransitionAck, error) { return del(s.c, t, id, tok{}) }, stDeleting, stSpec, "", nil},
+			{"create", func() (*pb.TransitionAck, error) { return create(s.c, t, id, tok{}) }, providertest.StCreating, providertest.StIdle, "", nil},
+			{"configure", func() (*pb.TransitionAck, error) { return configure(s.c, t, id, "cluster-a", md, tok{}) }, providertest.StConfiguring, providertest.StConfigured, "cluster-a", md},
+			{"drain", func() (*pb.TransitionAck, error) { return drain(s.c, t, id, tok{}) }, providertest.StDraining, providertest.StIdle, "", nil},
+			{"delete", func() (*pb.TransitionAck, error) { return del(s.c, t, id, tok{}) }, providertest.StDeleting, providertest.StSpeculative, "", nil},
 		}
 		var hostRef string
 		for _, st := range steps {
-			ack := must(t, st.name)(st.do())
+			ack := providertest.Must(t, st.name)(st.do())
 			if ops[ack.OperationId] {
 				t.Errorf("%s: operation_id %q reused", st.name, ack.OperationId)
 			}
@@ -97,7 +98,7 @@ func TestLifecycleTrace(t *testing.T) {
 			}
 			seen := traceTo(t, s.c, id, st.through, st.target, prov)
 			t.Logf("%s: ack %v, observed %v", st.name, am.State, seen)
-			m := get(t, s.c, id)
+			m := providertest.Get(t, s.c, id)
 			if m.Cluster != st.cluster {
 				t.Errorf("%s: settled cluster %q, want %q", st.name, m.Cluster, st.cluster)
 			}
@@ -106,7 +107,7 @@ func TestLifecycleTrace(t *testing.T) {
 			}
 			// The same machine through List.
 			var lm *pb.Machine
-			for _, x := range listAll(t, s.c) {
+			for _, x := range providertest.ListAll(t, s.c) {
 				if x.Id == id {
 					lm = x
 				}
@@ -123,7 +124,7 @@ func TestLifecycleTrace(t *testing.T) {
 			}
 			holds(t, s.c, id, st.target, 1200*time.Millisecond)
 		}
-		if m := get(t, s.c, id); m.Host != nil || m.Cluster != "" || len(m.ShardMetadata) != 0 {
+		if m := providertest.Get(t, s.c, id); m.Host != nil || m.Cluster != "" || len(m.ShardMetadata) != 0 {
 			t.Errorf("after Delete: host %v cluster %q metadata %v, want all cleared", m.Host, m.Cluster, m.ShardMetadata)
 		}
 	})
@@ -136,7 +137,7 @@ func TestErrorCodes(t *testing.T) {
 		spec, idle, conf := ids[0], ids[1], ids[2]
 		toIdle(t, s.c, idle)
 		toConfigured(t, s.c, conf, "c1", map[string]string{"k": "v"})
-		before := listAll(t, s.c)
+		before := providertest.ListAll(t, s.c)
 
 		const unknown = "nowhere/none/999"
 		tests := []struct {
@@ -175,7 +176,7 @@ func TestErrorCodes(t *testing.T) {
 			t.Run(tc.name, func(t *testing.T) {
 				var was *pb.Machine
 				if tc.id != "" {
-					was = get(t, s.c, tc.id)
+					was = providertest.Get(t, s.c, tc.id)
 				}
 				err := tc.call()
 				if got := code(err); got != tc.want {
@@ -185,7 +186,7 @@ func TestErrorCodes(t *testing.T) {
 					t.Errorf("FAILED_PRECONDITION is reserved for fencing: %v", err)
 				}
 				if tc.id != "" {
-					if diff := protoDiff(was, get(t, s.c, tc.id)); diff != "" {
+					if diff := protoDiff(was, providertest.Get(t, s.c, tc.id)); diff != "" {
 						t.Errorf("machine changed by a rejected call (-before +after):\n%s", diff)
 					}
 				}
@@ -195,13 +196,13 @@ func TestErrorCodes(t *testing.T) {
 		if _, err := del(s.c, t, spec, tok{}); err != nil && (code(err) == codes.FailedPrecondition || code(err) == codes.OK) {
 			t.Errorf("Delete on SPECULATIVE: %v", err)
 		}
-		holds(t, s.c, spec, stSpec, 300*time.Millisecond)
+		holds(t, s.c, spec, providertest.StSpeculative, 300*time.Millisecond)
 		// Never create a machine because an unknown id was named.
-		after := listAll(t, s.c)
+		after := providertest.ListAll(t, s.c)
 		if len(after) != len(before) {
 			t.Errorf("inventory size %d -> %d after calls naming an unknown id", len(before), len(after))
 		}
-		if !slices.ContainsFunc(after, func(m *pb.Machine) bool { return m.Id == spec && m.State == stSpec }) {
+		if !slices.ContainsFunc(after, func(m *pb.Machine) bool { return m.Id == spec && m.State == providertest.StSpeculative }) {
 			t.Errorf("SPECULATIVE machine %s changed", spec)
 		}
 	})
@@ -219,7 +220,7 @@ func TestBareMetal(t *testing.T) {
 			return
 		}
 		s := start(t, append(sh.args, "--seed-count", "4", "--capacity-type", "bare_metal")...)
-		ms := listAll(t, s.c)
+		ms := providertest.ListAll(t, s.c)
 		for _, m := range ms {
 			checkShape(t, m, providerOf(sh))
 			if m.CapacityType != pb.CapacityType_CAPACITY_TYPE_BARE_METAL || m.PricePerHour != 0 {
@@ -232,8 +233,8 @@ func TestBareMetal(t *testing.T) {
 		if code(err) != codes.Unimplemented {
 			t.Errorf("Delete on bare_metal IDLE: %v, want Unimplemented", err)
 		}
-		holds(t, s.c, id, stIdle, 300*time.Millisecond)
-		if m := get(t, s.c, id); m.PricePerHour != 0 || m.Host == nil {
+		holds(t, s.c, id, providertest.StIdle, 300*time.Millisecond)
+		if m := providertest.Get(t, s.c, id); m.PricePerHour != 0 || m.Host == nil {
 			t.Errorf("bare_metal IDLE machine: price %v host %v", m.PricePerHour, m.Host)
 		}
 	})

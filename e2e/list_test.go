@@ -10,6 +10,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
 func ids(ms []*pb.Machine) []string {
@@ -38,7 +39,7 @@ func TestListFilters(t *testing.T) {
 		toIdle(t, s.c, sp[1])
 		toConfigured(t, s.c, sp[2], "c", nil)
 		toConfigured(t, s.c, sp[3], "c", nil)
-		all := listAll(t, s.c)
+		all := providertest.ListAll(t, s.c)
 		byState := map[pb.MachineState][]*pb.Machine{}
 		for _, m := range all {
 			byState[m.State] = append(byState[m.State], m)
@@ -49,13 +50,13 @@ func TestListFilters(t *testing.T) {
 			want   []*pb.Machine
 		}{
 			{"empty filter is all", nil, all},
-			{"IDLE", []pb.MachineState{stIdle}, byState[stIdle]},
-			{"CONFIGURED", []pb.MachineState{stConfigured}, byState[stConfigured]},
-			{"SPECULATIVE", []pb.MachineState{stSpec}, byState[stSpec]},
-			{"union IDLE+CONFIGURED", []pb.MachineState{stIdle, stConfigured}, append(slices.Clone(byState[stIdle]), byState[stConfigured]...)},
-			{"union with an empty state", []pb.MachineState{stIdle, stFailed}, byState[stIdle]},
-			{"duplicate states", []pb.MachineState{stIdle, stIdle}, byState[stIdle]},
-			{"only an empty state", []pb.MachineState{stDeleting}, nil},
+			{"IDLE", []pb.MachineState{providertest.StIdle}, byState[providertest.StIdle]},
+			{"CONFIGURED", []pb.MachineState{providertest.StConfigured}, byState[providertest.StConfigured]},
+			{"SPECULATIVE", []pb.MachineState{providertest.StSpeculative}, byState[providertest.StSpeculative]},
+			{"union IDLE+CONFIGURED", []pb.MachineState{providertest.StIdle, providertest.StConfigured}, append(slices.Clone(byState[providertest.StIdle]), byState[providertest.StConfigured]...)},
+			{"union with an empty state", []pb.MachineState{providertest.StIdle, providertest.StFailed}, byState[providertest.StIdle]},
+			{"duplicate states", []pb.MachineState{providertest.StIdle, providertest.StIdle}, byState[providertest.StIdle]},
+			{"only an empty state", []pb.MachineState{providertest.StDeleting}, nil},
 		}
 		for _, tc := range tests {
 			t.Run(tc.name, func(t *testing.T) {
@@ -73,7 +74,7 @@ func TestListFilters(t *testing.T) {
 				t.Errorf("max_results %d: %d machines, want %d", tc.max, got, tc.want)
 			}
 		}
-		if got := len(list(t, s.c, &pb.ListFilter{MaxResults: 1, States: []pb.MachineState{stIdle, stConfigured}}).Machines); got != 1 {
+		if got := len(list(t, s.c, &pb.ListFilter{MaxResults: 1, States: []pb.MachineState{providertest.StIdle, providertest.StConfigured}}).Machines); got != 1 {
 			t.Errorf("max_results 1 with a filter: %d machines", got)
 		}
 	})
@@ -98,7 +99,7 @@ func TestListRevisionCursor(t *testing.T) {
 				t.Fatalf("idle reconcile ticks produced a delta: %v", ids(got.Machines))
 			}
 		}
-		must(t, "create")(create(s.c, t, sp[1], tok{}))
+		providertest.Must(t, "create")(create(s.c, t, sp[1], tok{}))
 		d := list(t, s.c, &pb.ListFilter{SinceRevision: c0})
 		if !slices.Contains(ids(d.Machines), sp[1]) {
 			t.Errorf("machine mutated after the cursor is missing from the delta %v", ids(d.Machines))
@@ -106,7 +107,7 @@ func TestListRevisionCursor(t *testing.T) {
 		if slices.Contains(ids(d.Machines), sp[0]) {
 			t.Errorf("unchanged machine %s in the delta", sp[0])
 		}
-		waitState(t, s.c, sp[1], stIdle)
+		providertest.WaitState(t, s.c, sp[1], providertest.StIdle, pollDeadline)
 		c1 := list(t, s.c, &pb.ListFilter{}).Revision
 		if got := list(t, s.c, &pb.ListFilter{SinceRevision: c1}); len(got.Machines) != 0 {
 			t.Errorf("delta after settle: %v", ids(got.Machines))
@@ -174,7 +175,7 @@ func walk(t testing.TB, c pb.CapacityProviderClient, page int32, during func()) 
 func TestListPaging(t *testing.T) {
 	eachShape(t, func(t *testing.T, sh shape) {
 		s := start(t, append(sh.args, "--seed-count", "300")...)
-		all := ids(listAll(t, s.c))
+		all := ids(providertest.ListAll(t, s.c))
 		t.Run("quiet", func(t *testing.T) {
 			seen, pages := walk(t, s.c, 7, nil)
 			var dup []string
@@ -207,7 +208,7 @@ func TestListPaging(t *testing.T) {
 					mu.Lock()
 					mutated[targets[next]] = true
 					mu.Unlock()
-					must(t, "create")(create(s.c, t, targets[next], tok{}))
+					providertest.Must(t, "create")(create(s.c, t, targets[next], tok{}))
 					next++
 				}
 			})
@@ -220,7 +221,7 @@ func TestListPaging(t *testing.T) {
 				}
 			}
 			for _, id := range targets[:next] {
-				waitState(t, s.c, id, stIdle)
+				providertest.WaitState(t, s.c, id, providertest.StIdle, pollDeadline)
 			}
 		})
 	})

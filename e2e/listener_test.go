@@ -105,7 +105,7 @@ func TestDefaultMetricsAddrBusy(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	if got := len(listAll(t, pb.NewCapacityProviderClient(conn))); got != 2 {
+	if got := len(providertest.ListAll(t, pb.NewCapacityProviderClient(conn))); got != 2 {
 		t.Errorf("List: %d machines, want 2", got)
 	}
 
@@ -145,7 +145,7 @@ func TestAdminNeedsOptIn(t *testing.T) {
 	if resp.StatusCode != http.StatusNotFound || !strings.Contains(string(body), "--fake-admin") {
 		t.Errorf("admin without --fake-admin: %s %s", resp.Status, body)
 	}
-	if got := off.metric("bigfleet_provider_zone_up", `zone="local-a"`); got != 1 {
+	if got := off.Metric("bigfleet_provider_zone_up", `zone="local-a"`); got != 1 {
 		t.Errorf("the refused call changed the world: zone_up{local-a} = %v", got)
 	}
 
@@ -168,7 +168,7 @@ func TestAdminNeedsOptIn(t *testing.T) {
 func waitMetricBelow(t *testing.T, s *server, name string, max float64, labels ...string) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
-	for s.metric(name, labels...) >= max {
+	for s.Metric(name, labels...) >= max {
 		if time.Now().After(deadline) {
 			t.Fatalf("%s%v never went below %v", name, labels, max)
 		}
@@ -182,7 +182,7 @@ func waitMetricBelow(t *testing.T, s *server, name string, max float64, labels .
 func TestDebugPlanCoalesces(t *testing.T) {
 	s := start(t, "--seed-count", "4", "--reconcile-interval", "0", "--fake-latency", "200ms")
 	observes := func() float64 {
-		return s.metric("bigfleet_provider_hypervisor_calls_total", `op="observe"`)
+		return s.Metric("bigfleet_provider_hypervisor_calls_total", `op="observe"`)
 	}
 	// Let the start-up pass finish: the count stops moving.
 	waitMetric(t, s, "bigfleet_provider_hypervisor_calls_total", 2, `op="observe"`)

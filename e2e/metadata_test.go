@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
 // oddMetadata exercises every kind of byte the contract names.
@@ -40,11 +41,11 @@ func TestShardMetadataVerbatim(t *testing.T) {
 		toIdle(t, s.c, id)
 		md := oddMetadata()
 		want := maps.Clone(md)
-		ack := must(t, "configure")(configure(s.c, t, id, "c1", md, tok{}))
+		ack := providertest.Must(t, "configure")(configure(s.c, t, id, "c1", md, tok{}))
 		// The stored copy is the provider's own.
 		md["ctrl"] = "changed"
 		md["added"] = "x"
-		if ack.Machine.State != stConfiguring && ack.Machine.State != stConfigured {
+		if ack.Machine.State != providertest.StConfiguring && ack.Machine.State != providertest.StConfigured {
 			t.Fatalf("ack state %v", ack.Machine.State)
 		}
 		if diff := protoDiff(want, ack.Machine.ShardMetadata); diff != "" {
@@ -52,10 +53,10 @@ func TestShardMetadataVerbatim(t *testing.T) {
 		}
 		check := func(when string) {
 			t.Helper()
-			if diff := protoDiff(want, get(t, s.c, id).ShardMetadata); diff != "" {
+			if diff := protoDiff(want, providertest.Get(t, s.c, id).ShardMetadata); diff != "" {
 				t.Errorf("%s: Get shard_metadata (-want +got):\n%s", when, diff)
 			}
-			for _, m := range listAll(t, s.c) {
+			for _, m := range providertest.ListAll(t, s.c) {
 				if m.Id == id {
 					if diff := protoDiff(want, m.ShardMetadata); diff != "" {
 						t.Errorf("%s: List shard_metadata (-want +got):\n%s", when, diff)
@@ -63,23 +64,23 @@ func TestShardMetadataVerbatim(t *testing.T) {
 				}
 			}
 		}
-		if get(t, s.c, id).State == stConfiguring {
+		if providertest.Get(t, s.c, id).State == providertest.StConfiguring {
 			check("while CONFIGURING")
 		}
-		waitState(t, s.c, id, stConfigured)
+		providertest.WaitState(t, s.c, id, providertest.StConfigured, pollDeadline)
 		check("CONFIGURED")
 		// Idempotent retry with the same map returns the same op.
-		if a := must(t, "configure retry")(configure(s.c, t, id, "c1", want, tok{})); a.OperationId != ack.OperationId {
+		if a := providertest.Must(t, "configure retry")(configure(s.c, t, id, "c1", want, tok{})); a.OperationId != ack.OperationId {
 			t.Errorf("retry op %q, want %q", a.OperationId, ack.OperationId)
 		}
-		must(t, "drain")(drain(s.c, t, id, tok{}))
-		waitState(t, s.c, id, stIdle)
-		if m := get(t, s.c, id); len(m.ShardMetadata) != 0 || m.Cluster != "" {
+		providertest.Must(t, "drain")(drain(s.c, t, id, tok{}))
+		providertest.WaitState(t, s.c, id, providertest.StIdle, pollDeadline)
+		if m := providertest.Get(t, s.c, id); len(m.ShardMetadata) != 0 || m.Cluster != "" {
 			t.Errorf("after Drain: cluster %q metadata %d keys, want both cleared", m.Cluster, len(m.ShardMetadata))
 		}
 		next := map[string]string{"only": "this"}
-		must(t, "configure#2")(configure(s.c, t, id, "c2", next, tok{}))
-		if diff := protoDiff(next, waitState(t, s.c, id, stConfigured).ShardMetadata); diff != "" {
+		providertest.Must(t, "configure#2")(configure(s.c, t, id, "c2", next, tok{}))
+		if diff := protoDiff(next, providertest.WaitState(t, s.c, id, providertest.StConfigured, pollDeadline).ShardMetadata); diff != "" {
 			t.Errorf("second Configure shows old keys (-want +got):\n%s", diff)
 		}
 	})
@@ -129,14 +130,14 @@ func TestConfigureCaps(t *testing.T) {
 				if blob == nil {
 					blob = []byte("#!/bin/sh\n")
 				}
-				before := get(t, s.c, id)
+				before := providertest.Get(t, s.c, id)
 				a, err := s.c.Configure(ctx(t), &pb.ConfigureRequest{MachineId: id, ClusterId: "c", BootstrapBlob: blob, ShardMetadata: tc.md})
 				if got := code(err); got != tc.want {
 					t.Fatalf("code %v (%v), want %v", got, err, tc.want)
 				}
 				if tc.want != codes.OK {
-					holds(t, s.c, id, stIdle, 200*time.Millisecond)
-					if diff := protoDiff(before, get(t, s.c, id)); diff != "" {
+					holds(t, s.c, id, providertest.StIdle, 200*time.Millisecond)
+					if diff := protoDiff(before, providertest.Get(t, s.c, id)); diff != "" {
 						t.Errorf("rejected Configure changed the machine (-before +after):\n%s", diff)
 					}
 					return
@@ -144,7 +145,7 @@ func TestConfigureCaps(t *testing.T) {
 				if diff := protoDiff(tc.md, a.Machine.ShardMetadata); diff != "" && len(tc.md) > 0 {
 					t.Errorf("ack metadata not verbatim (-want +got):\n%s", diff)
 				}
-				m := waitState(t, s.c, id, stConfigured)
+				m := providertest.WaitState(t, s.c, id, providertest.StConfigured, pollDeadline)
 				if diff := protoDiff(tc.md, m.ShardMetadata); diff != "" && len(tc.md) > 0 {
 					t.Errorf("stored metadata not verbatim (-want +got):\n%s", diff)
 				}
@@ -204,7 +205,7 @@ func TestShardMetadataInvalidUTF8(t *testing.T) {
 			if code(err) != codes.InvalidArgument {
 				t.Errorf("invalid UTF-8 rejected with %v, want InvalidArgument (a documented cap-style rejection)", code(err))
 			}
-			holds(t, s.c, id, stIdle, 200*time.Millisecond)
+			holds(t, s.c, id, providertest.StIdle, 200*time.Millisecond)
 		}
 	})
 }

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
 type planJSON struct {
@@ -73,12 +75,12 @@ func TestPlanAndDriftBlackBox(t *testing.T) {
 			break
 		}
 	}
-	must(t, "create")(create(s.c, t, pending, tok{}))
+	providertest.Must(t, "create")(create(s.c, t, pending, tok{}))
 	out, code := runRaw(t, append([]string{"plan", "--detailed-exitcode", "--no-color"}, common...)...)
 	if code != 2 || !strings.Contains(out, "Create op-") || !strings.Contains(out, pending) || !strings.Contains(out, "to create") {
 		t.Fatalf("offline plan with a pending create: exit %d\n%s", code, out)
 	}
-	waitState(t, s.c, pending, pb.MachineState_MACHINE_STATE_IDLE)
+	providertest.WaitState(t, s.c, pending, pb.MachineState_MACHINE_STATE_IDLE, pollDeadline)
 
 	// Report-only drift: a resized VM stays in the plan and on /metrics.
 	s.admin(t, "resize?machine="+a+"&vcpu=9&memory_mib=1536")
@@ -130,14 +132,14 @@ func TestPlanAndDriftBlackBox(t *testing.T) {
 	s.admin(t, "unreachable?zone=local-b&on=false")
 	s.admin(t, "stop?machine="+b)
 	waitMetric(t, s, "bigfleet_provider_executor_steps_total", 1, `action="start"`, `outcome="ok"`)
-	if st := get(t, s.c, b).State; st != pb.MachineState_MACHINE_STATE_IDLE {
+	if st := providertest.Get(t, s.c, b).State; st != pb.MachineState_MACHINE_STATE_IDLE {
 		t.Errorf("repaired machine is %v", st)
 	}
 
 	// A vanished VM of an IDLE machine is surfaced as FAILED, never
 	// silently recreated.
 	s.admin(t, "delete?machine="+a)
-	m := waitState(t, s.c, a, pb.MachineState_MACHINE_STATE_FAILED)
+	m := providertest.WaitState(t, s.c, a, pb.MachineState_MACHINE_STATE_FAILED, pollDeadline)
 	if !strings.Contains(m.LastError, "vanished") {
 		t.Errorf("last_error %q", m.LastError)
 	}
@@ -146,28 +148,14 @@ func TestPlanAndDriftBlackBox(t *testing.T) {
 // waitMetricEquals waits until the metric's value is want.
 func waitMetricEquals(t *testing.T, s *server, name string, want float64, labels ...string) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		got := s.metric(name, labels...)
-		if got == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s%v = %v, want %v", name, labels, got, want)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	providertest.WaitMetric(t, fmt.Sprint(name, labels), func() float64 { return s.Metric(name, labels...) },
+		func(v float64) bool { return v == want }, 20*time.Second)
 }
 
 func waitMetric(t *testing.T, s *server, name string, min float64, labels ...string) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for s.metric(name, labels...) < min {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s%v never reached %v", name, labels, min)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	providertest.WaitMetric(t, fmt.Sprint(name, labels), func() float64 { return s.Metric(name, labels...) },
+		func(v float64) bool { return v >= min }, 20*time.Second)
 }
 
 // httpPost posts to a path on the metrics listener and returns the body.
@@ -224,7 +212,7 @@ func TestPlanTextEscapesClientStrings(t *testing.T) {
 			t.Fatalf("the refused call's machine id is not in the log:\n%s", s.Log())
 		}
 	}
-	must(t, "configure")(configure(s.c, t, id, evil, map[string]string{"k\x1b[31m": "v\x07"}, tok{}))
+	providertest.Must(t, "configure")(configure(s.c, t, id, evil, map[string]string{"k\x1b[31m": "v\x07"}, tok{}))
 	s.Kill() // the Configure stays in the state, in flight, for the offline plan
 
 	out, code := runRaw(t, "plan", "--use-fake-backend", "--seed-count", "2", "--state", state, "--no-color", "--detailed-exitcode")

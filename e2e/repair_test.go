@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
 // repairsJSON is GET /debug/repairs.
@@ -48,7 +50,7 @@ func TestRepairBudgetKeepsCreatesFlowing(t *testing.T) {
 	// deadline; the bound below is well inside it.
 	s := start(t, "--seed-count", "132", "--fake-admin", "--create-timeout", "5m")
 	var sick, healthy []string
-	for _, m := range listAll(t, s.c, stSpec) {
+	for _, m := range providertest.ListAll(t, s.c, providertest.StSpeculative) {
 		switch {
 		case strings.HasPrefix(m.Id, "local-a/") && len(sick) < drifted:
 			sick = append(sick, m.Id)
@@ -76,7 +78,7 @@ func TestRepairBudgetKeepsCreatesFlowing(t *testing.T) {
 	// Every drifted machine's repair has tried Start at least once: the
 	// workers are busy with them.
 	deadline := time.Now().Add(pollDeadline)
-	for s.metric("bigfleet_provider_hypervisor_calls_total", `op="start"`, `outcome="error"`) < drifted {
+	for s.Metric("bigfleet_provider_hypervisor_calls_total", `op="start"`, `outcome="error"`) < drifted {
 		if time.Now().After(deadline) {
 			t.Fatalf("the repairs did not start within %v", pollDeadline)
 		}
@@ -85,14 +87,14 @@ func TestRepairBudgetKeepsCreatesFlowing(t *testing.T) {
 
 	// A Create in the healthy zone, while the repairs keep failing.
 	start := time.Now()
-	must(t, "Create "+healthy[0])(create(s.c, t, healthy[0], tok{}))
+	providertest.Must(t, "Create "+healthy[0])(create(s.c, t, healthy[0], tok{}))
 	const bound = 60 * time.Second // generous: well inside --create-timeout
 	for {
-		m := get(t, s.c, healthy[0])
-		if m.State == stIdle {
+		m := providertest.Get(t, s.c, healthy[0])
+		if m.State == providertest.StIdle {
 			break
 		}
-		if m.State == stFailed || time.Since(start) > bound {
+		if m.State == providertest.StFailed || time.Since(start) > bound {
 			t.Fatalf("the Create in the healthy zone is %v after %v (last_error %q): the failing repairs starve it",
 				m.State, time.Since(start).Round(time.Millisecond), m.LastError)
 		}
@@ -114,13 +116,13 @@ func TestRepairBudgetKeepsCreatesFlowing(t *testing.T) {
 			t.Errorf("repair failure %+v", f)
 		}
 	}
-	if n := s.metric("bigfleet_provider_repair_failures_total", `zone="local-a"`); n < drifted {
+	if n := s.Metric("bigfleet_provider_repair_failures_total", `zone="local-a"`); n < drifted {
 		t.Errorf("repair_failures_total{zone=local-a} = %v, want >= %d", n, drifted)
 	}
 	// The drifted machines stay IDLE: a repair that fails is retried, it
 	// never fails the machine.
 	for _, id := range sick[:4] {
-		if m := get(t, s.c, id); m.State != stIdle {
+		if m := providertest.Get(t, s.c, id); m.State != providertest.StIdle {
 			t.Errorf("%s is %v", id, m.State)
 		}
 	}

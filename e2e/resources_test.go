@@ -132,7 +132,7 @@ func TestStalledListsAreBounded(t *testing.T) {
 		ratio = 2
 	}
 	s := start(t, "--seed-count", fmt.Sprint(machines))
-	if n := len(listAll(t, s.c)); n != machines {
+	if n := len(providertest.ListAll(t, s.c)); n != machines {
 		t.Fatalf("listed %d machines", n)
 	}
 	idle := rssKiB(s.Pid())
@@ -166,11 +166,11 @@ func TestStalledListsAreBounded(t *testing.T) {
 
 	// A well-behaved client is served: a full List, a Create, and a full
 	// List at the new revision (a second encoding).
-	if n := len(listAll(t, s.c)); n != machines {
+	if n := len(providertest.ListAll(t, s.c)); n != machines {
 		t.Errorf("the well-behaved client listed %d machines", n)
 	}
-	must(t, "create while stalled streams wait")(create(s.c, t, speculative(t, s.c, 1)[0], tok{}))
-	if n := len(listAll(t, s.c)); n != machines {
+	providertest.Must(t, "create while stalled streams wait")(create(s.c, t, speculative(t, s.c, 1)[0], tok{}))
+	if n := len(providertest.ListAll(t, s.c)); n != machines {
 		t.Errorf("the well-behaved client listed %d machines after a Create", n)
 	}
 

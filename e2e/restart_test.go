@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
 // planSummary is the part of /debug/plan the restart tests read.
@@ -57,45 +58,45 @@ func TestRestartKill9(t *testing.T) {
 		md := oddMetadata()
 
 		// Settled machines with history, fence marks and bindings.
-		opCreateBound := must(t, "create")(create(s.c, t, bound, tok{"s1", 1, 1})).OperationId
+		opCreateBound := providertest.Must(t, "create")(create(s.c, t, bound, tok{"s1", 1, 1})).OperationId
 		ops.fresh(t, "create bound", opCreateBound)
-		opCreateIdle := must(t, "create")(create(s.c, t, idle, tok{"s2", 7, 7})).OperationId
+		opCreateIdle := providertest.Must(t, "create")(create(s.c, t, idle, tok{"s2", 7, 7})).OperationId
 		ops.fresh(t, "create idle", opCreateIdle)
 		for _, id := range []string{inConfigure, inDrain, inDelete} {
-			ops.fresh(t, "create "+id, must(t, "create")(create(s.c, t, id, tok{})).OperationId)
+			ops.fresh(t, "create "+id, providertest.Must(t, "create")(create(s.c, t, id, tok{})).OperationId)
 		}
 		for _, id := range []string{bound, idle, inConfigure, inDrain, inDelete} {
-			waitState(t, s.c, id, stIdle)
+			providertest.WaitState(t, s.c, id, providertest.StIdle, pollDeadline)
 		}
-		opConfigureBound := must(t, "configure")(configure(s.c, t, bound, "c1", md, tok{"s1", 1, 5})).OperationId
+		opConfigureBound := providertest.Must(t, "configure")(configure(s.c, t, bound, "c1", md, tok{"s1", 1, 5})).OperationId
 		ops.fresh(t, "configure bound", opConfigureBound)
-		ops.fresh(t, "configure drain", must(t, "configure")(configure(s.c, t, inDrain, "c9", nil, tok{})).OperationId)
-		waitState(t, s.c, bound, stConfigured)
-		waitState(t, s.c, inDrain, stConfigured)
-		boundHost := get(t, s.c, bound).Host
+		ops.fresh(t, "configure drain", providertest.Must(t, "configure")(configure(s.c, t, inDrain, "c9", nil, tok{})).OperationId)
+		providertest.WaitState(t, s.c, bound, providertest.StConfigured, pollDeadline)
+		providertest.WaitState(t, s.c, inDrain, providertest.StConfigured, pollDeadline)
+		boundHost := providertest.Get(t, s.c, bound).Host
 		before := list(t, s.c, &pb.ListFilter{})
 
 		// Transitions in flight at the kill.
-		opInCreate := must(t, "create")(create(s.c, t, inCreate, tok{})).OperationId
+		opInCreate := providertest.Must(t, "create")(create(s.c, t, inCreate, tok{})).OperationId
 		ops.fresh(t, "in-flight create", opInCreate)
-		ops.fresh(t, "in-flight configure", must(t, "configure")(configure(s.c, t, inConfigure, "c2", map[string]string{"x": "y"}, tok{})).OperationId)
-		ops.fresh(t, "in-flight drain", must(t, "drain")(drain(s.c, t, inDrain, tok{})).OperationId)
-		ops.fresh(t, "in-flight delete", must(t, "delete")(del(s.c, t, inDelete, tok{})).OperationId)
+		ops.fresh(t, "in-flight configure", providertest.Must(t, "configure")(configure(s.c, t, inConfigure, "c2", map[string]string{"x": "y"}, tok{})).OperationId)
+		ops.fresh(t, "in-flight drain", providertest.Must(t, "drain")(drain(s.c, t, inDrain, tok{})).OperationId)
+		ops.fresh(t, "in-flight delete", providertest.Must(t, "delete")(del(s.c, t, inDelete, tok{})).OperationId)
 		for _, id := range []string{inCreate, inConfigure, inDrain, inDelete} {
-			if m := get(t, s.c, id); stable(m.State) {
+			if m := providertest.Get(t, s.c, id); stable(m.State) {
 				t.Logf("note: %s already settled (%v) before the kill", id, m.State)
 			}
 		}
 		s.Restart()
 
 		// Inventory: nothing lost or duplicated.
-		after := listAll(t, s.c)
+		after := providertest.ListAll(t, s.c)
 		if diff := cmp.Diff(ids(before.Machines), ids(after)); diff != "" {
 			t.Errorf("inventory changed across kill -9 (-before +after):\n%s", diff)
 		}
 		// Bindings and metadata.
-		m := get(t, s.c, bound)
-		if m.State != stConfigured || m.Cluster != "c1" {
+		m := providertest.Get(t, s.c, bound)
+		if m.State != providertest.StConfigured || m.Cluster != "c1" {
 			t.Errorf("bound machine after restart: %v cluster %q", m.State, m.Cluster)
 		}
 		if diff := protoDiff(md, m.ShardMetadata); diff != "" {
@@ -106,17 +107,17 @@ func TestRestartKill9(t *testing.T) {
 		}
 		// Interrupted transitions end stable: re-driven, or FAILED for
 		// Configure (the blob is never on disk).
-		waitState(t, s.c, inCreate, stIdle)
-		waitState(t, s.c, inDelete, stSpec)
+		providertest.WaitState(t, s.c, inCreate, providertest.StIdle, pollDeadline)
+		providertest.WaitState(t, s.c, inDelete, providertest.StSpeculative, pollDeadline)
 		// A drain whose command had already started in the guest is never
 		// run again: it ends FAILED (its outcome is unknown) instead.
-		if dm := waitSettled(t, s.c, inDrain); dm.State != stIdle && !(dm.State == stFailed && strings.Contains(dm.LastError, "never run twice")) {
+		if dm := waitSettled(t, s.c, inDrain); dm.State != providertest.StIdle && !(dm.State == providertest.StFailed && strings.Contains(dm.LastError, "never run twice")) {
 			t.Errorf("interrupted Drain ended %v last_error %q", dm.State, dm.LastError)
 		}
 		cm := waitSettled(t, s.c, inConfigure)
 		switch {
-		case cm.State == stFailed && cm.LastError != "":
-		case cm.State == stConfigured:
+		case cm.State == providertest.StFailed && cm.LastError != "":
+		case cm.State == providertest.StConfigured:
 			t.Logf("interrupted Configure had already finished before the kill")
 		default:
 			t.Errorf("interrupted Configure ended %v last_error %q, want FAILED with a last_error", cm.State, cm.LastError)
@@ -162,13 +163,13 @@ func TestRestartKill9(t *testing.T) {
 			}
 		}
 		// Fresh op ids never repeat pre-restart ones, across a second kill.
-		ops.fresh(t, "post-restart create", must(t, "create")(create(s.c, t, sp[6], tok{})).OperationId)
+		ops.fresh(t, "post-restart create", providertest.Must(t, "create")(create(s.c, t, sp[6], tok{})).OperationId)
 		s.Restart()
-		ops.fresh(t, "post-2nd-restart create", must(t, "create")(create(s.c, t, sp[7], tok{})).OperationId)
-		ops.fresh(t, "post-2nd-restart delete", must(t, "delete")(del(s.c, t, inCreate, tok{})).OperationId)
-		waitState(t, s.c, sp[6], stIdle)
-		waitState(t, s.c, sp[7], stIdle)
-		waitState(t, s.c, inCreate, stSpec)
+		ops.fresh(t, "post-2nd-restart create", providertest.Must(t, "create")(create(s.c, t, sp[7], tok{})).OperationId)
+		ops.fresh(t, "post-2nd-restart delete", providertest.Must(t, "delete")(del(s.c, t, inCreate, tok{})).OperationId)
+		providertest.WaitState(t, s.c, sp[6], providertest.StIdle, pollDeadline)
+		providertest.WaitState(t, s.c, sp[7], providertest.StIdle, pollDeadline)
+		providertest.WaitState(t, s.c, inCreate, providertest.StSpeculative, pollDeadline)
 		waitConverged(t, s)
 	})
 }
@@ -180,13 +181,13 @@ func TestSIGTERMFlushes(t *testing.T) {
 		sp := speculative(t, s.c, 3)
 		toConfigured(t, s.c, sp[0], "c1", map[string]string{"k": "v"})
 		toIdle(t, s.c, sp[1])
-		opIdle := must(t, "create")(create(s.c, t, sp[1], tok{"s", 3, 3})).OperationId
-		before := listAll(t, s.c)
+		opIdle := providertest.Must(t, "create")(create(s.c, t, sp[1], tok{"s", 3, 3})).OperationId
+		before := providertest.ListAll(t, s.c)
 		if code := s.Terminate(); code != 0 {
 			t.Fatalf("SIGTERM exit code %d, want 0\nstderr:\n%s", code, s.Output())
 		}
 		s.Launch()
-		if diff := protoDiff(before, listAll(t, s.c)); diff != "" {
+		if diff := protoDiff(before, providertest.ListAll(t, s.c)); diff != "" {
 			// Revision order is part of List; compare as sets by id.
 			t.Errorf("state after graceful restart (-before +after):\n%s", diff)
 		}
@@ -209,11 +210,11 @@ func TestKill9RightAfterSettle(t *testing.T) {
 		s := start(t, append(sh.args, "--seed-count", "4", "--state", state)...)
 		id := speculative(t, s.c, 1)[0]
 		toIdle(t, s.c, id)
-		host := get(t, s.c, id).Host
+		host := providertest.Get(t, s.c, id).Host
 		s.Restart()
 		for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
-			m := get(t, s.c, id)
-			if m.State != stIdle || protoDiff(host, m.Host) != "" {
+			m := providertest.Get(t, s.c, id)
+			if m.State != providertest.StIdle || protoDiff(host, m.Host) != "" {
 				t.Fatalf("IDLE machine after kill -9: %v host %v last_error %q, want IDLE on %v", m.State, m.Host, m.LastError, host)
 			}
 		}
@@ -231,7 +232,7 @@ func TestGuestCommandNeverRunsTwiceAcrossKill9(t *testing.T) {
 		s := start(t, append(sh.args, "--seed-count", "4", "--state", state, "--fake-latency", "1s", "--log-level", "info", "--fake-admin")...)
 		id := speculative(t, s.c, 1)[0]
 		toConfigured(t, s.c, id, "c1", nil)
-		op := must(t, "drain")(drain(s.c, t, id, tok{})).OperationId
+		op := providertest.Must(t, "drain")(drain(s.c, t, id, tok{})).OperationId
 		started := false
 		for end := time.Now().Add(pollDeadline); time.Now().Before(end) && !started; time.Sleep(5 * time.Millisecond) {
 			started = strings.Contains(s.Output(), "guest command starting") && strings.Contains(s.Output(), "exec-drain")
@@ -241,7 +242,7 @@ func TestGuestCommandNeverRunsTwiceAcrossKill9(t *testing.T) {
 		}
 		s.Restart()
 		m := waitSettled(t, s.c, id)
-		if m.State != stIdle {
+		if m.State != providertest.StIdle {
 			t.Errorf("drain interrupted after its command started ended %v %q, want IDLE", m.State, m.LastError)
 		}
 		if n := s.guest(id).drainRuns(op); n != 1 {
@@ -305,18 +306,18 @@ func TestKill9MidGuestCommandRunsItOnce(t *testing.T) {
 		state := filepath.Join(t.TempDir(), "state")
 		s := start(t, append(sh.args, "--seed-count", "4", "--state", state, "--fake-latency", "300ms", "--fake-admin")...)
 		id := speculative(t, s.c, 1)[0]
-		must(t, "create")(create(s.c, t, id, tok{}))
-		waitState(t, s.c, id, stIdle)
+		providertest.Must(t, "create")(create(s.c, t, id, tok{}))
+		providertest.WaitState(t, s.c, id, providertest.StIdle, pollDeadline)
 
 		// Kill -9 while the hook runs.
-		op := must(t, "configure")(configure(s.c, t, id, "c-kill", nil, tok{})).OperationId
+		op := providertest.Must(t, "configure")(configure(s.c, t, id, "c-kill", nil, tok{})).OperationId
 		waitGuest(t, s, func(g guestView) bool { return g.hookRuns(op) > 0 }, "the hook to start")
-		if m := get(t, s.c, id); m.State != stConfiguring {
+		if m := providertest.Get(t, s.c, id); m.State != providertest.StConfiguring {
 			t.Fatalf("the hook has started but the machine is already %v: the kill would not land mid-Configure", m.State)
 		}
 		s.Restart()
 		m := waitSettled(t, s.c, id)
-		if m.State != stConfigured || m.Cluster != "c-kill" {
+		if m.State != providertest.StConfigured || m.Cluster != "c-kill" {
 			t.Fatalf("Configure interrupted mid-hook ended %v (cluster %q, last_error %q); want CONFIGURED", m.State, m.Cluster, m.LastError)
 		}
 		if n := s.guest(id).hookRuns(op); n != 1 {
@@ -324,10 +325,10 @@ func TestKill9MidGuestCommandRunsItOnce(t *testing.T) {
 		}
 
 		// The same for a Drain.
-		op = must(t, "drain")(drain(s.c, t, id, tok{})).OperationId
+		op = providertest.Must(t, "drain")(drain(s.c, t, id, tok{})).OperationId
 		waitGuest(t, s, func(g guestView) bool { return g.drainRuns(op) > 0 }, "the drain to start")
 		s.Restart()
-		if m := waitSettled(t, s.c, id); m.State != stIdle {
+		if m := waitSettled(t, s.c, id); m.State != providertest.StIdle {
 			t.Fatalf("Drain interrupted mid-drain ended %v (last_error %q); want IDLE", m.State, m.LastError)
 		}
 		if n := s.guest(id).drainRuns(op); n != 1 {
@@ -339,7 +340,7 @@ func TestKill9MidGuestCommandRunsItOnce(t *testing.T) {
 // waitGuest polls the machine's simulated guest until ok.
 func waitGuest(t *testing.T, s *server, ok func(guestView) bool, what string) {
 	t.Helper()
-	ids := listAll(t, s.c, stConfiguring, stDraining)
+	ids := providertest.ListAll(t, s.c, providertest.StConfiguring, providertest.StDraining)
 	if len(ids) != 1 {
 		t.Fatalf("want one machine in a guest transition, have %d", len(ids))
 	}

@@ -103,7 +103,7 @@ func BenchmarkScale(b *testing.B) {
 				}
 				rssList = rssKiB(s.Pid()) / 1024
 
-				targets := ids(listAll(b, s.c, stSpec))[:200]
+				targets := ids(providertest.ListAll(b, s.c, providertest.StSpeculative))[:200]
 				lat := make([]time.Duration, 0, len(targets))
 				for _, id := range targets {
 					t0 := time.Now()

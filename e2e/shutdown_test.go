@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
 // A graceful stop (SIGTERM) refuses new mutations with UNAVAILABLE,
@@ -36,7 +37,7 @@ func TestGracefulStopFinishesQueuedWork(t *testing.T) {
 		s.AppendArgs("--fake-latency", "300ms")
 		s.Restart()
 		for _, id := range ids {
-			must(t, "configure")(configure(s.c, t, id, "c1", nil, tok{}))
+			providertest.Must(t, "configure")(configure(s.c, t, id, "c1", nil, tok{}))
 		}
 		c := s.c
 		s.Signal(syscall.SIGTERM)
@@ -74,7 +75,7 @@ func TestGracefulStopFinishesQueuedWork(t *testing.T) {
 		}
 		s.Launch()
 		failed := 0
-		for _, m := range listAll(t, s.c) {
+		for _, m := range providertest.ListAll(t, s.c) {
 			if m.State == pb.MachineState_MACHINE_STATE_FAILED {
 				failed++
 				t.Logf("%s FAILED: %s", m.Id, m.LastError)

@@ -62,13 +62,13 @@ func TestOfferingsShrink(t *testing.T) {
 		state := filepath.Join(dir, "state")
 		offerings := offeringsFile(t, sh, "on_demand", 4, nil)
 		s := start(t, append(sh.args, "--state", state, "--offerings", offerings)...)
-		all := ids(listAll(t, s.c))
+		all := ids(providertest.ListAll(t, s.c))
 		if len(all) != 4 {
 			t.Fatalf("want 4 slots, got %v", all)
 		}
 		kept, gone := all[3], all[2] // slots 003 (created) and 002 (speculative) fall off
 		toIdle(t, s.c, kept)
-		host := get(t, s.c, kept).Host
+		host := providertest.Get(t, s.c, kept).Host
 
 		b, _ := os.ReadFile(offerings)
 		os.WriteFile(offerings, []byte(strings.Replace(string(b), `"count":4`, `"count":2`, 1)), 0o644)
@@ -78,13 +78,13 @@ func TestOfferingsShrink(t *testing.T) {
 		}
 		s.Launch()
 
-		got := ids(listAll(t, s.c))
+		got := ids(providertest.ListAll(t, s.c))
 		want := []string{all[0], all[1], kept}
 		if strings.Join(got, ",") != strings.Join(want, ",") {
 			t.Errorf("after shrink: %v, want %v", got, want)
 		}
-		m := get(t, s.c, kept)
-		if m.State != stIdle || protoDiff(host, m.Host) != "" {
+		m := providertest.Get(t, s.c, kept)
+		if m.State != providertest.StIdle || protoDiff(host, m.Host) != "" {
 			t.Errorf("slotless machine: %v host %v, want IDLE on %v", m.State, m.Host, host)
 		}
 		checkShape(t, m, providerOf(sh))
@@ -94,14 +94,14 @@ func TestOfferingsShrink(t *testing.T) {
 		if _, err := get2(s, gone); status.Code(err) != codes.NotFound {
 			t.Errorf("removed SPECULATIVE slot %s: %v, want NotFound", gone, err)
 		}
-		must(t, "delete slotless")(del(s.c, t, kept, tok{}))
+		providertest.Must(t, "delete slotless")(del(s.c, t, kept, tok{}))
 		for end := time.Now().Add(pollDeadline); ; sleepPoll() {
 			m, err := get2(s, kept)
-			if status.Code(err) == codes.NotFound || (err == nil && m.State == stSpec) {
+			if status.Code(err) == codes.NotFound || (err == nil && m.State == providertest.StSpeculative) {
 				t.Logf("slotless machine after Delete: %v %v", m.GetState(), err)
 				break
 			}
-			if err != nil || m.State == stFailed || time.Now().After(end) {
+			if err != nil || m.State == providertest.StFailed || time.Now().After(end) {
 				t.Fatalf("slotless machine Delete: %v %v", m, err)
 			}
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/go-multierror"
 
 	"github.com/bigfleet-vm/provider/conffile"
+	"github.com/bigfleet-vm/provider/retry"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -173,6 +174,7 @@ func probe(ctx context.Context, endpoints []string, tlsCfg *tls.Config, timeout 
 		conns[i] = conn
 	}
 	last := make([]error, len(endpoints))
+	b := retry.EtcdConnect.Backoff()
 	for {
 		for i, conn := range conns {
 			actx, acancel := context.WithTimeout(ctx, time.Second)
@@ -197,7 +199,7 @@ func probe(ctx context.Context, endpoints []string, tlsCfg *tls.Config, timeout 
 				errs = multierror.Append(errs, fmt.Errorf("%s: %w", ep, last[i]))
 			}
 			return fmt.Errorf("connect to etcd: no member answered within %v: %w", timeout, errs)
-		case <-time.After(200 * time.Millisecond):
+		case <-time.After(b.Next()):
 		}
 	}
 }

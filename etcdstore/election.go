@@ -15,6 +15,8 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/bigfleet-vm/provider/retry"
 )
 
 // Election defaults and caps.
@@ -176,9 +178,11 @@ func (e *Elector) readIdentity(v []byte) string {
 // the last value and retries; it returns ctx's error.
 func (e *Elector) Observe(ctx context.Context, fn func(identity string)) error {
 	last, first := "", true
+	b := retry.EtcdRead.Backoff()
 	for {
 		resp, err := e.client.Get(ctx, e.pfx+"/", clientv3.WithFirstCreate()...)
 		if err == nil {
+			b.Reset()
 			cur := ""
 			if len(resp.Kvs) > 0 {
 				cur = e.readIdentity(resp.Kvs[0].Value)
@@ -202,7 +206,7 @@ func (e *Elector) Observe(ctx context.Context, fn func(identity string)) error {
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
-			case <-time.After(200 * time.Millisecond):
+			case <-time.After(b.Next()):
 			}
 		}
 	}
@@ -427,6 +431,7 @@ func (t *Term) watch(from int64) {
 			from = wr.Header.Revision + 1
 		}
 		cancel()
+		b := retry.EtcdRead.Backoff()
 		for t.ctx.Err() == nil {
 			gctx, gcancel := context.WithTimeout(t.ctx, time.Second)
 			resp, err := t.client.Get(gctx, t.key)
@@ -441,7 +446,7 @@ func (t *Term) watch(from int64) {
 			}
 			select {
 			case <-t.ctx.Done():
-			case <-time.After(200 * time.Millisecond):
+			case <-time.After(b.Next()):
 			}
 		}
 	}

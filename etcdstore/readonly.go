@@ -8,6 +8,8 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/bigfleet-vm/provider/retry"
 )
 
 // ReadOnly returns the document's key/value pairs under prefix as one
@@ -28,24 +30,23 @@ func ReadOnly(ctx context.Context, client *clientv3.Client, prefix string, pageS
 	}, nil)
 }
 
-// readRetrying runs read again (at most loadAttempts times in all) while
-// it fails because etcd compacted the revision it was reading; compacted,
-// if set, hears of each such failure.
+// readRetrying runs read again (at most retry.EtcdCompacted.Attempts
+// times in all) while it fails because etcd compacted the revision it
+// was reading; compacted, if set, hears of each such failure.
 func readRetrying(read func() (map[string][]byte, error), compacted func(error)) (map[string][]byte, error) {
-	var err error
-	for range loadAttempts {
-		var m map[string][]byte
-		if m, err = read(); err == nil {
-			return m, nil
-		}
+	m, err := retry.Value(context.Background(), retry.EtcdCompacted, func(err error) bool {
 		if !errors.Is(err, rpctypes.ErrCompacted) {
-			return nil, err
+			return false
 		}
 		if compacted != nil {
 			compacted(err)
 		}
+		return true
+	}, func(context.Context) (map[string][]byte, error) { return read() })
+	if err != nil {
+		return nil, err
 	}
-	return nil, err
+	return m, nil
 }
 
 // firstPage reads the first page of a cut; it returns the page and the

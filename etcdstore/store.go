@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/bigfleet-vm/provider/kv"
+	"github.com/bigfleet-vm/provider/retry"
 )
 
 // Op is one change: a put of Value under Key, or a delete of Key.
@@ -39,9 +40,6 @@ const (
 	opOverhead = 32
 	// stateDir holds the document's keys under the prefix.
 	stateDir = "/state/"
-	// loadAttempts bounds how often Load restarts when compaction
-	// overtakes its revision.
-	loadAttempts = 3
 )
 
 var (
@@ -635,14 +633,20 @@ func (s *Store) retry(n int, txn func(context.Context) (*clientv3.TxnResponse, e
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(s.term.Context()), s.opts.TxnTimeout)
 	defer cancel()
-	backoff := 25 * time.Millisecond
-	for attempt := 1; ; attempt++ {
+	attempt := 0
+	p := retry.EtcdTxn
+	p.Before = func() error {
 		if err := s.term.Err(); err != nil {
-			if attempt > 1 {
-				return nil, fmt.Errorf("commit %d ops (outcome unknown): %w", n, err)
+			if attempt > 0 {
+				return fmt.Errorf("commit %d ops (outcome unknown): %w", n, err)
 			}
-			return nil, fmt.Errorf("commit %d ops: %w", n, err)
+			return fmt.Errorf("commit %d ops: %w", n, err)
 		}
+		return nil
+	}
+	var final error // an error no retry may follow, already worded
+	resp, err := retry.Value(ctx, p, func(error) bool { return final == nil }, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		attempt++
 		actx, acancel := context.WithTimeout(ctx, s.opts.AttemptTimeout)
 		resp, err := txn(actx)
 		timedOut := actx.Err() != nil && ctx.Err() == nil
@@ -651,18 +655,24 @@ func (s *Store) retry(n int, txn func(context.Context) (*clientv3.TxnResponse, e
 			return resp, nil
 		}
 		if cause := context.Cause(s.term.Context()); cause != nil {
-			return nil, fmt.Errorf("commit %d ops: leadership ended with the txn in flight, outcome unknown: %w", n, cause)
+			final = fmt.Errorf("commit %d ops: leadership ended with the txn in flight, outcome unknown: %w", n, cause)
+			return nil, final
 		}
 		if ctx.Err() != nil || !(timedOut || retryable(err)) {
-			return nil, fmt.Errorf("commit %d ops (attempt %d, %v after the first; outcome unknown): %w", n, attempt, time.Since(start).Round(time.Millisecond), err)
+			final = fmt.Errorf("commit %d ops (attempt %d, %v after the first; outcome unknown): %w", n, attempt, time.Since(start).Round(time.Millisecond), err)
+			return nil, final
 		}
 		s.log.Debug("etcd txn failed; retrying", "err", err)
-		select {
-		case <-ctx.Done():
-		case <-time.After(backoff):
+		return nil, err
+	})
+	if err != nil && final == nil && retry.Last(err) != nil {
+		// The wait between two attempts ended: the term or TxnTimeout.
+		if terr := p.Before(); terr != nil {
+			return nil, terr
 		}
-		backoff = min(2*backoff, 500*time.Millisecond)
+		return nil, fmt.Errorf("commit %d ops (attempt %d, %v after the first; outcome unknown): %w", n, attempt, time.Since(start).Round(time.Millisecond), err)
 	}
+	return resp, err
 }
 
 // refused explains a txn whose compares failed: an earlier attempt of the

@@ -11,14 +11,16 @@
 //
 // Where things are: hypervisors.go (Shape, Target, the interfaces the
 // executor drives), steps.go (the step vocabulary), exec.go (a guest
-// command's result), optional.go (optional interfaces and Find), events.go
+// command's result), optional.go (optional interfaces, Capabilities and Find), events.go
 // (change events), errors.go (error classes, Retryable).
 //
 // Invariants:
 //   - No go-libvirt or go-proxmox type crosses this package's API.
 //   - An adapter implements Hypervisor and the steps of exactly its shape;
-//     a step of the other shape is the executor's ErrUnsupported. Wrappers
-//     offer what they wrap, reachable with Find.
+//     a step of the other shape is the executor's ErrUnsupported.
+//   - A wrapper is one type whatever it wraps: it declares its optional
+//     parts (Capabilities: passed through, or replaced by its own), and
+//     Find and CapabilitiesOf read them; no type per combination.
 //   - The marker (observed.Marker) is the only proof of ownership; a name
 //     alone never is.
 package hypervisors

@@ -1,14 +1,16 @@
 package hypervisors
 
 import (
+	"cmp"
 	"context"
+	"time"
 
 	"github.com/bigfleet-vm/provider/observed"
 )
 
 // The optional interfaces: what an adapter may offer beyond Hypervisor.
 // A consumer holding a hypervisor that may be wrapped (instrumentation)
-// reaches them with Find. EventSource is with the events it delivers.
+// reaches them with Find, or all at once with CapabilitiesOf. EventSource is with the events it delivers.
 
 // HealthReporter is implemented by adapters that track per-zone
 // connection health; it feeds /readyz detail and metrics.
@@ -25,19 +27,55 @@ type VolumeReader interface {
 	ReadVolumes(ctx context.Context, zone, pool string, names []string) ([]*observed.Volume, error)
 }
 
-// Unwrapper is implemented by wrappers (instrumentation) around an adapter.
-type Unwrapper interface {
-	Unwrap() Hypervisor
+// RPCReporter is implemented by adapters that report the RPCs their
+// operations make (libvirt): observe is called once per RPC.
+type RPCReporter interface {
+	ObserveRPCs(observe func(zone, procedure string, d time.Duration, err error))
 }
 
-// Find returns the first hypervisor in hv's wrapper chain that implements
-// T: how consumers reach a shape's steps or an optional interface through
-// instrumentation. A wrapper that implements T itself (to instrument it)
-// is found before what it wraps.
-func Find[T any](hv Hypervisor) (T, bool) {
+// Capabilities are a hypervisor's optional parts, one field each; nil
+// means absent. A wrapper declares them (Capable) instead of being one
+// type per combination of the parts it wraps: it passes a part through,
+// or replaces it with its own (instrumentation counts the shape steps).
+type Capabilities struct {
+	Libvirt LibvirtSteps   // the libvirt shape's steps
+	Proxmox ProxmoxSteps   // the Proxmox shape's steps
+	Health  HealthReporter // per-zone connection health
+	Events  EventSource    // change events
+	Volumes VolumeReader   // direct volume reads
+	RPCs    RPCReporter    // per-RPC timings
+}
+
+// Capable is a hypervisor that declares its Capabilities (wrappers do).
+type Capable interface {
+	Capabilities() Capabilities
+}
+
+// CapabilitiesOf returns hv's optional parts: those it declares if it is
+// Capable, else those it implements, completed (for a part still absent)
+// by what an Unwrapper wraps.
+func CapabilitiesOf(hv Hypervisor) Capabilities {
+	var c Capabilities
 	for hv != nil {
-		if t, ok := hv.(T); ok {
-			return t, true
+		var got Capabilities
+		if cp, ok := hv.(Capable); ok {
+			got = cp.Capabilities()
+		} else {
+			got.Libvirt, _ = hv.(LibvirtSteps)
+			got.Proxmox, _ = hv.(ProxmoxSteps)
+			got.Health, _ = hv.(HealthReporter)
+			got.Events, _ = hv.(EventSource)
+			got.Volumes, _ = hv.(VolumeReader)
+			got.RPCs, _ = hv.(RPCReporter)
+		}
+		c.Libvirt = cmp.Or(c.Libvirt, got.Libvirt)
+		c.Proxmox = cmp.Or(c.Proxmox, got.Proxmox)
+		c.Health = cmp.Or(c.Health, got.Health)
+		c.Events = cmp.Or(c.Events, got.Events)
+		c.Volumes = cmp.Or(c.Volumes, got.Volumes)
+		c.RPCs = cmp.Or(c.RPCs, got.RPCs)
+		if _, ok := hv.(Capable); ok {
+			break
 		}
 		u, ok := hv.(Unwrapper)
 		if !ok {
@@ -45,6 +83,52 @@ func Find[T any](hv Hypervisor) (T, bool) {
 		}
 		hv = u.Unwrap()
 	}
+	return c
+}
+
+// Unwrapper is implemented by wrappers that pass every optional part of
+// what they wrap through untouched (test doubles); a wrapper that
+// changes a part is Capable instead.
+type Unwrapper interface {
+	Unwrap() Hypervisor
+}
+
+// Find returns hv's optional part T: one of the Capabilities' interfaces,
+// through CapabilitiesOf (so a wrapper's own version of a part, e.g. the
+// instrumented steps, is the one found); any other interface T is looked
+// for along the Unwrapper chain.
+func Find[T any](hv Hypervisor) (T, bool) {
 	var zero T
-	return zero, false
+	var part any
+	switch any(&zero).(type) {
+	case *LibvirtSteps:
+		part = CapabilitiesOf(hv).Libvirt
+	case *ProxmoxSteps:
+		part = CapabilitiesOf(hv).Proxmox
+	case *HealthReporter:
+		part = CapabilitiesOf(hv).Health
+	case *EventSource:
+		part = CapabilitiesOf(hv).Events
+	case *VolumeReader:
+		part = CapabilitiesOf(hv).Volumes
+	case *RPCReporter:
+		part = CapabilitiesOf(hv).RPCs
+	default:
+		for hv != nil {
+			if t, ok := hv.(T); ok {
+				return t, true
+			}
+			u, ok := hv.(Unwrapper)
+			if !ok {
+				break
+			}
+			hv = u.Unwrap()
+		}
+		return zero, false
+	}
+	if part == nil {
+		return zero, false
+	}
+	t, ok := part.(T)
+	return t, ok
 }

@@ -10,66 +10,41 @@ import (
 )
 
 // Instrument wraps a hypervisor so every call is counted and timed by
-// operation and outcome. The wrapper offers the shape steps
-// (hypervisors.LibvirtSteps, hypervisors.ProxmoxSteps) exactly when hv
-// does, instrumented too, so hypervisors.Find reaches them through it; the
-// other optional interfaces (events, volume reads) are reached through
-// Unwrap.
+// operation and outcome. It is one type whatever the adapter offers: its
+// Capabilities are the adapter's, with the shape steps (when the adapter
+// has them) replaced by counted ones, so hypervisors.Find reaches them
+// through the wrapper; health, events and volume reads pass through
+// uncounted; the adapter's RPC reports are subscribed to here, once.
 func Instrument(hv hypervisors.Hypervisor, m *Metrics) hypervisors.Hypervisor {
 	if m == nil {
 		return hv
 	}
-	i := &instrumented{hv: hv, m: m}
-	if r, ok := hv.(rpcReporter); ok {
-		r.ObserveRPCs(m.HypervisorRPC)
+	i := &instrumented{hv: hv, m: m, caps: hypervisors.CapabilitiesOf(hv)}
+	if i.caps.RPCs != nil {
+		i.caps.RPCs.ObserveRPCs(m.HypervisorRPC)
+		i.caps.RPCs = nil // taken: a second subscriber would replace this one
 	}
-	lv, isLibvirt := hypervisors.Find[hypervisors.LibvirtSteps](hv)
-	px, isProxmox := hypervisors.Find[hypervisors.ProxmoxSteps](hv)
-	switch {
-	case isLibvirt && isProxmox:
-		return &instrumentedBoth{i, libvirtSteps{i, lv}, proxmoxSteps{i, px}}
-	case isLibvirt:
-		return &instrumentedLibvirt{i, libvirtSteps{i, lv}}
-	case isProxmox:
-		return &instrumentedProxmox{i, proxmoxSteps{i, px}}
+	if i.caps.Libvirt != nil {
+		i.caps.Libvirt = libvirtSteps{i, i.caps.Libvirt}
+	}
+	if i.caps.Proxmox != nil {
+		i.caps.Proxmox = proxmoxSteps{i, i.caps.Proxmox}
 	}
 	return i
 }
 
-// rpcReporter is an adapter that reports the RPCs its operations make
-// (the libvirt adapter).
-type rpcReporter interface {
-	ObserveRPCs(func(zone, procedure string, d time.Duration, err error))
-}
-
-// instrumented wraps the common operations; the instrumented* types add
-// the steps of the shapes the wrapped hypervisor has.
+// instrumented counts the common operations and, through its
+// Capabilities, the shape steps.
 type instrumented struct {
-	hv hypervisors.Hypervisor
-	m  *Metrics
-}
-
-type instrumentedLibvirt struct {
-	*instrumented
-	libvirtSteps
-}
-
-type instrumentedProxmox struct {
-	*instrumented
-	proxmoxSteps
-}
-
-type instrumentedBoth struct {
-	*instrumented
-	libvirtSteps
-	proxmoxSteps
+	hv   hypervisors.Hypervisor
+	m    *Metrics
+	caps hypervisors.Capabilities
 }
 
 var (
-	_ hypervisors.LibvirtSteps = (*instrumentedLibvirt)(nil)
-	_ hypervisors.ProxmoxSteps = (*instrumentedProxmox)(nil)
-	_ hypervisors.LibvirtSteps = (*instrumentedBoth)(nil)
-	_ hypervisors.ProxmoxSteps = (*instrumentedBoth)(nil)
+	_ hypervisors.Capable      = (*instrumented)(nil)
+	_ hypervisors.LibvirtSteps = libvirtSteps{}
+	_ hypervisors.ProxmoxSteps = proxmoxSteps{}
 )
 
 // libvirtSteps and proxmoxSteps forward to the steps found behind the
@@ -88,20 +63,12 @@ func (i *instrumented) done(op, zone string, start time.Time, err error) {
 	i.m.HypervisorCall(op, zone, err, time.Since(start))
 }
 
-// Unwrap returns the wrapped hypervisor.
-func (i *instrumented) Unwrap() hypervisors.Hypervisor { return i.hv }
+// Capabilities implements hypervisors.Capable.
+func (i *instrumented) Capabilities() hypervisors.Capabilities { return i.caps }
 
 func (i *instrumented) Shape() hypervisors.Shape { return i.hv.Shape() }
 func (i *instrumented) Zones() []string          { return i.hv.Zones() }
 func (i *instrumented) Close() error             { return i.hv.Close() }
-
-// ZoneHealth forwards to the wrapped hypervisor when it reports health.
-func (i *instrumented) ZoneHealth() map[string]error {
-	if h, ok := i.hv.(hypervisors.HealthReporter); ok {
-		return h.ZoneHealth()
-	}
-	return nil
-}
 
 func (i *instrumented) Observe(ctx context.Context, zone string) (z *observed.Zone, err error) {
 	start := time.Now()

@@ -66,9 +66,11 @@ type bothShapes struct {
 // commonOnly offers only the common interface.
 type commonOnly struct{ hypervisors.Hypervisor }
 
-// An instrumented adapter offers, through hypervisors.Find, exactly the
-// shape steps and optional interfaces the adapter has, and its shape steps
-// are counted: the executor finds them on the wrapper, not behind it.
+// An instrumented adapter offers, through its Capabilities and
+// hypervisors.Find, exactly the shape steps and optional interfaces the
+// adapter has, and its shape steps are counted: the executor finds them
+// on the wrapper, not behind it. One wrapper type serves every
+// combination.
 func TestInstrumentForwardsShapes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -113,8 +115,8 @@ func TestInstrumentForwardsShapes(t *testing.T) {
 		{"both shapes", bothShapes{fakeLv, fakePx},
 			map[string]bool{"libvirt": true, "proxmox": true, "volumes": true, "health": true},
 			[]func(hypervisors.Hypervisor){deleteVolume("fake-a"), deleteVM("fake-a")}, []string{"delete_volume", "delete_vm"}},
-		// The wrapper always reports health (nil without a source).
-		{"common interface only", commonOnly{fakeLv}, map[string]bool{"health": true}, nil, nil},
+		// The wrapper offers no part the adapter lacks.
+		{"common interface only", commonOnly{fakeLv}, map[string]bool{}, nil, nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -134,6 +136,17 @@ func TestInstrumentForwardsShapes(t *testing.T) {
 			}
 			if d := cmp.Diff(tc.offers, offers); d != "" {
 				t.Errorf("interfaces offered (-want +got):\n%s", d)
+			}
+			caps := hypervisors.CapabilitiesOf(w)
+			declared := map[string]bool{}
+			for name, part := range map[string]any{"libvirt": caps.Libvirt, "proxmox": caps.Proxmox,
+				"events": caps.Events, "volumes": caps.Volumes, "health": caps.Health} {
+				if part != nil {
+					declared[name] = true
+				}
+			}
+			if d := cmp.Diff(tc.offers, declared); d != "" {
+				t.Errorf("Capabilities of the wrapper (-want +got):\n%s", d)
 			}
 			if es, ok := hypervisors.Find[hypervisors.EventSource](w); ok {
 				raw, _ := tc.hv.(hypervisors.EventSource)

@@ -24,6 +24,7 @@ import (
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
 	"github.com/bigfleet-vm/provider/config"
+	"github.com/bigfleet-vm/provider/internal/providertest"
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/server"
 )
@@ -201,20 +202,17 @@ func (h *harness) state(id string) (*pb.Machine, error) {
 	return h.client.Get(ctx, &pb.MachineRef{Id: id})
 }
 
+// waitState waits until machine id is in want; a machine not there yet
+// (an orphan before its adoption) is waited for too.
 func (h *harness) waitState(id string, want pb.MachineState) *pb.Machine {
 	h.t.Helper()
-	var m *pb.Machine
-	h.eventually(id+" reaches "+want.String(), func() error {
-		var err error
-		if m, err = h.state(id); err != nil {
-			return err
+	return providertest.WaitFor(h.t, func() *pb.Machine {
+		m, err := h.state(id)
+		if err != nil {
+			return &pb.Machine{Id: id, LastError: err.Error()}
 		}
-		if m.GetState() != want {
-			return fmt.Errorf("state %s (last_error %q)", m.GetState(), m.GetLastError())
-		}
-		return nil
-	})
-	return m
+		return m
+	}, id, want, 20*time.Second)
 }
 
 func (h *harness) create(id string) {

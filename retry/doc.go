@@ -1,10 +1,25 @@
-// Package retry is the provider's one retry policy: how long to wait
-// between attempts (exponential, jittered, capped), which attempts are
-// made again (the caller's classifier says), and when to stop (the
-// context, or an attempt cap). The schedule is
-// github.com/cenkalti/backoff/v5's exponential backoff with a hard cap.
+// Package retry is where every retry and poll loop of the provider gets
+// its schedule: how long to wait between attempts (exponential,
+// jittered, capped), which attempts are made again (the caller's
+// classifier says), and when to stop (the context, or an attempt cap).
+// The schedule is github.com/cenkalti/backoff/v5's exponential backoff
+// with a hard cap.
+//
+// Each loop has its own named policy, and every policy is listed in
+// policies.go (Named returns them): Step (the executor's step retries),
+// Poll (tasks, guest processes, a domain shutting down), Reconnect
+// (hypervisor connections), Takeover (an HA replica that cannot lead),
+// EtcdTxn (etcdstore's transaction re-sends), EtcdConnect (the first
+// etcd status probe), EtcdRead (Elector.Observe, a term re-reading its
+// key), EtcdCompacted (a consistent read overtaken by compaction),
+// StateRead (statefile.ReadOnly), Relock (statefile's journal locks) and
+// VMIDCollision (a Proxmox clone whose VMID was taken). A loop with its
+// own time.Sleep or time.After schedule is a defect: add a policy here.
 //
 // Invariants:
+//   - Every named policy is bounded twice: no wait exceeds its Max, and
+//     its loop ends after Attempts or with the deadline of its caller's
+//     context (policies.go says which; TestNamedPoliciesAreBounded).
 //   - No single wait exceeds Policy.Max, jitter included, and no wait
 //     outlives the context: a done context ends Do at once with an error
 //     that matches the context's error and names the last failure.

@@ -32,29 +32,6 @@ type Policy struct {
 	Before func() error
 }
 
-// The provider's policies. Step and Poll are bounded by the caller's
-// context (a transition deadline); Reconnect runs for as long as a
-// connection is wanted and is Reset when a dial succeeds.
-var (
-	// Step paces the executor's retries of a step that failed with a
-	// retryable error class.
-	Step = Policy{Initial: 100 * time.Millisecond, Max: 2 * time.Second}
-	// Poll paces polling a hypervisor task or a guest process until it
-	// ends (progress checks, not retries of a failed request).
-	Poll = Policy{Initial: 100 * time.Millisecond, Max: 2 * time.Second}
-	// Reconnect paces redialling a lost hypervisor connection: quick at
-	// first, never more than a few seconds apart, so a host that comes
-	// back is used again soon.
-	Reconnect = Policy{Initial: 200 * time.Millisecond, Max: 2 * time.Second}
-	// Takeover paces a high-availability replica that cannot lead: its
-	// campaign failed, or it was elected but could not open the state (a
-	// damaged record, etcd refusing reads) and resigned. The wait doubles
-	// up to half a minute, so a replica that cannot open the state stops
-	// re-electing itself several times a second and leaves the election
-	// to the others; it is Reset only once a term opened.
-	Takeover = Policy{Initial: 500 * time.Millisecond, Max: 30 * time.Second}
-)
-
 func (p Policy) withDefaults() Policy {
 	if p.Initial <= 0 {
 		p.Initial = 100 * time.Millisecond

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -211,9 +212,9 @@ func FuzzRecover(f *testing.F) {
 	snap4 := v2Snapshot(4, emptyJournal(4), "m/b", "22", "m/e", "", "m/f", `{"n":6}`)
 	f.Add(snap4, v1Journal2, v1Next3, []byte{}, byte(7))
 	f.Add(snap4, v1Journal2, v2Journal(4), []byte{}, byte(7))
-	old := readOnlyBackoff
-	readOnlyBackoff = 0
-	f.Cleanup(func() { readOnlyBackoff = old })
+	old := readOnlyPolicy
+	readOnlyPolicy.Initial, readOnlyPolicy.Max = time.Nanosecond, time.Nanosecond
+	f.Cleanup(func() { readOnlyPolicy = old })
 	f.Fuzz(func(t *testing.T, snap, journal, next, mark []byte, present byte) {
 		if len(snap)+len(journal)+len(next)+len(mark) > 1<<18 {
 			return
@@ -312,9 +313,9 @@ func FuzzDamage(f *testing.F) {
 	f.Add([]byte("abcdefgh"), uint8(3), uint32(200), []byte{}, true)
 	f.Add([]byte("a\x00b\x01c\x02d"), uint8(255), uint32(90), []byte{1, 2, 3}, false)
 	f.Add([]byte("zz"), uint8(0), uint32(0), []byte{}, true)
-	old := readOnlyBackoff
-	readOnlyBackoff = 0
-	f.Cleanup(func() { readOnlyBackoff = old })
+	old := readOnlyPolicy
+	readOnlyPolicy.Initial, readOnlyPolicy.Max = time.Nanosecond, time.Nanosecond
+	f.Cleanup(func() { readOnlyPolicy = old })
 	f.Fuzz(func(t *testing.T, script []byte, compactAfter uint8, at uint32, xor []byte, cut bool) {
 		if len(script) > 64 || len(xor) > 64 {
 			return

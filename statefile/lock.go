@@ -1,11 +1,14 @@
 package statefile
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"syscall"
+
+	"github.com/bigfleet-vm/provider/retry"
 )
 
 // lockFile takes an exclusive flock(2) on f without waiting; ErrLocked
@@ -39,17 +42,16 @@ func lockFile(f *os.File) error {
 // replaced between open and lock is noticed (the path names another file)
 // and locked again. Absent journals come back nil.
 func lockJournals(p paths) (journal, next *os.File, err error) {
-	const attempts = 10
-	for range attempts {
-		var held [2]*os.File
+	type held [2]*os.File
+	h, err := retry.Value(context.Background(), retry.Relock, func(err error) bool { return errors.Is(err, errReplaced) }, func(context.Context) (held, error) {
+		var h held
 		release := func() {
-			for _, f := range held {
+			for _, f := range h {
 				if f != nil {
 					f.Close()
 				}
 			}
 		}
-		replaced := false
 		for i, path := range []string{p.journal, p.next} {
 			f, err := os.OpenFile(path, os.O_RDWR, 0)
 			if errors.Is(err, fs.ErrNotExist) {
@@ -57,33 +59,39 @@ func lockJournals(p paths) (journal, next *os.File, err error) {
 			}
 			if err != nil {
 				release()
-				return nil, nil, fmt.Errorf("open %s: %w", path, err)
+				return held{}, fmt.Errorf("open %s: %w", path, err)
 			}
-			held[i] = f
+			h[i] = f
 			if err := lockFile(f); err != nil {
 				release()
 				if errors.Is(err, ErrLocked) {
-					return nil, nil, fmt.Errorf("journal %s is locked by another writer: %w", path, ErrLocked)
+					return held{}, fmt.Errorf("journal %s is locked by another writer: %w", path, ErrLocked)
 				}
-				return nil, nil, fmt.Errorf("lock %s: %w", path, err)
+				return held{}, fmt.Errorf("lock %s: %w", path, err)
 			}
 			same, err := names(path, f)
 			if err != nil {
 				release()
-				return nil, nil, err
+				return held{}, err
 			}
 			if !same {
-				replaced = true
-				break
+				release()
+				return held{}, errReplaced
 			}
 		}
-		if !replaced {
-			return held[0], held[1], nil
-		}
-		release()
+		return h, nil
+	})
+	if errors.Is(err, errReplaced) {
+		return nil, nil, fmt.Errorf("journals %s kept being replaced while locking them: %w", p.journal, ErrLocked)
 	}
-	return nil, nil, fmt.Errorf("journals %s kept being replaced while locking them: %w", p.journal, ErrLocked)
+	if err != nil {
+		return nil, nil, err
+	}
+	return h[0], h[1], nil
 }
+
+// errReplaced is a journal replaced between open and lock: lock again.
+var errReplaced = errors.New("journal replaced while locking it")
 
 // names reports whether path still names the open file f.
 func names(path string, f *os.File) (bool, error) {

@@ -8,8 +8,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/bigfleet-vm/provider/retry"
 )
 
 // TestReadOnlyWhileWriting reads the state without the lock while a writer
@@ -195,6 +198,39 @@ func TestReadOnlyRacingCompaction(t *testing.T) {
 	want := bytesMap(map[string]string{"m/a": "1", "m/b": "acked in the next journal"})
 	if diff := cmp.Diff(want, got.state, asStrings); diff != "" {
 		t.Errorf("ReadOnly (-want +got):\n%s", diff)
+	}
+	mustClose(t, f)
+}
+
+// TestReadOnlyBoundedByItsPolicy: files replaced under every read (a
+// compaction each time) make ReadOnly give up after exactly
+// retry.StateRead's attempts, not loop.
+func TestReadOnlyBoundedByItsPolicy(t *testing.T) {
+	old := readOnlyPolicy
+	readOnlyPolicy.Initial, readOnlyPolicy.Max = time.Nanosecond, time.Nanosecond
+	defer func() { readOnlyPolicy = old }()
+	path := statePath(t)
+	f := mustOpen(t, path, Options{CompactBytes: -1})
+	mustApply(t, f, put("m/a", "1"))
+	reads := 0
+	testHook = func(step string) {
+		if step != "opened-journal" {
+			return
+		}
+		reads++
+		mustApply(t, f, put("m/a", fmt.Sprint(reads)))
+		if err := f.compactNow(context.Background()); err != nil {
+			t.Errorf("compact: %v", err)
+		}
+	}
+	_, err := ReadOnly(path)
+	testHook = nil
+	want := retry.StateRead.Attempts
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("gave up after %d attempts: files were replaced", want)) {
+		t.Errorf("ReadOnly = %v, want it to give up after %d attempts", err, want)
+	}
+	if reads != want {
+		t.Errorf("ReadOnly read %d times, want %d (retry.StateRead.Attempts)", reads, want)
 	}
 	mustClose(t, f)
 }

@@ -3,6 +3,7 @@ package statefile
 import (
 	"bytes"
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -13,7 +14,8 @@ import (
 	"slices"
 	"strings"
 	"syscall"
-	"time"
+
+	"github.com/bigfleet-vm/provider/retry"
 )
 
 // paths names the files of one state; see doc.go.
@@ -866,12 +868,13 @@ func ReadOnly(path string) (map[string][]byte, error) {
 		return nil, fmt.Errorf("read state %q: %w", path, err)
 	}
 	p := pathsFor(path)
-	const attempts = 50
-	var lastErr error
-	for attempt := range attempts {
-		if attempt > 0 {
-			time.Sleep(time.Duration(attempt) * readOnlyBackoff)
-		}
+	policy := readOnlyPolicy
+	attempt := 0
+	state, err := retry.Value(context.Background(), policy, func(err error) bool {
+		var again *readAgain
+		return errors.As(err, &again)
+	}, func(context.Context) (map[string][]byte, error) {
+		attempt++
 		o, err := openAll(p)
 		if err != nil {
 			return nil, fmt.Errorf("read state %s: %w", path, err)
@@ -883,25 +886,32 @@ func ReadOnly(path string) (map[string][]byte, error) {
 		case serr != nil:
 			return nil, fmt.Errorf("read state %s: %w", path, serr)
 		case !same:
-			lastErr = errors.New("files were replaced while reading")
-			continue
+			return nil, &readAgain{errors.New("files were replaced while reading")}
 		case errors.Is(err, errNoState):
 			return nil, fmt.Errorf("read state %s: %w", path, fs.ErrNotExist)
-		case errors.Is(err, ErrCorrupt) && attempt < 3:
+		case errors.Is(err, ErrCorrupt) && attempt <= 3:
 			// A writer's Open truncates a torn tail in place; give it a
 			// moment before believing the damage.
-			lastErr = err
-			continue
+			return nil, &readAgain{err}
 		case err != nil:
 			return nil, fmt.Errorf("read state %s: %w", path, err)
 		}
 		return ld.state, nil
+	})
+	if again := (*readAgain)(nil); errors.As(err, &again) {
+		return nil, fmt.Errorf("read state %s: gave up after %d attempts: %w", path, attempt, again.err)
 	}
-	return nil, fmt.Errorf("read state %s: gave up after %d attempts: %w", path, attempts, lastErr)
+	return state, err
 }
 
-// readOnlyBackoff is the unit of ReadOnly's growing pause between reads.
-var readOnlyBackoff = time.Millisecond
+// readAgain is a read of ReadOnly that another may get right.
+type readAgain struct{ err error }
+
+func (e *readAgain) Error() string { return e.err.Error() }
+
+// readOnlyPolicy paces ReadOnly's reads (retry.StateRead; tests make it
+// faster).
+var readOnlyPolicy = retry.StateRead
 
 // fileErr reports err from op on the file at path. A journal keeps its
 // descriptor across renames, so the name it was opened under (which

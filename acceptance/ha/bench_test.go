@@ -74,7 +74,7 @@ func benchReplicas(b *testing.B) *replicaSet {
 				b.Fatalf("no replica of %d machines leads after %v", benchMachines, benchStartWait)
 			}
 		}
-		benchPool.ids = ids(s.list(b, stSpec))
+		benchPool.ids = ids(s.list(b, providertest.StSpeculative))
 		benchSet = s
 	})
 	if benchSet == nil {

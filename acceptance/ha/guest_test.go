@@ -17,6 +17,7 @@ import (
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
 	"github.com/bigfleet-vm/provider/internal/etcdtest"
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
 // Shape of the guest-command chaos: one client per machine cycles it
@@ -121,9 +122,9 @@ func (c *guestClient) transition(kind, cluster string) bool {
 	c.l.mu.Lock()
 	c.l.current[c.id] = f
 	c.l.mu.Unlock()
-	target := stConfigured
+	target := providertest.StConfigured
 	if kind == "drain" {
-		target = stIdle
+		target = providertest.StIdle
 	}
 	deadline := time.Now().Add(settleWait)
 	for {
@@ -136,7 +137,7 @@ func (c *guestClient) transition(kind, cluster string) bool {
 		case m.State == target:
 			c.settled(f, "ok")
 			return true
-		case m.State == stFailed:
+		case m.State == providertest.StFailed:
 			c.settled(f, m.LastError)
 			if !strings.Contains(m.LastError, blobNeverDelivered) {
 				c.l.mu.Lock()
@@ -200,7 +201,7 @@ func TestFailoverMidGuestCommands(t *testing.T) {
 			s := startSet(t, c, "/ha/guest-"+sh.name, 2, args...)
 			s.waitLeader(t)
 			var ids []string
-			for _, m := range s.list(t, stSpec) {
+			for _, m := range s.list(t, providertest.StSpeculative) {
 				ids = append(ids, m.Id)
 			}
 			for _, m := range ids {
@@ -212,7 +213,7 @@ func TestFailoverMidGuestCommands(t *testing.T) {
 				}
 			}
 			for _, m := range ids {
-				for deadline := time.Now().Add(settleWait); s.get(t, m).State != stIdle; time.Sleep(loadPoll) {
+				for deadline := time.Now().Add(settleWait); s.get(t, m).State != providertest.StIdle; time.Sleep(loadPoll) {
 					if time.Now().After(deadline) {
 						t.Fatalf("%s never IDLE", m)
 					}

@@ -21,20 +21,10 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
-const (
-	stSpec        = pb.MachineState_MACHINE_STATE_SPECULATIVE
-	stCreating    = pb.MachineState_MACHINE_STATE_CREATING
-	stIdle        = pb.MachineState_MACHINE_STATE_IDLE
-	stConfiguring = pb.MachineState_MACHINE_STATE_CONFIGURING
-	stConfigured  = pb.MachineState_MACHINE_STATE_CONFIGURED
-	stDraining    = pb.MachineState_MACHINE_STATE_DRAINING
-	stDeleting    = pb.MachineState_MACHINE_STATE_DELETING
-	stFailed      = pb.MachineState_MACHINE_STATE_FAILED
-)
-
-var transitional = []pb.MachineState{stCreating, stConfiguring, stDraining, stDeleting}
+var transitional = []pb.MachineState{providertest.StCreating, providertest.StConfiguring, providertest.StDraining, providertest.StDeleting}
 
 // step is one transition of a machine's walk.
 type step struct {
@@ -44,10 +34,10 @@ type step struct {
 
 // walk is every transition, in the only order the lifecycle allows.
 var walk = []step{
-	{"create", stSpec, stCreating, stIdle},
-	{"configure", stIdle, stConfiguring, stConfigured},
-	{"drain", stConfigured, stDraining, stIdle},
-	{"delete", stIdle, stDeleting, stSpec},
+	{"create", providertest.StSpeculative, providertest.StCreating, providertest.StIdle},
+	{"configure", providertest.StIdle, providertest.StConfiguring, providertest.StConfigured},
+	{"drain", providertest.StConfigured, providertest.StDraining, providertest.StIdle},
+	{"delete", providertest.StIdle, providertest.StDeleting, providertest.StSpeculative},
 }
 
 // documentedFailures are the last_error texts a machine may end FAILED
@@ -278,7 +268,7 @@ func (w *walker) refused(tr transition, st step, err error, hadUnknown bool) (bo
 		return false, fmt.Errorf("%v refused (%v), then Get: %v", tr, err, gerr)
 	}
 	switch {
-	case m.State == stFailed && hadUnknown && documentedFailure(m.LastError):
+	case m.State == providertest.StFailed && hadUnknown && documentedFailure(m.LastError):
 		w.l.mu.Lock()
 		w.l.failed[tr.machine] = m.LastError
 		w.l.mu.Unlock()
@@ -308,7 +298,7 @@ func (w *walker) settle(tr transition, st step) (bool, error) {
 		case st.through:
 		case st.from:
 			return false, fmt.Errorf("%v was acknowledged, but the machine is back in %v: the transition was lost", tr, st.from)
-		case stFailed:
+		case providertest.StFailed:
 			if documentedFailure(m.LastError) {
 				w.l.mu.Lock()
 				w.l.failed[tr.machine] = m.LastError
@@ -368,7 +358,7 @@ type load struct {
 // them.
 func startLoad(t testing.TB, s *replicaSet, n int, poll time.Duration) *load {
 	t.Helper()
-	spec := s.list(t, stSpec)
+	spec := s.list(t, providertest.StSpeculative)
 	if len(spec) < n {
 		t.Fatalf("%d SPECULATIVE machines for %d walkers", len(spec), n)
 	}
@@ -475,7 +465,7 @@ func verify(t *testing.T, s *replicaSet, ld *load, machines int) {
 			continue
 		}
 		if why, ok := failed[id]; ok {
-			if m.State != stFailed || m.LastError != why {
+			if m.State != providertest.StFailed || m.LastError != why {
 				t.Errorf("machine %s ended FAILED (%q) during the load, now %v %q", id, why, m.State, m.LastError)
 			}
 			continue

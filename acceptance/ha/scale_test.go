@@ -106,7 +106,7 @@ func BenchmarkHAScale(b *testing.B) {
 				}
 				rssList = rssMiB(p.Pid())
 
-				targets := ids(s.list(b, stSpec))[:200]
+				targets := ids(s.list(b, providertest.StSpeculative))[:200]
 				lat := make([]time.Duration, 0, len(targets))
 				for _, id := range targets {
 					ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

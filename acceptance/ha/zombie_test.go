@@ -19,6 +19,7 @@ import (
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
 	"github.com/bigfleet-vm/provider/internal/etcdtest"
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
 // electionLeader reads the election under prefix: the leading replica's
@@ -63,7 +64,7 @@ func TestZombieLeader(t *testing.T) {
 	b := 1 - a
 	ca, cb := s.client(a), s.client(b)
 	leaseA, _ := electionLeader(t, cl, prefix)
-	spec := s.list(t, stSpec)
+	spec := s.list(t, providertest.StSpeculative)
 	x, y := spec[0].Id, spec[1].Id
 	ctx := func() context.Context {
 		c, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -76,7 +77,7 @@ func TestZombieLeader(t *testing.T) {
 	if _, err := ca.Create(ctx(), &pb.CreateRequest{MachineId: x}); err != nil {
 		t.Fatal(err)
 	}
-	waitState(t, s, x, stIdle)
+	waitState(t, s, x, providertest.StIdle)
 	for _, m := range spec[2:8] {
 		if _, err := ca.Create(ctx(), &pb.CreateRequest{MachineId: m.Id}); err != nil {
 			t.Fatal(err)
@@ -131,8 +132,8 @@ func TestZombieLeader(t *testing.T) {
 	if _, err := cb.Create(ctx(), &pb.CreateRequest{MachineId: y, ShardId: "zombie", ShardEpoch: 1, SequenceNumber: 2}); err != nil {
 		t.Fatalf("Create Y on the new leader: %v", err)
 	}
-	waitState(t, s, x, stSpec)
-	waitState(t, s, y, stIdle)
+	waitState(t, s, x, providertest.StSpeculative)
+	waitState(t, s, y, providertest.StIdle)
 
 	// From here on, watch every write under the prefix.
 	from := etcdRev(t, cl, prefix+"/writer") + 1
@@ -182,7 +183,7 @@ func TestZombieLeader(t *testing.T) {
 		if _, err := cb.Create(ctx(), &pb.CreateRequest{MachineId: m.Id}); err != nil {
 			t.Fatalf("Create %s on the new leader after the resume: %v", m.Id, err)
 		}
-		waitState(t, s, m.Id, stIdle)
+		waitState(t, s, m.Id, providertest.StIdle)
 	}
 	if sv := s.serving(); len(sv) != 1 || sv[0] != b {
 		t.Errorf("replicas %v serve after the resume, want only %d", sv, b)
@@ -207,7 +208,7 @@ func TestZombieLeader(t *testing.T) {
 		}
 	}
 	// Y's queued token (1) is stale now; X was deleted by the new leader.
-	if m := s.get(t, x); m.State != stSpec {
+	if m := s.get(t, x); m.State != providertest.StSpeculative {
 		t.Errorf("X is %v, want SPECULATIVE (the new leader deleted it)", m.State)
 	}
 	if _, err := cb.Create(ctx(), &pb.CreateRequest{MachineId: y, ShardId: "zombie", ShardEpoch: 1, SequenceNumber: 1}); status.Code(err) != codes.FailedPrecondition {
@@ -218,17 +219,7 @@ func TestZombieLeader(t *testing.T) {
 // waitState polls the leader until machine id is in want.
 func waitState(t testing.TB, s *replicaSet, id string, want pb.MachineState) {
 	t.Helper()
-	deadline := time.Now().Add(settleWait)
-	for {
-		m := s.get(t, id)
-		if m.State == want {
-			return
-		}
-		if m.State == stFailed || time.Now().After(deadline) {
-			t.Fatalf("machine %s is %v (%q), want %v", id, m.State, m.LastError, want)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	providertest.WaitFor(t, func() *pb.Machine { return s.get(t, id) }, id, want, settleWait)
 }
 
 // txnWrites are the events of one etcd revision (one txn).

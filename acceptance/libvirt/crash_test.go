@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
 // Scenario 3: the provider is SIGKILLed while CREATING, after the domain is
@@ -42,10 +44,10 @@ func TestCrashAfterDefine(t *testing.T) {
 	p.Launch()
 	m := p.get(id)
 	t.Logf("state after restart: %s", m.GetState())
-	if m.GetState() != creating && m.GetState() != idle {
+	if m.GetState() != providertest.StCreating && m.GetState() != providertest.StIdle {
 		t.Fatalf("state after restart = %s, want CREATING (or IDLE)", m.GetState())
 	}
-	m = p.waitState(id, idle, 3*time.Minute)
+	m = p.waitState(id, providertest.StIdle, 3*time.Minute)
 	t.Logf("MEASURE Create→IDLE across a provider crash: %s", time.Since(t0).Round(time.Millisecond))
 	for _, l := range strings.Split(p.Log(), "\n") {
 		if strings.Contains(l, "/resume ") || strings.Contains(l, "/start ") || strings.Contains(l, "/define ") {
@@ -114,7 +116,7 @@ func TestKill9MidConfigure(t *testing.T) {
 		p.create(id)
 	}
 	for _, id := range ids {
-		m := p.waitState(id, idle, 3*time.Minute)
+		m := p.waitState(id, providertest.StIdle, 3*time.Minute)
 		doms[id] = strings.TrimPrefix(m.GetHost().GetRef(), "a/")
 		if err := writeGuestFile(doms[id], "/opt/bigfleet/bootstrap", []byte(countingHook), "0755"); err != nil {
 			t.Fatalf("install the counting hook in %s: %v", doms[id], err)
@@ -148,7 +150,7 @@ func TestKill9MidConfigure(t *testing.T) {
 	p.Kill()
 	t.Logf("SIGKILLed the provider %s after Configure, while the hook ran", time.Since(t0).Round(time.Millisecond))
 	p.Launch()
-	p.waitState(ids[0], configured, 3*time.Minute)
+	p.waitState(ids[0], providertest.StConfigured, 3*time.Minute)
 
 	// 2. Killed the moment the blob is staged in the guest.
 	t0 = p.configure(ids[1], "cluster-kill-2", blob)
@@ -160,7 +162,7 @@ func TestKill9MidConfigure(t *testing.T) {
 	p.Kill()
 	t.Logf("SIGKILLed the provider %s after Configure, once the blob was staged (hook runs so far: %d)", time.Since(t0).Round(time.Millisecond), len(runs(doms[ids[1]])))
 	p.Launch()
-	p.waitState(ids[1], configured, 3*time.Minute)
+	p.waitState(ids[1], providertest.StConfigured, 3*time.Minute)
 
 	for i, id := range ids {
 		dom := doms[id]

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
 // killDaemon SIGKILLs libvirtd (a crash: no cleanup) and waits for it to
@@ -126,13 +128,13 @@ func TestDaemonRestart(t *testing.T) {
 	line := p.waitZone("a", false, 15*time.Second)
 	t.Logf("/readyz while down: %q (after %s)", line, time.Since(killedAt).Round(time.Millisecond))
 	time.Sleep(4 * time.Second) // a couple of reconcile ticks with the daemon gone
-	if st := p.get(id).GetState(); st != creating {
+	if st := p.get(id).GetState(); st != providertest.StCreating {
 		t.Errorf("state with the daemon down = %s, want CREATING", st)
 	}
 	up := startDaemon(t)
 	p.waitZone("a", true, time.Minute)
 	t.Logf("MEASURE provider reconnect after libvirtd restart: %s", time.Since(up).Round(time.Millisecond))
-	p.waitState(id, idle, 3*time.Minute)
+	p.waitState(id, providertest.StIdle, 3*time.Minute)
 	t.Logf("Create→IDLE with a daemon crash in the middle: %s", time.Since(t0).Round(time.Millisecond))
 	if got := domains(t, pfx); len(got) != 1 || got[0] != dom {
 		t.Errorf("domains = %v, want [%s]", got, dom)
@@ -149,11 +151,11 @@ func TestDaemonRestart(t *testing.T) {
 	killDaemon(t)
 	t.Logf("libvirtd SIGKILLed during Configure, machine %s", st)
 	time.Sleep(3 * time.Second)
-	if st := p.get(id).GetState(); st == failed {
+	if st := p.get(id).GetState(); st == providertest.StFailed {
 		t.Errorf("machine FAILED with the daemon down: %q", p.get(id).GetLastError())
 	}
 	startDaemon(t)
-	p.waitState(id, configured, 3*time.Minute)
+	p.waitState(id, providertest.StConfigured, 3*time.Minute)
 	summary, err := readGuestFile(dom, "/var/lib/bigfleet/received/summary")
 	if err != nil || !strings.HasPrefix(string(summary), "cluster=cluster-restart ") {
 		t.Errorf("hook summary after the daemon crash = %q, %v", summary, err)
@@ -168,9 +170,9 @@ func TestDaemonRestart(t *testing.T) {
 		t.Fatalf("install fake kubectl: %v", err)
 	}
 	p.drain(id, 0)
-	p.waitState(id, idle, 2*time.Minute)
+	p.waitState(id, providertest.StIdle, 2*time.Minute)
 	p.delete(id)
-	p.waitState(id, speculative, 3*time.Minute)
+	p.waitState(id, providertest.StSpeculative, 3*time.Minute)
 	checkGone(t, sub.Pool, dom)
 }
 

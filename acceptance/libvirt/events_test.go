@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
 // eventBound is how long these tests wait for what events make happen:
@@ -35,8 +37,8 @@ func (p *provider) zoneUpMetric(zone string) float64 {
 // driftMetric reads bigfleet_provider_drift{zone,kind}.
 func (p *provider) driftMetric(zone, kind string) float64 {
 	_, body := p.HTTPGet("/metrics")
-	return metricSum(body, "bigfleet_provider_drift", `kind="`+kind+`",zone="`+zone+`"`) +
-		metricSum(body, "bigfleet_provider_drift", `zone="`+zone+`",kind="`+kind+`"`)
+	return providertest.Metric(body, "bigfleet_provider_drift", `kind="`+kind+`",zone="`+zone+`"`) +
+		providertest.Metric(body, "bigfleet_provider_drift", `zone="`+zone+`",kind="`+kind+`"`)
 }
 
 // agreement samples /readyz and zone_up of a zone until stop is closed,
@@ -90,7 +92,7 @@ func TestDriftFromEvents(t *testing.T) {
 	p := startProvider(t, oneZone(1, "--reconcile-interval", "10m"))
 	const id = "a/tiny.1/000"
 	p.create(id)
-	m := p.waitState(id, idle, 3*time.Minute)
+	m := p.waitState(id, providertest.StIdle, 3*time.Minute)
 	dom := vmOf(t, p, m)
 
 	// Times count from the moment `virsh destroy` returned (the domain is
@@ -137,7 +139,7 @@ func TestDriftFromEvents(t *testing.T) {
 	}
 	sort.Slice(restarts, func(i, j int) bool { return restarts[i] < restarts[j] })
 	t.Logf("MEASURE stopped IDLE VM restarted after %v (sorted)", restarts)
-	if st := p.get(id).GetState(); st != idle {
+	if st := p.get(id).GetState(); st != providertest.StIdle {
 		t.Errorf("machine %s after the repairs, want IDLE", st)
 	}
 
@@ -150,7 +152,7 @@ func TestDriftFromEvents(t *testing.T) {
 	mustVirsh(t, "destroy", dom)
 	for {
 		mm := p.get(id)
-		if mm.GetState() == failed {
+		if mm.GetState() == providertest.StFailed {
 			t.Logf("MEASURE undefined+stopped behind our back -> FAILED in %s: %q", time.Since(t0).Round(time.Millisecond), mm.GetLastError())
 			if !strings.Contains(mm.GetLastError(), "vanished") {
 				t.Errorf("last_error %q, want a vanished VM", mm.GetLastError())

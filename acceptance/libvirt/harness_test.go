@@ -157,11 +157,7 @@ func rpcCtx(t *testing.T) context.Context {
 
 func (p *provider) get(id string) *pb.Machine {
 	p.t.Helper()
-	m, err := p.c.Get(rpcCtx(p.t), &pb.MachineRef{Id: id})
-	if err != nil {
-		p.t.Fatalf("Get %s: %v", id, err)
-	}
-	return m
+	return providertest.Get(p.t, p.c, id)
 }
 
 func (p *provider) create(id string) time.Time {
@@ -212,21 +208,7 @@ func (p *provider) delete(id string) time.Time {
 // last_error.
 func (p *provider) waitState(id string, want pb.MachineState, max time.Duration) *pb.Machine {
 	p.t.Helper()
-	deadline := time.Now().Add(max)
-	var m *pb.Machine
-	for {
-		m = p.get(id)
-		if m.GetState() == want {
-			return m
-		}
-		if m.GetState() == pb.MachineState_MACHINE_STATE_FAILED {
-			p.t.Fatalf("%s went FAILED waiting for %s: last_error %q", id, want, m.GetLastError())
-		}
-		if time.Now().After(deadline) {
-			p.t.Fatalf("%s still %s after %s, want %s (last_error %q)", id, m.GetState(), max, want, m.GetLastError())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	return providertest.WaitState(p.t, p.c, id, want, max)
 }
 
 // ---- host-side helpers (virsh, qemu-img) ----

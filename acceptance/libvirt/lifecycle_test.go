@@ -18,14 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
-)
-
-const (
-	idle        = pb.MachineState_MACHINE_STATE_IDLE
-	configured  = pb.MachineState_MACHINE_STATE_CONFIGURED
-	speculative = pb.MachineState_MACHINE_STATE_SPECULATIVE
-	creating    = pb.MachineState_MACHINE_STATE_CREATING
-	failed      = pb.MachineState_MACHINE_STATE_FAILED
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
 // oneZone is a provider with one zone "a" on the substrate's first pool.
@@ -137,7 +130,7 @@ func TestLifecycle(t *testing.T) {
 
 	// Create → IDLE.
 	t0 := p.create(id)
-	m := p.waitState(id, idle, 3*time.Minute)
+	m := p.waitState(id, providertest.StIdle, 3*time.Minute)
 	t.Logf("MEASURE Create→IDLE (define+start+TCG boot to agent ping): %s", time.Since(t0).Round(time.Millisecond))
 	dom := vmOf(t, p, m)
 	checkRunning(t, dom)
@@ -149,7 +142,7 @@ func TestLifecycle(t *testing.T) {
 	_, _ = rand.Read(blob)
 	sum := sha256.Sum256(blob)
 	t0 = p.configure(id, "cluster-acc", blob)
-	m = p.waitState(id, configured, 3*time.Minute)
+	m = p.waitState(id, providertest.StConfigured, 3*time.Minute)
 	t.Logf("MEASURE Configure (5 MiB blob) RPC→CONFIGURED: %s", time.Since(t0).Round(time.Millisecond))
 	if m.GetCluster() != "cluster-acc" {
 		t.Errorf("cluster = %q, want cluster-acc", m.GetCluster())
@@ -182,7 +175,7 @@ func TestLifecycle(t *testing.T) {
 
 	// Drain with grace 0 → IDLE, binding cleared.
 	t0 = p.drain(id, 0)
-	m = p.waitState(id, idle, 2*time.Minute)
+	m = p.waitState(id, providertest.StIdle, 2*time.Minute)
 	t.Logf("MEASURE Drain (grace 0) RPC→IDLE: %s", time.Since(t0).Round(time.Millisecond))
 	if m.GetCluster() != "" {
 		t.Errorf("cluster after drain = %q", m.GetCluster())
@@ -191,10 +184,10 @@ func TestLifecycle(t *testing.T) {
 
 	// Configure again (small blob), then Drain with a positive grace.
 	p.configure(id, "cluster-acc-2", []byte("second"))
-	p.waitState(id, configured, 2*time.Minute)
+	p.waitState(id, providertest.StConfigured, 2*time.Minute)
 	checkBinding(t, dom, p.inst, id, "cluster-acc-2")
 	t0 = p.drain(id, 5)
-	p.waitState(id, idle, 2*time.Minute)
+	p.waitState(id, providertest.StIdle, 2*time.Minute)
 	t.Logf("MEASURE Drain (grace 5) RPC→IDLE: %s", time.Since(t0).Round(time.Millisecond))
 	checkBinding(t, dom, p.inst, id, "")
 	kl, err := readGuestFile(dom, "/var/lib/bigfleet/kubectl.log")
@@ -211,7 +204,7 @@ func TestLifecycle(t *testing.T) {
 
 	// Delete → SPECULATIVE: domain undefined, overlay and seed gone, base kept.
 	t0 = p.delete(id)
-	m = p.waitState(id, speculative, 3*time.Minute)
+	m = p.waitState(id, providertest.StSpeculative, 3*time.Minute)
 	t.Logf("MEASURE Delete RPC→SPECULATIVE: %s", time.Since(t0).Round(time.Millisecond))
 	if m.GetHost().GetRef() != "" {
 		t.Errorf("host ref after delete = %q", m.GetHost().GetRef())
@@ -226,26 +219,8 @@ func TestLifecycle(t *testing.T) {
 	// in-process only (see hypervisors/libvirt TestIntegrationObserveCalls200).
 	_, body := p.HTTPGet("/metrics")
 	t.Logf("MEASURE over the test: %v hypervisor observe calls, %v reconcile passes (1 zone)",
-		metricSum(body, "bigfleet_provider_hypervisor_calls_total", `op="observe"`),
-		metricSum(body, "bigfleet_provider_reconciles_total", ""))
-}
-
-// metricSum adds the samples of a metric whose labels contain sel.
-func metricSum(body, name, sel string) float64 {
-	var sum float64
-	for _, l := range strings.Split(body, "\n") {
-		if !strings.HasPrefix(l, name+"{") && !strings.HasPrefix(l, name+" ") {
-			continue
-		}
-		if sel != "" && !strings.Contains(l, sel) {
-			continue
-		}
-		var v float64
-		if _, err := fmt.Sscan(l[strings.LastIndexByte(l, ' ')+1:], &v); err == nil {
-			sum += v
-		}
-	}
-	return sum
+		providertest.Metric(body, "bigfleet_provider_hypervisor_calls_total", `op="observe"`),
+		providertest.Metric(body, "bigfleet_provider_reconciles_total", ""))
 }
 
 // Scenario 2: a hook that exits non-zero fails the machine with a bounded,
@@ -256,7 +231,7 @@ func TestHookFails(t *testing.T) {
 	p := startProvider(t, oneZone(1))
 	const id = "a/tiny.1/000"
 	p.create(id)
-	m := p.waitState(id, idle, 3*time.Minute)
+	m := p.waitState(id, providertest.StIdle, 3*time.Minute)
 	dom := vmOf(t, p, m)
 
 	var blob bytes.Buffer
@@ -264,7 +239,7 @@ func TestHookFails(t *testing.T) {
 		fmt.Fprintf(&blob, "BLOB-SECRET-LINE-%06d token=%s\n", i, randHex(8))
 	}
 	p.configure(id, "fail", blob.Bytes())
-	m = p.waitState(id, failed, 3*time.Minute)
+	m = p.waitState(id, providertest.StFailed, 3*time.Minute)
 	le := m.GetLastError()
 	t.Logf("last_error (%d bytes): %s", len(le), le)
 	if len(le) == 0 || len(le) > 2048+8 {
@@ -300,7 +275,7 @@ func TestHookFails(t *testing.T) {
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	if st := p.get(id).GetState(); st != failed {
+	if st := p.get(id).GetState(); st != providertest.StFailed {
 		t.Errorf("state after reaping = %s, want FAILED", st)
 	}
 	// FAILED is terminal in the BigFleet contract: Delete is refused with
@@ -309,7 +284,7 @@ func TestHookFails(t *testing.T) {
 	if status.Code(err) != codes.Aborted {
 		t.Errorf("Delete of a FAILED machine: %v, want Aborted", err)
 	}
-	if st := p.get(id).GetState(); st != failed {
+	if st := p.get(id).GetState(); st != providertest.StFailed {
 		t.Errorf("state after Delete = %s, want FAILED", st)
 	}
 	checkGone(t, sub.Pool, dom)

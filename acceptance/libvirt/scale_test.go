@@ -13,6 +13,7 @@ import (
 	"time"
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
 // percentile returns the p-th percentile (nearest rank) of sorted ds.
@@ -51,13 +52,13 @@ func TestParallelCreates8(t *testing.T) {
 			defer wg.Done()
 			for {
 				m, err := p.c.Get(rpcCtx(t), &pb.MachineRef{Id: id})
-				if err == nil && m.GetState() == idle {
+				if err == nil && m.GetState() == providertest.StIdle {
 					mu.Lock()
 					took = append(took, time.Since(start))
 					mu.Unlock()
 					return
 				}
-				if err == nil && m.GetState() == failed {
+				if err == nil && m.GetState() == providertest.StFailed {
 					t.Errorf("%s FAILED: %q", id, m.GetLastError())
 					return
 				}
@@ -81,7 +82,7 @@ func TestParallelCreates8(t *testing.T) {
 		p.delete(fmt.Sprintf("a/tiny.1/%03d", i))
 	}
 	for i := 0; i < n; i++ {
-		p.waitState(fmt.Sprintf("a/tiny.1/%03d", i), speculative, 5*time.Minute)
+		p.waitState(fmt.Sprintf("a/tiny.1/%03d", i), providertest.StSpeculative, 5*time.Minute)
 	}
 
 	// The floor: virsh define + start + guest-ping, eight at once.

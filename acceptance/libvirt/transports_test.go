@@ -14,6 +14,7 @@ import (
 	"time"
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
+	"github.com/bigfleet-vm/provider/internal/providertest"
 	"github.com/bigfleet-vm/provider/internal/relay"
 )
 
@@ -126,7 +127,7 @@ func TestTransportsUnderLoad(t *testing.T) {
 		p.create(id(z, 0))
 	}
 	for _, z := range zones {
-		p.waitState(id(z, 0), idle, 6*time.Minute)
+		p.waitState(id(z, 0), providertest.StIdle, 6*time.Minute)
 	}
 	t.Logf("MEASURE 4 Creates, one per transport, -> all IDLE: %s", time.Since(t0).Round(time.Millisecond))
 
@@ -151,13 +152,13 @@ func TestTransportsUnderLoad(t *testing.T) {
 			if z == down {
 				continue
 			}
-			p.waitState(id(z, 1), idle, 6*time.Minute)
-			p.waitState(id(z, 0), configured, 6*time.Minute)
+			p.waitState(id(z, 1), providertest.StIdle, 6*time.Minute)
+			p.waitState(id(z, 0), providertest.StConfigured, 6*time.Minute)
 			p.delete(id(z, 1))
 		}
 		for _, z := range zones {
 			if z != down {
-				p.waitState(id(z, 1), speculative, 6*time.Minute)
+				p.waitState(id(z, 1), providertest.StSpeculative, 6*time.Minute)
 			}
 		}
 		t.Logf("MEASURE with %s down, the other 3 zones created, configured and deleted in %s", down, time.Since(w0).Round(time.Millisecond))
@@ -168,7 +169,7 @@ func TestTransportsUnderLoad(t *testing.T) {
 		back := time.Now()
 		p.waitZone(down, true, 30*time.Second)
 		t.Logf("MEASURE %s restored -> /readyz ok in %s", down, time.Since(back).Round(time.Millisecond))
-		p.waitState(id(down, 0), configured, 6*time.Minute)
+		p.waitState(id(down, 0), providertest.StConfigured, 6*time.Minute)
 		t.Logf("MEASURE %s restored -> waiting Configure CONFIGURED in %s", down, time.Since(back).Round(time.Millisecond))
 		// Reset for the next outage: back to IDLE through a drain.
 		for _, z := range zones {
@@ -179,7 +180,7 @@ func TestTransportsUnderLoad(t *testing.T) {
 			p.drain(id(z, 0), 0)
 		}
 		for _, z := range zones {
-			p.waitState(id(z, 0), idle, 3*time.Minute)
+			p.waitState(id(z, 0), providertest.StIdle, 3*time.Minute)
 		}
 	}
 	outage("tls", rl.Cut, func() {
@@ -193,7 +194,7 @@ func TestTransportsUnderLoad(t *testing.T) {
 		p.delete(id(z, 0))
 	}
 	for _, z := range zones {
-		p.waitState(id(z, 0), speculative, 6*time.Minute)
+		p.waitState(id(z, 0), providertest.StSpeculative, 6*time.Minute)
 	}
 }
 

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
 // deadURI is a libvirt URI whose unix socket does not exist: the host is
@@ -87,7 +89,7 @@ func TestUnreachableZone(t *testing.T) {
 
 	tBad := p.create(bad)
 	tGood := p.create(good)
-	p.waitState(good, idle, 3*time.Minute)
+	p.waitState(good, providertest.StIdle, 3*time.Minute)
 	t.Logf("MEASURE Create→IDLE in the healthy zone with another zone down: %s", time.Since(tGood).Round(time.Millisecond))
 
 	pl, src := p.currentPlan()
@@ -102,13 +104,13 @@ func TestUnreachableZone(t *testing.T) {
 
 	// CREATING, not FAILED, until the create timeout; then FAILED.
 	for time.Since(tBad) < createTimeout-5*time.Second {
-		if m := p.get(bad); m.GetState() != creating {
+		if m := p.get(bad); m.GetState() != providertest.StCreating {
 			t.Fatalf("machine in the dead zone is %s after %s (last_error %q), want CREATING until the %s create timeout",
 				m.GetState(), time.Since(tBad).Round(time.Second), m.GetLastError(), createTimeout)
 		}
 		time.Sleep(time.Second)
 	}
-	m := p.waitState(bad, failed, createTimeout+time.Minute)
+	m := p.waitState(bad, providertest.StFailed, createTimeout+time.Minute)
 	t.Logf("dead zone machine FAILED %s after Create: %q", time.Since(tBad).Round(time.Second), m.GetLastError())
 	if !strings.Contains(m.GetLastError(), "timed out") {
 		t.Errorf("last_error = %q, want a create timeout", m.GetLastError())
@@ -117,7 +119,7 @@ func TestUnreachableZone(t *testing.T) {
 	// The healthy zone still does destructive work while the other is down.
 	dom := vmOf(t, p, p.get(good))
 	p.delete(good)
-	p.waitState(good, speculative, 3*time.Minute)
+	p.waitState(good, providertest.StSpeculative, 3*time.Minute)
 	checkGone(t, sub.Pool, dom)
 }
 
@@ -134,8 +136,8 @@ func TestTwoZonesTwoPools(t *testing.T) {
 	const ida, idb = "a/tiny.1/000", "b/tiny.1/000"
 	p.create(ida)
 	p.create(idb)
-	ma := p.waitState(ida, idle, 3*time.Minute)
-	mb := p.waitState(idb, idle, 3*time.Minute)
+	ma := p.waitState(ida, providertest.StIdle, 3*time.Minute)
+	mb := p.waitState(idb, providertest.StIdle, 3*time.Minute)
 	doma := strings.TrimPrefix(ma.GetHost().GetRef(), "a/")
 	domb := strings.TrimPrefix(mb.GetHost().GetRef(), "b/")
 	got, want := domains(t, prefix(p.inst)), []string{doma, domb}
@@ -169,8 +171,8 @@ func TestTwoZonesTwoPools(t *testing.T) {
 
 	p.delete(ida)
 	p.delete(idb)
-	p.waitState(ida, speculative, 3*time.Minute)
-	p.waitState(idb, speculative, 3*time.Minute)
+	p.waitState(ida, providertest.StSpeculative, 3*time.Minute)
+	p.waitState(idb, providertest.StSpeculative, 3*time.Minute)
 	checkGone(t, sub.Pool, doma)
 	checkGone(t, sub.Pool2, domb)
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvemarker"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvesim"
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
 // TestCrashBetweenCloneAndSizing kills the provider with SIGKILL after the
@@ -67,7 +68,7 @@ func TestCrashBetweenCloneAndSizing(t *testing.T) {
 			c.sim.ClearFaults()
 
 			p.Restart()
-			m := p.wait(id, stIdle)
+			m := p.wait(id, providertest.StIdle)
 			if got := vmidOf(t, m); got != vm.VMID {
 				t.Errorf("IDLE on vm %d, want the crashed clone %d adopted", got, vm.VMID)
 			}

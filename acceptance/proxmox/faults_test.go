@@ -12,6 +12,7 @@ import (
 	"github.com/bigfleet-vm/provider/hypervisors/guest"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvemarker"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvesim"
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
 const cloneEndpoint = "POST /nodes/pve1/qemu/9000/clone"
@@ -23,7 +24,7 @@ func (p *provider) waitFailed(id string, wrong ...pb.MachineState) *pb.Machine {
 	var m *pb.Machine
 	for deadline := time.Now().Add(pollTimeout); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		m = p.get(id)
-		if m.State == stFailed {
+		if m.State == providertest.StFailed {
 			return m
 		}
 		if slices.Contains(wrong, m.State) {
@@ -76,7 +77,7 @@ func TestConcurrentCreatesCollidingNextID(t *testing.T) {
 	wg.Wait()
 	seen := map[int]string{}
 	for _, id := range ids {
-		vmid := vmidOf(t, p.wait(id, stIdle))
+		vmid := vmidOf(t, p.wait(id, providertest.StIdle))
 		if other, dup := seen[vmid]; dup {
 			t.Errorf("machines %s and %s share vm %d", other, id, vmid)
 		}
@@ -128,7 +129,7 @@ func TestFailedCloneTask(t *testing.T) {
 		p := c.start(t, launch{args: []string{"--create-timeout", "3s"}})
 		id := p.machines("pve1")[0]
 		p.create(id)
-		m := p.waitFailed(id, stIdle)
+		m := p.waitFailed(id, providertest.StIdle)
 		for _, want := range []string{"timed out", exit} {
 			if !strings.Contains(m.LastError, want) {
 				t.Errorf("last_error %q does not mention %q", m.LastError, want)
@@ -201,7 +202,7 @@ func TestForbiddenIsTerminal(t *testing.T) {
 			id := p.machines("pve1")[0]
 			began := time.Now()
 			p.create(id)
-			m := p.waitFailed(id, stIdle)
+			m := p.waitFailed(id, providertest.StIdle)
 			took := time.Since(began)
 			for _, want := range tc.want {
 				if !strings.Contains(m.LastError, want) {
@@ -242,7 +243,7 @@ func TestAgentDownForAWhile(t *testing.T) {
 	const down = 3 * time.Second
 	c.sim.AgentDownFor(vmid, down)
 	downAt := time.Now()
-	m := p.wait(id, stIdle)
+	m := p.wait(id, providertest.StIdle)
 	if got := vmidOf(t, m); got != vmid {
 		t.Errorf("IDLE on vm %d, want %d", got, vmid)
 	}
@@ -268,7 +269,7 @@ func TestHookExitsNonZero(t *testing.T) {
 	const secret = "K8S-JOIN-TOKEN-abcdef0123456789"
 	blob := []byte("#!/bin/sh\nkubeadm join --token " + secret + "\n" + strings.Repeat("# padding\n", 2000) + "exit 3\n")
 	p.configure(id, "cluster-a", blob)
-	m := p.waitFailed(id, stConfigured)
+	m := p.waitFailed(id, providertest.StConfigured)
 	if !strings.Contains(m.LastError, "exited 3") {
 		t.Errorf("last_error %q does not give the exit status", m.LastError)
 	}
@@ -298,11 +299,11 @@ func TestDrainFails(t *testing.T) {
 	id := p.machines("pve1")[0]
 	vmid := p.toIdle(id)
 	p.configure(id, "cluster-a", []byte("#!/bin/sh\necho ok\n"))
-	p.wait(id, stConfigured)
+	p.wait(id, providertest.StConfigured)
 	const why = "error: cannot evict pod default/db-0: Cannot evict pod as it would violate the pod's disruption budget."
 	c.guest(vmid).SetCommand([]string{"kubectl", "drain"}, pvesim.CommandResult{ExitCode: 1, Stderr: why + "\n"})
 	p.drain(id, 10)
-	m := p.waitFailed(id, stIdle)
+	m := p.waitFailed(id, providertest.StIdle)
 	for _, want := range []string{"drain exited 1", "disruption budget"} {
 		if !strings.Contains(m.LastError, want) {
 			t.Errorf("last_error %q does not mention %q", m.LastError, want)

@@ -286,29 +286,15 @@ func rpcCtx(t testing.TB) context.Context {
 	return ctx
 }
 
-const (
-	stSpec        = pb.MachineState_MACHINE_STATE_SPECULATIVE
-	stCreating    = pb.MachineState_MACHINE_STATE_CREATING
-	stIdle        = pb.MachineState_MACHINE_STATE_IDLE
-	stConfiguring = pb.MachineState_MACHINE_STATE_CONFIGURING
-	stConfigured  = pb.MachineState_MACHINE_STATE_CONFIGURED
-	stDraining    = pb.MachineState_MACHINE_STATE_DRAINING
-	stFailed      = pb.MachineState_MACHINE_STATE_FAILED
-)
-
 func (p *provider) get(id string) *pb.Machine {
 	p.t.Helper()
-	m, err := p.api.Get(rpcCtx(p.t), &pb.MachineRef{Id: id})
-	if err != nil {
-		p.t.Fatalf("Get %s: %v", id, err)
-	}
-	return m
+	return providertest.Get(p.t, p.api, id)
 }
 
 // machines returns the ids of the SPECULATIVE machines in zone.
 func (p *provider) machines(zone string) []string {
 	p.t.Helper()
-	l, err := p.api.List(rpcCtx(p.t), &pb.ListFilter{States: []pb.MachineState{stSpec}})
+	l, err := p.api.List(rpcCtx(p.t), &pb.ListFilter{States: []pb.MachineState{providertest.StSpeculative}})
 	if err != nil {
 		p.t.Fatalf("List: %v", err)
 	}
@@ -325,18 +311,7 @@ func (p *provider) machines(zone string) []string {
 // fatal, with last_error.
 func (p *provider) wait(id string, want pb.MachineState) *pb.Machine {
 	p.t.Helper()
-	var m *pb.Machine
-	for deadline := time.Now().Add(pollTimeout); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		m = p.get(id)
-		if m.State == want {
-			return m
-		}
-		if m.State == stFailed {
-			p.t.Fatalf("machine %s went FAILED while waiting for %v: %s", id, want, m.LastError)
-		}
-	}
-	p.t.Fatalf("machine %s still %v after %v, want %v (last_error %q)", id, m.GetState(), pollTimeout, want, m.GetLastError())
-	return nil
+	return providertest.WaitState(p.t, p.api, id, want, pollTimeout)
 }
 
 func (p *provider) create(id string) {
@@ -371,7 +346,7 @@ func (p *provider) delete(id string) {
 func (p *provider) toIdle(id string) int {
 	p.t.Helper()
 	p.create(id)
-	return vmidOf(p.t, p.wait(id, stIdle))
+	return vmidOf(p.t, p.wait(id, providertest.StIdle))
 }
 
 // vmidOf parses the "<node>/<vmid>" host ref of a machine.

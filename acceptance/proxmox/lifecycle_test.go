@@ -10,6 +10,7 @@ import (
 
 	"github.com/bigfleet-vm/provider/hypervisors/guest"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvemarker"
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
 const bootstrapPath = "/run/bigfleet-acc/bootstrap.blob"
@@ -28,7 +29,7 @@ func TestLifecycle(t *testing.T) {
 
 			// Create.
 			p.create(id)
-			m := p.wait(id, stIdle)
+			m := p.wait(id, providertest.StIdle)
 			vmid := vmidOf(t, m)
 			if m.Host.GetProvider() != "proxmox" {
 				t.Errorf("host provider = %q, want proxmox", m.Host.GetProvider())
@@ -67,7 +68,7 @@ func TestLifecycle(t *testing.T) {
 			// Configure.
 			blob := []byte("#!/bin/sh\n# acceptance bootstrap\necho joining\n")
 			p.configure(id, "cluster-a", blob)
-			if m := p.wait(id, stConfigured); m.Cluster != "cluster-a" {
+			if m := p.wait(id, providertest.StConfigured); m.Cluster != "cluster-a" {
 				t.Errorf("cluster = %q, want cluster-a", m.Cluster)
 			}
 			g := c.guest(vmid)
@@ -103,7 +104,7 @@ func TestLifecycle(t *testing.T) {
 
 			// Drain.
 			p.drain(id, 30)
-			p.wait(id, stIdle)
+			p.wait(id, providertest.StIdle)
 			var drain []string
 			for _, a := range g.Execs() {
 				if len(a) == 3 && a[0] == "/bin/sh" && a[1] == "-c" && strings.Contains(a[2], "kubectl drain") {
@@ -124,7 +125,7 @@ func TestLifecycle(t *testing.T) {
 
 			// Delete.
 			p.delete(id)
-			if m := p.wait(id, stSpec); m.Host != nil {
+			if m := p.wait(id, providertest.StSpeculative); m.Host != nil {
 				t.Errorf("host after Delete = %v, want none", m.Host)
 			}
 			if _, ok := c.sim.VM(vmid); ok {

@@ -828,17 +828,6 @@ type worker struct {
 
 func (w *worker) machine() string { return fmt.Sprintf("%s/tiny.1/%03d", w.zone, w.base+w.slot) }
 
-var (
-	speculative = pb.MachineState_MACHINE_STATE_SPECULATIVE
-	creating    = pb.MachineState_MACHINE_STATE_CREATING
-	idle        = pb.MachineState_MACHINE_STATE_IDLE
-	configuring = pb.MachineState_MACHINE_STATE_CONFIGURING
-	configured  = pb.MachineState_MACHINE_STATE_CONFIGURED
-	draining    = pb.MachineState_MACHINE_STATE_DRAINING
-	deleting    = pb.MachineState_MACHINE_STATE_DELETING
-	failed      = pb.MachineState_MACHINE_STATE_FAILED
-)
-
 // step is one mutation: what is sent, the states allowed once it is
 // acknowledged (anything else means the acknowledged mutation was lost),
 // the state it settles in and its deadline.
@@ -859,19 +848,19 @@ func (w *worker) loop(ctx context.Context, end time.Time) {
 		{"Create", func(ctx context.Context, c pb.CapacityProviderClient, id string) error {
 			_, err := c.Create(ctx, &pb.CreateRequest{MachineId: id})
 			return err
-		}, creating, idle, createTimeout, nil},
+		}, providertest.StCreating, providertest.StIdle, createTimeout, nil},
 		{"Configure", func(ctx context.Context, c pb.CapacityProviderClient, id string) error {
 			_, err := c.Configure(ctx, &pb.ConfigureRequest{MachineId: id, ClusterId: "soak-" + w.zone, BootstrapBlob: []byte("soak blob for " + id)})
 			return err
-		}, configuring, configured, configureTimeout, nil},
+		}, providertest.StConfiguring, providertest.StConfigured, configureTimeout, nil},
 		{"Drain", func(ctx context.Context, c pb.CapacityProviderClient, id string) error {
 			_, err := c.Drain(ctx, &pb.DrainRequest{MachineId: id})
 			return err
-		}, draining, idle, drainTimeout, w.installKubectl},
+		}, providertest.StDraining, providertest.StIdle, drainTimeout, w.installKubectl},
 		{"Delete", func(ctx context.Context, c pb.CapacityProviderClient, id string) error {
 			_, err := c.Delete(ctx, &pb.DeleteRequest{MachineId: id})
 			return err
-		}, deleting, speculative, deleteTimeout, nil},
+		}, providertest.StDeleting, providertest.StSpeculative, deleteTimeout, nil},
 	}
 	for w.slot < slotsPerWorker {
 		if ctx.Err() != nil {
@@ -973,7 +962,7 @@ func (w *worker) do(ctx context.Context, st step, id string) error {
 			return gerr
 		}
 		switch m.GetState() {
-		case failed:
+		case providertest.StFailed:
 			return errFailed{m.GetLastError()}
 		case st.through, st.to:
 		default:
@@ -990,7 +979,7 @@ func (w *worker) do(ctx context.Context, st step, id string) error {
 		switch m.GetState() {
 		case st.to:
 			return nil
-		case failed:
+		case providertest.StFailed:
 			return errFailed{m.GetLastError()}
 		case st.through:
 			if time.Since(acked) > st.timeout+stuckAfter {
@@ -1017,7 +1006,7 @@ func (w *worker) installKubectl(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if m.GetState() != configured {
+	if m.GetState() != providertest.StConfigured {
 		return nil // not drainable now; the Drain step will say why
 	}
 	dom := strings.TrimPrefix(m.GetHost().GetRef(), w.zone+"/")

@@ -14,13 +14,11 @@ import (
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvemarker"
 	"github.com/bigfleet-vm/provider/observed"
+	"github.com/bigfleet-vm/provider/retry"
 )
 
 // taskUser is the user every simulated task runs as.
 const taskUser = "bigfleet@pve"
-
-// maxCloneAttempts bounds VMID allocation retries after collisions.
-const maxCloneAttempts = 64
 
 // Proxmox simulates a Proxmox VE cluster (one node per zone) with a
 // cluster-wide VMID space, templates, clone/start/stop/destroy tasks and
@@ -409,7 +407,7 @@ func (f *Proxmox) CloneVM(ctx context.Context, zone string, spec hypervisors.Clo
 		return 0, f.freeVMID(), nil
 	}
 
-	for range maxCloneAttempts {
+	id, err := retry.Value(ctx, retry.VMIDCollision, func(err error) bool { return errors.Is(err, errVMIDTaken) }, func(ctx context.Context) (int, error) {
 		f.mu.Lock()
 		adopt, candidate, err := check()
 		f.mu.Unlock()
@@ -428,7 +426,7 @@ func (f *Proxmox) CloneVM(ctx context.Context, zone string, spec hypervisors.Clo
 		}
 		if f.vms[candidate] != nil {
 			f.mu.Unlock()
-			continue // VM <candidate> already exists: allocate again.
+			return 0, errVMIDTaken // VM <candidate> already exists: allocate again.
 		}
 		tmpl := f.vms[tmplID]
 		tags := pvemarker.Tags(spec.Marker)
@@ -451,9 +449,19 @@ func (f *Proxmox) CloneVM(ctx context.Context, zone string, spec hypervisors.Clo
 			return 0, wrap(err)
 		}
 		return candidate, nil
+	})
+	if errors.Is(err, errVMIDTaken) {
+		return 0, wrap(fmt.Errorf("no free VMID after %d attempts: %w", retry.VMIDCollision.Attempts, hypervisors.ErrTransient))
 	}
-	return 0, wrap(fmt.Errorf("no free VMID after %d attempts: %w", maxCloneAttempts, hypervisors.ErrTransient))
+	if err != nil && retry.Last(err) != nil {
+		return 0, wrap(err)
+	}
+	return id, err
 }
+
+// errVMIDTaken is a clone whose VMID was taken meanwhile: it is tried
+// again with another (retry.VMIDCollision).
+var errVMIDTaken = errors.New("vmid taken")
 
 func wrapIf(err error, wrap func(error) error) error {
 	if err == nil {

@@ -3,11 +3,10 @@ package libvirt
 import (
 	"errors"
 	"fmt"
-	"net/url"
-	"strings"
 	"time"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvuri"
 	"github.com/bigfleet-vm/provider/retry"
 )
 
@@ -126,13 +125,13 @@ func (c Config) Validate() error {
 	seen := map[string]bool{}
 	for _, z := range c.Zones {
 		if z.Zone == "" {
-			errs = append(errs, fmt.Errorf("zone with URI %q has no name", redactURI(z.URI)))
+			errs = append(errs, fmt.Errorf("zone with URI %q has no name", hypervisors.RedactURL(z.URI)))
 		}
 		if seen[z.Zone] {
 			errs = append(errs, fmt.Errorf("zone %q listed twice", z.Zone))
 		}
 		seen[z.Zone] = true
-		if _, err := ParseURI(z.URI); err != nil {
+		if err := lvuri.Check(z.URI); err != nil {
 			errs = append(errs, fmt.Errorf("zone %q: %w", z.Zone, err))
 		}
 	}
@@ -140,89 +139,4 @@ func (c Config) Validate() error {
 		return nil
 	}
 	return fmt.Errorf("libvirt config: %w: %w", hypervisors.ErrInvalid, errors.Join(errs...))
-}
-
-// ParseZones parses "uri" (one zone named defaultZone) or a comma-separated
-// "zone=uri,zone=uri" list.
-func ParseZones(s, defaultZone string) ([]ZoneURI, error) {
-	s = strings.TrimSpace(s)
-	if s == "" {
-		return nil, fmt.Errorf("empty connect list: %w", hypervisors.ErrInvalid)
-	}
-	if !strings.Contains(strings.SplitN(s, ":", 2)[0], "=") {
-		return []ZoneURI{{Zone: defaultZone, URI: s}}, nil
-	}
-	var out []ZoneURI
-	for _, part := range strings.Split(s, ",") {
-		zone, uri, ok := strings.Cut(strings.TrimSpace(part), "=")
-		if !ok || zone == "" || uri == "" {
-			return nil, fmt.Errorf("connect entry %q is not zone=uri: %w", redactURI(part), hypervisors.ErrInvalid)
-		}
-		out = append(out, ZoneURI{Zone: zone, URI: uri})
-	}
-	return out, nil
-}
-
-// ParseURI parses a libvirt URI and applies the transport policy: tcp
-// (unauthenticated, unencrypted) is refused, host-key and certificate
-// verification may not be switched off, and the options go-libvirt ignores
-// on a transport are refused rather than silently dropped.
-func ParseURI(raw string) (*url.URL, error) {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return nil, fmt.Errorf("parse URI: %w", hypervisors.ErrInvalid)
-	}
-	if u.Scheme == "" {
-		return nil, fmt.Errorf("URI %q has no scheme: %w", redactURI(raw), hypervisors.ErrInvalid)
-	}
-	driver, transport, _ := strings.Cut(u.Scheme, "+")
-	if transport == "" && u.Host != "" {
-		transport = "tls"
-	}
-	switch driver {
-	case "qemu", "test":
-	default:
-		return nil, fmt.Errorf("URI %q: driver %q unsupported: %w", redactURI(raw), driver, hypervisors.ErrInvalid)
-	}
-	q := u.Query()
-	truthy := func(k string) bool { v := q.Get(k); return v != "" && v != "0" }
-	switch transport {
-	case "", "unix":
-	case "tcp":
-		return nil, fmt.Errorf("URI %q: tcp transport is unauthenticated and unencrypted: %w", redactURI(raw), hypervisors.ErrInvalid)
-	case "tls":
-		if truthy("no_verify") {
-			return nil, fmt.Errorf("URI %q: no_verify is refused: %w", redactURI(raw), hypervisors.ErrInvalid)
-		}
-	case "ssh":
-		if truthy("no_verify") {
-			return nil, fmt.Errorf("URI %q: no_verify is refused: %w", redactURI(raw), hypervisors.ErrInvalid)
-		}
-		for _, k := range []string{"known_hosts", "known_hosts_verify", "sshauth"} {
-			if q.Get(k) != "" {
-				return nil, fmt.Errorf("URI %q: %s is ignored on ssh, use qemu+libssh: %w", redactURI(raw), k, hypervisors.ErrInvalid)
-			}
-		}
-	case "libssh", "libssh2":
-		switch q.Get("known_hosts_verify") {
-		case "", "normal":
-		default:
-			return nil, fmt.Errorf("URI %q: known_hosts_verify must be normal: %w", redactURI(raw), hypervisors.ErrInvalid)
-		}
-		if q.Get("no_verify") != "" {
-			return nil, fmt.Errorf("URI %q: no_verify is refused: %w", redactURI(raw), hypervisors.ErrInvalid)
-		}
-	default:
-		return nil, fmt.Errorf("URI %q: transport %q unsupported: %w", redactURI(raw), transport, hypervisors.ErrInvalid)
-	}
-	return u, nil
-}
-
-// redactURI drops a password from a URI so it can appear in messages.
-func redactURI(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "<unparsable>"
-	}
-	return u.Redacted()
 }

@@ -388,7 +388,7 @@ func (z *zoneConn) dial(ctx context.Context) (*golibvirt.Libvirt, io.Closer, err
 	lv, tr, err := z.dialFn(dctx, z.uri)
 	if err != nil {
 		if dctx.Err() != nil && ctx.Err() == nil {
-			return nil, nil, fmt.Errorf("dial %s: timed out after %s: %w", redactURI(z.uri.String()), z.cfg.DialTimeout, err)
+			return nil, nil, fmt.Errorf("dial %s: timed out after %s: %w", hypervisors.RedactURL(z.uri.String()), z.cfg.DialTimeout, err)
 		}
 		return nil, nil, dialError(z.uri, err)
 	}

@@ -22,6 +22,8 @@ import (
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/agent"
 	"golang.org/x/crypto/ssh/knownhosts"
+
+	"github.com/bigfleet-vm/provider/hypervisors"
 )
 
 // The transports are dialled here rather than by go-libvirt's dialers so
@@ -125,7 +127,7 @@ func dialTransport(ctx context.Context, u *url.URL) (*transport, error) {
 	case "ssh", "libssh", "libssh2":
 		return dialSSH(ctx, u)
 	}
-	return nil, fmt.Errorf("transport of %s is not supported", redactURI(u.String()))
+	return nil, fmt.Errorf("transport of %s is not supported", hypervisors.RedactURL(u.String()))
 }
 
 // transportOf names u's transport: unix, tls, ssh, libssh, libssh2 or tcp.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"sort"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
+	"github.com/bigfleet-vm/provider/retry"
 )
 
 // Hypervisor is the libvirt adapter. Its methods are safe for concurrent
@@ -77,7 +79,7 @@ func New(cfg Config, logger *slog.Logger) (*Hypervisor, error) {
 		events: hypervisors.NewEventQueue(), owners: map[string]ownerNote{},
 	}
 	for _, z := range cfg.Zones {
-		u, _ := ParseURI(z.URI) // validated above
+		u, _ := url.Parse(z.URI) // validated above
 		h.caches[z.Zone] = newZoneCache()
 		zc := newZoneConn(z.Zone, u, &h.cfg, logger, &h.calls, &h.probes)
 		zc.events = h.events
@@ -818,9 +820,6 @@ func (h *Hypervisor) Start(ctx context.Context, t hypervisors.Target) error {
 // Resume implements hypervisors.Hypervisor (same as Start).
 func (h *Hypervisor) Resume(ctx context.Context, t hypervisors.Target) error { return h.Start(ctx, t) }
 
-// stopPoll is how often Stop polls the state while the guest shuts down.
-const stopPoll = 250 * time.Millisecond
-
 // Stop implements hypervisors.Hypervisor: ACPI/agent shutdown, polled for
 // at most grace, then a hard power-off. Missing or stopped is success; a
 // domain without our marker is ErrNotOwned.
@@ -845,11 +844,12 @@ func (h *Hypervisor) Stop(ctx context.Context, t hypervisors.Target, grace time.
 		err := zc.rpc(ctx, "DomainShutdown", "shutdown "+t.Name+" on "+t.Zone, 0, func(l *golibvirt.Libvirt) error { return l.DomainShutdown(dom) })
 		if err == nil {
 			deadline := time.Now().Add(grace)
+			b := retry.Poll.Backoff() // the state is polled until grace ends
 			for time.Now().Before(deadline) {
 				select {
 				case <-ctx.Done():
 					return fmt.Errorf("stop %s: %w: %w", t.Name, hypervisors.ErrTransient, ctx.Err())
-				case <-time.After(min(stopPoll, time.Until(deadline))):
+				case <-time.After(min(b.Next(), time.Until(deadline))):
 				}
 				st, err := h.domainState(ctx, zc, dom)
 				if errors.Is(err, hypervisors.ErrNotFound) {

@@ -20,6 +20,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvuri"
 	"github.com/bigfleet-vm/provider/observed"
 )
 
@@ -342,13 +343,18 @@ func TestSeedIdentity(t *testing.T) {
 	}
 }
 
-func TestParseURI(t *testing.T) {
+// TestValidateURIPolicy: the adapter applies the one libvirt URI policy
+// (lvuri.Check), the rules --connect is checked with, so a URI the flags
+// refuse is refused here too.
+func TestValidateURIPolicy(t *testing.T) {
 	tests := []struct {
 		uri string
 		ok  bool
 	}{
 		{"qemu:///system", true},
+		{"qemu:///session", true},
 		{"qemu:///system?socket=/run/x.sock", true},
+		{"qemu+unix:///system?socket=/run/x.sock", true},
 		{"test:///default", true},
 		{"qemu+libssh://bf@host/system?keyfile=/k&known_hosts=/kh&known_hosts_verify=normal", true},
 		{"qemu+libssh://bf@host/system?known_hosts_verify=ignore", false},
@@ -364,40 +370,28 @@ func TestParseURI(t *testing.T) {
 		{"xen:///system", false},
 		{"qemu+ext://host/system", false},
 		{"/no/scheme", false},
+		// The rules only the config copy had before the policy lived once.
+		{"qemu:///foo", false},
+		{"qemu://host/", false},
+		{"test:///", false},
+		{"qemu:system", false},
+		{"qemu+libssh:///system", false},
+		{"qemu+unix://host/system", false},
+		{"qemu://host:port/system", false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.uri, func(t *testing.T) {
-			_, err := ParseURI(tc.uri)
+			err := Config{Installation: "i", Zones: []ZoneURI{{Zone: "a", URI: tc.uri}}}.Validate()
 			if (err == nil) != tc.ok {
-				t.Errorf("ParseURI = %v, want ok=%v", err, tc.ok)
+				t.Errorf("Validate = %v, want ok=%v", err, tc.ok)
 			}
 			if err != nil && !errors.Is(err, hypervisors.ErrInvalid) {
 				t.Errorf("error %v does not wrap ErrInvalid", err)
 			}
+			if cerr := lvuri.Check(tc.uri); (cerr == nil) != tc.ok {
+				t.Errorf("lvuri.Check = %v, want ok=%v", cerr, tc.ok)
+			}
 		})
-	}
-}
-
-func TestParseZones(t *testing.T) {
-	tests := []struct {
-		in   string
-		want []ZoneURI
-		ok   bool
-	}{
-		{"qemu:///system", []ZoneURI{{Zone: "local", URI: "qemu:///system"}}, true},
-		{"rack1=qemu+libssh://u@a/system?keyfile=/k&known_hosts=/h,rack2=qemu:///system",
-			[]ZoneURI{{Zone: "rack1", URI: "qemu+libssh://u@a/system?keyfile=/k&known_hosts=/h"}, {Zone: "rack2", URI: "qemu:///system"}}, true},
-		{"", nil, false},
-		{"rack1=,x", nil, false},
-	}
-	for _, tc := range tests {
-		got, err := ParseZones(tc.in, "local")
-		if (err == nil) != tc.ok {
-			t.Errorf("ParseZones(%q) err = %v, want ok=%v", tc.in, err, tc.ok)
-		}
-		if diff := cmp.Diff(tc.want, got); diff != "" {
-			t.Errorf("ParseZones(%q) (-want +got):\n%s", tc.in, diff)
-		}
 	}
 }
 
@@ -406,7 +400,7 @@ func TestValidateReportsEverything(t *testing.T) {
 	if !errors.Is(err, hypervisors.ErrInvalid) {
 		t.Fatalf("got %v, want ErrInvalid", err)
 	}
-	for _, want := range []string{"installation is empty", "tcp transport", "listed twice", "has no name"} {
+	for _, want := range []string{"installation is empty", "plain TCP", "listed twice", "has no name"} {
 		if !bytes.Contains([]byte(err.Error()), []byte(want)) {
 			t.Errorf("error %q lacks %q", err, want)
 		}

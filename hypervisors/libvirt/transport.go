@@ -21,7 +21,7 @@ import (
 // ErrPermission (retrying cannot help until someone fixes the files); the
 // rest stay as they are (the zone is unreachable and redialled).
 func dialError(u *url.URL, err error) error {
-	uri := redactURI(u.String())
+	uri := hypervisors.RedactURL(u.String())
 	q := u.Query()
 	var ke *knownhosts.KeyError
 	switch {

@@ -21,6 +21,7 @@ import (
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
+	"github.com/bigfleet-vm/provider/retry"
 )
 
 func TestTLSAndConfig(t *testing.T) {
@@ -252,6 +253,16 @@ func TestCloneFailures(t *testing.T) {
 			name:    "missing template",
 			setup:   func(e *env) { e.sim.RemoveVM(template) },
 			wantErr: hypervisors.ErrNotFound,
+		},
+		{
+			// Every VMID asked for is taken: the collisions are bounded
+			// by retry.VMIDCollision, one clone request per attempt.
+			name: "vmid collisions end after the policy's attempts",
+			setup: func(e *env) {
+				e.sim.InjectStatus(pvesim.Match{Method: "POST", Path: "/clone"}, -1, 500, "VM 100 already exists on node 'pve1'")
+			},
+			wantErr: hypervisors.ErrExists,
+			calls:   "POST /nodes/pve1/qemu/9000/clone", want: retry.VMIDCollision.Attempts,
 		},
 	}
 	for _, tt := range tests {

@@ -13,10 +13,8 @@ import (
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvemarker"
 	"github.com/bigfleet-vm/provider/observed"
+	"github.com/bigfleet-vm/provider/retry"
 )
-
-// maxCloneAttempts bounds VMID collisions tolerated by one CloneVM.
-const maxCloneAttempts = 64
 
 // ourDescription reports whether a description carries this
 // installation's marker (and, when machineID is set, that machine's).
@@ -87,7 +85,8 @@ func (a *Adapter) CloneVM(ctx context.Context, zone string, spec hypervisors.Clo
 		Full: true, Name: spec.Name, Target: zone, Pool: pool, Storage: a.cfg.Storage,
 		Description: pvemarker.Description(spec.Marker),
 	}
-	for attempt := 0; attempt < maxCloneAttempts; attempt++ {
+	collisions := 0
+	id, err := retry.Value(ctx, retry.VMIDCollision, func(err error) bool { return errors.Is(err, errVMIDTaken) }, func(ctx context.Context) (int, error) {
 		id, err := a.reserve(ctx, used, mid)
 		if err != nil {
 			return 0, fmt.Errorf("clone %s on %s: allocate vmid: %w", spec.Name, zone, err)
@@ -119,9 +118,21 @@ func (a *Adapter) CloneVM(ctx context.Context, zone string, spec hypervisors.Clo
 			return id, nil
 		}
 		log.Debug("vmid taken, trying the next", "vm", id)
+		collisions++
+		return 0, errVMIDTaken
+	})
+	switch {
+	case errors.Is(err, errVMIDTaken):
+		return 0, fmt.Errorf("clone %s on %s: %d vmid collisions in a row: %w", spec.Name, zone, collisions, hypervisors.ErrExists)
+	case err != nil && retry.Last(err) != nil:
+		return 0, fmt.Errorf("clone %s on %s: after %d vmid collisions: %w", spec.Name, zone, collisions, err)
 	}
-	return 0, fmt.Errorf("clone %s on %s: %d vmid collisions in a row: %w", spec.Name, zone, maxCloneAttempts, hypervisors.ErrExists)
+	return id, err
 }
+
+// errVMIDTaken is a clone whose VMID someone else took meanwhile: the
+// clone is tried again with another (retry.VMIDCollision).
+var errVMIDTaken = errors.New("vmid taken")
 
 func (a *Adapter) cloneOnce(ctx context.Context, tnode string, tvmid, newid int, opts pxapi.VirtualMachineCloneOptions) error {
 	opts.NewID = newid

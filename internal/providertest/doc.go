@@ -1,10 +1,18 @@
-// Package providertest runs the provider binary for the black-box suites
-// (e2e, acceptance/libvirt, acceptance/proxmox): it builds the binary once
-// per test package, starts it on fresh loopback ports, waits for /readyz,
-// dials gRPC, and kills, restarts, terminates, pauses and resumes it. It
-// is imported by tests only.
+// Package providertest is the black-box suites' one toolkit (e2e,
+// acceptance/libvirt, acceptance/proxmox, acceptance/ha, acceptance/soak,
+// and metrics' in-process tests). It runs the provider binary: builds it
+// once per test package, starts it on fresh loopback ports, waits for
+// /readyz, dials gRPC, and kills, restarts, terminates, pauses and
+// resumes it. It speaks to it: the machine states (StIdle ...), Get,
+// ListAll, WaitState and WaitFor (bounded; FAILED is fatal unless
+// wanted), Must for acks (wire.go); and reads its metrics: Metric over a
+// /metrics body or a running Provider, WaitMetric (metrics.go). A suite
+// that needs one of these uses it rather than its own copy. It is
+// imported by tests only.
 //
 // Invariants:
+//   - Every wait is bounded by the max its caller gives, and fails the
+//     test when it passes.
 //   - Every process it starts is reaped before the test that started it
 //     ends (t.Cleanup), unless the caller asked for a detached Provider and
 //     kills it itself.
