@@ -11,6 +11,7 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/metadata"
 )
 
 // Follower defaults.
@@ -137,7 +138,7 @@ func (f *Follower) follow(ctx context.Context) (bool, error) {
 	if !f.install(m, rev) {
 		return true, nil
 	}
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	wctx, cancel := context.WithCancel(followStream(ctx))
 	defer cancel()
 	for wr := range f.client.Watch(wctx, f.state, clientv3.WithPrefix(), clientv3.WithRev(rev+1)) {
 		if err := wr.Err(); err != nil {
@@ -247,7 +248,16 @@ func (f *Follower) Status() Status {
 // answer moves the revision if the watch has sent everything up to the
 // cluster's current one. etcd answers only a watch that has caught up.
 func (f *Follower) RequestProgress(ctx context.Context) error {
-	return f.client.RequestProgress(clientv3.WithRequireLeader(ctx))
+	return f.client.RequestProgress(followStream(ctx))
+}
+
+// followStream gives the follower's watch a gRPC stream of its own (the
+// client shares one per distinct metadata) that requires an etcd leader:
+// etcd answers a progress request only when every watch on the stream
+// has caught up and none starts in the future, which the election's
+// watches (each from the revision after a read) often do.
+func followStream(ctx context.Context) context.Context {
+	return metadata.AppendToOutgoingContext(clientv3.WithRequireLeader(ctx), "bigfleet-watch", "follow")
 }
 
 // Take waits until the copy is current at rev or later (asking etcd for
