@@ -79,6 +79,7 @@ func benchTakeover(b *testing.B, machines int) {
 	}
 	cl := c.Client(b)
 	var lease, own, inProc, total []time.Duration
+	warm := 0 // takeovers that started from the warm copy
 	b.ResetTimer()
 	for i := range b.N {
 		old := s.waitLeader(b)
@@ -96,6 +97,9 @@ func benchTakeover(b *testing.B, machines int) {
 		own = append(own, acked.Sub(del))
 		total = append(total, acked.Sub(t0))
 		inProc = append(inProc, loadTime(b, s.reps[next].Output()))
+		if strings.Contains(s.reps[next].Output(), warmTaken) {
+			warm++
+		}
 		s.reps[old].Launch()
 		waitWarm(b, s.reps[old])
 		b.StartTimer()
@@ -105,8 +109,8 @@ func benchTakeover(b *testing.B, machines int) {
 		b.ReportMetric(float64(pct(d, 0.5).Microseconds())/1000, "ms-"+name+"-p50")
 		b.ReportMetric(float64(pct(d, 1).Microseconds())/1000, "ms-"+name+"-max")
 	}
-	fmt.Fprintf(os.Stderr, "takeover of %d machines: kill -9 -> acknowledged Create %s; lease (kill -> election key deleted) %s; provider's own part (deleted -> acknowledged) %s; of which elected -> serving (standby's log) %s\n",
-		machines, dist(total), dist(lease), dist(own), dist(inProc))
+	fmt.Fprintf(os.Stderr, "takeover of %d machines (%d of %d from the warm copy): kill -9 -> acknowledged Create %s; lease (kill -> election key deleted) %s; provider's own part (deleted -> acknowledged) %s; of which elected -> serving (standby's log) %s\n",
+		machines, warm, b.N, dist(total), dist(lease), dist(own), dist(inProc))
 }
 
 // waitWarm waits until replica p's current process has loaded its copy.

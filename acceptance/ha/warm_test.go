@@ -15,8 +15,9 @@ import (
 	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
-// warmMachines is the fleet of the warm-standby tests.
-const warmMachines = 16
+// warmTaken is what a new leader logs when its term starts from its
+// warm copy.
+const warmTaken = `msg="state taken from the warm standby's copy"`
 
 // startStandbyVia starts one more replica of s whose etcd endpoints are
 // the given proxies (so the test can cut its network alone) and waits
@@ -124,6 +125,9 @@ func TestWarmStandbyBrokenWatch(t *testing.T) {
 		out := s.reps[1].Output()
 		if !strings.Contains(out, "required revision has been compacted") {
 			t.Errorf("the standby's watch was never told of the compaction:\n%s", tailLines(out, 40))
+		}
+		if !strings.Contains(out, warmTaken) {
+			t.Errorf("the new leader did not start from its reloaded copy:\n%s", tailLines(out, 40))
 		}
 		t.Logf("standby's follow and load lines:\n%s", grepLines(out, "follow", "warm", "state loaded", "leading"))
 	})
