@@ -39,6 +39,22 @@ type FollowOptions struct {
 	Retry time.Duration
 	// Logger receives reloads and failures; nil discards them.
 	Logger *slog.Logger
+	// Decode, when set, decodes every value as it arrives (nil: nothing
+	// to keep); Take hands the results over with the copy, so a new term
+	// need not decode the document itself.
+	Decode func(key string, value []byte) any
+}
+
+// Copy is a follower's copy of the document, handed over by Take.
+type Copy struct {
+	// Values are the key/value pairs under the prefix's state directory,
+	// keys without it.
+	Values map[string][]byte
+	// Decoded holds FollowOptions.Decode's result for each key it did not
+	// return nil for, decoded from exactly the value in Values.
+	Decoded map[string]any
+	// Revision is the revision the copy is current at.
+	Revision int64
 }
 
 // Follower keeps one current copy of the document's key/value pairs under
@@ -56,12 +72,14 @@ type Follower struct {
 	page   int64
 	retry  time.Duration
 	log    *slog.Logger
+	decode func(key string, value []byte) any
 
 	mu      sync.Mutex
 	advance chan struct{} // closed (and replaced) whenever rev moves
 	doc     map[string][]byte
-	bytes   int64 // len(key)+len(value) over doc
-	rev     int64 // the revision doc is current at; 0 while there is none
+	dec     map[string]any // decode's results, when set
+	bytes   int64          // len(key)+len(value) over doc
+	rev     int64          // the revision doc is current at; 0 while there is none
 	taken   bool
 	loads   int   // full loads so far
 	err     error // why the last load or watch ended
@@ -87,7 +105,7 @@ func NewFollower(client *clientv3.Client, prefix string, opts FollowOptions) (*F
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Follower{client: client, state: prefix + stateDir, page: int64(opts.LoadPageSize),
-		retry: opts.Retry, log: log, advance: make(chan struct{})}, nil
+		retry: opts.Retry, log: log, decode: opts.Decode, advance: make(chan struct{})}, nil
 }
 
 // Run follows the state until ctx ends or Take took the copy. A follower
@@ -157,15 +175,24 @@ func (f *Follower) follow(ctx context.Context) (bool, error) {
 // install makes m, read at rev, the copy; false once it was taken.
 func (f *Follower) install(m map[string][]byte, rev int64) bool {
 	var n int64
+	var dec map[string]any
+	if f.decode != nil {
+		dec = make(map[string]any, len(m))
+	}
 	for k, v := range m {
 		n += int64(len(k) + len(v))
+		if f.decode != nil {
+			if d := f.decode(k, v); d != nil {
+				dec[k] = d
+			}
+		}
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.taken {
 		return false
 	}
-	f.doc, f.bytes, f.loads, f.err = m, n, f.loads+1, nil
+	f.doc, f.dec, f.bytes, f.loads, f.err = m, dec, n, f.loads+1, nil
 	f.moveLocked(rev)
 	f.log.Info("following the etcd state", "keys", len(m), "revision", rev)
 	return true
@@ -193,11 +220,19 @@ func (f *Follower) apply(wr clientv3.WatchResponse) bool {
 		if old, ok := f.doc[k]; ok {
 			f.bytes -= int64(len(k) + len(old))
 		}
+		if f.dec != nil {
+			delete(f.dec, k)
+		}
 		if ev.Type == mvccpb.DELETE {
 			delete(f.doc, k)
 			continue
 		}
 		f.doc[k] = ev.Kv.Value
+		if f.decode != nil {
+			if d := f.decode(k, ev.Kv.Value); d != nil {
+				f.dec[k] = d
+			}
+		}
 		f.bytes += int64(len(k) + len(ev.Kv.Value))
 	}
 	f.moveLocked(wr.Events[len(wr.Events)-1].Kv.ModRevision)
@@ -266,17 +301,17 @@ func followStream(ctx context.Context) context.Context {
 // caller must know that nothing else writes the prefix after rev (a new
 // leader: the old one's writes are fenced). It fails with ErrNotCurrent
 // when ctx ends first.
-func (f *Follower) Take(ctx context.Context, rev int64) (map[string][]byte, int64, error) {
+func (f *Follower) Take(ctx context.Context, rev int64) (Copy, error) {
 	tick := time.NewTicker(progressEvery)
 	defer tick.Stop()
 	asked := false
 	for {
 		f.mu.Lock()
 		if f.doc != nil && !f.taken && f.rev >= rev {
-			m, at := f.doc, f.rev
-			f.doc, f.bytes, f.rev, f.taken = nil, 0, 0, true
+			c := Copy{Values: f.doc, Decoded: f.dec, Revision: f.rev}
+			f.doc, f.dec, f.bytes, f.rev, f.taken = nil, nil, 0, 0, true
 			f.mu.Unlock()
-			return m, at, nil
+			return c, nil
 		}
 		have, advance := f.rev, f.advance
 		f.mu.Unlock()
@@ -291,7 +326,7 @@ func (f *Follower) Take(ctx context.Context, rev int64) (map[string][]byte, int6
 		case <-tick.C:
 			asked = false
 		case <-ctx.Done():
-			return nil, 0, fmt.Errorf("%w: at revision %d, revision %d needed: %w", ErrNotCurrent, have, rev, context.Cause(ctx))
+			return Copy{}, fmt.Errorf("%w: at revision %d, revision %d needed: %w", ErrNotCurrent, have, rev, context.Cause(ctx))
 		}
 	}
 }
@@ -301,5 +336,5 @@ func (f *Follower) Take(ctx context.Context, rev int64) (map[string][]byte, int6
 func (f *Follower) Stop() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.doc, f.bytes, f.rev, f.taken = nil, 0, 0, true
+	f.doc, f.dec, f.bytes, f.rev, f.taken = nil, nil, 0, 0, true
 }

@@ -17,7 +17,13 @@ import (
 // startFollower runs a follower of prefix on cl until the test ends.
 func startFollower(t *testing.T, cl *clientv3.Client, prefix string) *Follower {
 	t.Helper()
-	f, err := NewFollower(cl, prefix, FollowOptions{LoadPageSize: 7, Retry: 200 * time.Millisecond})
+	f, err := NewFollower(cl, prefix, FollowOptions{LoadPageSize: 7, Retry: 200 * time.Millisecond,
+		Decode: func(key string, value []byte) any {
+			if strings.HasPrefix(key, "skip/") {
+				return nil
+			}
+			return "decoded:" + string(value)
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,14 +67,14 @@ func take(t *testing.T, f *Follower, cl *clientv3.Client) map[string]string {
 	rev := headRev(t, cl)
 	ctx, cancel := context.WithTimeout(ctxFor(t), wait)
 	defer cancel()
-	m, at, err := f.Take(ctx, rev)
+	c, err := f.Take(ctx, rev)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if at < rev {
-		t.Fatalf("Take returned a copy at revision %d, below the %d asked for", at, rev)
+	if c.Revision < rev {
+		t.Fatalf("Take returned a copy at revision %d, below the %d asked for", c.Revision, rev)
 	}
-	return strMap(m)
+	return strMap(c.Values)
 }
 
 // The follower loads once and then applies the watch: puts, overwrites,
@@ -101,6 +107,8 @@ func TestFollowerAppliesEvents(t *testing.T) {
 		big = append(big, Op{Key: fmt.Sprintf("big/%02d", i), Value: value(i, 10)})
 	}
 	commitModel(big...)
+	commitModel(Op{Key: "skip/1", Value: []byte("x")}, Op{Key: "skip/2", Value: []byte("y")})
+	commitModel(Op{Key: "skip/1", Delete: true})
 	rev := headRev(t, cl)
 	st := waitFollower(t, f, "catching up", func(st Status) bool { return st.Revision >= rev })
 	if st.Loads != 1 {
@@ -109,8 +117,21 @@ func TestFollowerAppliesEvents(t *testing.T) {
 	if st.Bytes != md.bytes() || st.Keys != len(md.snapshot()) {
 		t.Errorf("the copy holds %d keys and %d bytes, the document %d and %d", st.Keys, st.Bytes, len(md.snapshot()), md.bytes())
 	}
-	if diff := cmp.Diff(md.snapshot(), take(t, f, cl)); diff != "" {
+	cp, err := f.Take(ctxFor(t), rev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(md.snapshot(), strMap(cp.Values)); diff != "" {
 		t.Errorf("copy differs from the committed document (-want +got):\n%s", diff)
+	}
+	wantDecoded := map[string]any{}
+	for k, v := range md.snapshot() {
+		if !strings.HasPrefix(k, "skip/") {
+			wantDecoded[k] = "decoded:" + v
+		}
+	}
+	if diff := cmp.Diff(wantDecoded, cp.Decoded); diff != "" {
+		t.Errorf("decoded records differ from the copy's values (-want +got):\n%s", diff)
 	}
 	if st := f.Status(); st.HasCurrent || st.Revision != 0 {
 		t.Errorf("after Take the follower still holds a copy: %+v", st)
@@ -142,7 +163,7 @@ func TestFollowerTakeWaitsForProgress(t *testing.T) {
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctxFor(t), 200*time.Millisecond)
-	_, _, err := f.Take(ctx, headRev(t, cl)+1000)
+	_, err := f.Take(ctx, headRev(t, cl)+1000)
 	cancel()
 	if !errors.Is(err, ErrNotCurrent) {
 		t.Fatalf("Take of a revision nobody wrote: %v, want ErrNotCurrent", err)
@@ -279,11 +300,11 @@ func TestStoreLoadTakesWarmCopy(t *testing.T) {
 			termB := lead(t, newElector(t, newClient(t, c), prefix, "replica-b", 0))
 			warm := false
 			b := openStore(t, cl, prefix, termB, Options{WarmWait: 300 * time.Millisecond,
-				Warm: func(ctx context.Context, rev int64) (map[string][]byte, int64, error) {
-					m, at, err := f.Take(ctx, rev)
+				Warm: func(ctx context.Context, rev int64) (Copy, error) {
+					c, err := f.Take(ctx, rev)
 					warm = err == nil
-					t.Logf("Take(%d): at %d, %v", rev, at, err)
-					return m, at, err
+					t.Logf("Take(%d): at %d, %v", rev, c.Revision, err)
+					return c, err
 				}})
 			m, err := b.Load(ctxFor(t))
 			if err != nil {

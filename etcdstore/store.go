@@ -81,7 +81,7 @@ type Options struct {
 	// writer key at (after this term began, so it holds every write of
 	// every earlier term), waiting at most WarmWait, and reads etcd
 	// itself only when it is not (see Follower.Take).
-	Warm func(ctx context.Context, rev int64) (map[string][]byte, int64, error)
+	Warm func(ctx context.Context, rev int64) (Copy, error)
 	// WarmWait bounds Load's wait for Warm. Zero means DefaultWarmWait.
 	WarmWait time.Duration
 	// OnCommit, if set, is called after every successful txn with the
@@ -121,6 +121,7 @@ type Store struct {
 
 	size    atomic.Int64
 	stopped chan struct{}
+	decoded map[string]any // Load's warm copy's decoded records (under mu)
 }
 
 type pending struct {
@@ -220,15 +221,18 @@ func Open(ctx context.Context, client *clientv3.Client, prefix string, term *Ter
 func (s *Store) Load(ctx context.Context) (map[string][]byte, error) {
 	if s.opts.Warm != nil {
 		wctx, cancel := context.WithTimeout(ctx, s.opts.WarmWait)
-		m, rev, err := s.opts.Warm(wctx, s.openRev)
+		c, err := s.opts.Warm(wctx, s.openRev)
 		cancel()
 		if err == nil {
 			if err := s.term.Err(); err != nil {
 				return nil, fmt.Errorf("load: %w", err)
 			}
-			s.log.Info("state taken from the warm standby's copy", "keys", len(m), "revision", rev, "needed", s.openRev)
-			s.adopt(m)
-			return m, nil
+			s.log.Info("state taken from the warm standby's copy", "keys", len(c.Values), "decoded", len(c.Decoded), "revision", c.Revision, "needed", s.openRev)
+			s.adopt(c.Values)
+			s.mu.Lock()
+			s.decoded = c.Decoded
+			s.mu.Unlock()
+			return c.Values, nil
 		}
 		s.log.Warn("the warm standby's copy is not current; loading the state from etcd", "err", err)
 	}
@@ -309,6 +313,17 @@ func (s *Store) Healthy() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.err
+}
+
+// Decoded hands over the decoded records of the warm copy Load took
+// (see Copy.Decoded), once: nil after the first call, and when Load read
+// etcd itself.
+func (s *Store) Decoded() map[string]any {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d := s.decoded
+	s.decoded = nil
+	return d
 }
 
 // Size is the number of key and value bytes the store holds: what Load

@@ -77,7 +77,7 @@ func (p *Provider) newReplica(ctx context.Context) (*replica, error) {
 		client.Close()
 		return nil, err
 	}
-	warm, err := etcdstore.NewFollower(client, e.Prefix, etcdstore.FollowOptions{Logger: p.log})
+	warm, err := etcdstore.NewFollower(client, e.Prefix, etcdstore.FollowOptions{Logger: p.log, Decode: desired.DecodeRecord})
 	if err != nil {
 		client.Close()
 		return nil, err
@@ -210,7 +210,7 @@ func (p *Provider) openLeaderTerm(tm *etcdstore.Term) (*term, error) {
 	if err != nil {
 		return nil, err
 	}
-	t, err := openTerm(ctx, p.cfg, p.log, p.Metrics, journaled{store}, tm.Err)
+	t, err := openTerm(ctx, p.cfg, p.log, p.Metrics, journaled{store}, tm.Err, store.Decoded)
 	if err != nil {
 		return nil, err
 	}
