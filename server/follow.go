@@ -142,7 +142,8 @@ func (f *follower) health() error {
 	err := f.err
 	var behind *head
 	if len(f.heads) > 0 {
-		behind = &f.heads[len(f.heads)-1]
+		h := f.heads[len(f.heads)-1] // a copy: lag rewrites heads in place
+		behind = &h
 	}
 	f.mu.Unlock()
 	if f.warm != nil && err == nil {

@@ -3,6 +3,8 @@ package server
 import (
 	"errors"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -81,4 +83,23 @@ func TestFollowerWarmLag(t *testing.T) {
 	if len(f.heads) != maxHeads {
 		t.Errorf("%d heads kept, want at most %d", len(f.heads), maxHeads)
 	}
+
+	// A scrape reads lag and health at once while the follower reads
+	// heads: nothing of the follower is read outside its lock (-race).
+	var tick atomic.Int64
+	f.mu.Lock()
+	f.now = func() time.Time { return now.Add(time.Duration(tick.Add(1)) * time.Second) }
+	f.warm = func() (int64, error) { return 250, nil }
+	f.mu.Unlock()
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for i := range 200 {
+				read(int64(200 + i))
+				_ = f.health()
+				_ = f.lag()
+			}
+		})
+	}
+	wg.Wait()
 }
