@@ -45,6 +45,12 @@ type Slot struct {
 // Options configure a Document.
 type Options struct {
 	Store Store
+	// Decoded, when set, is called once after Store.Load and returns
+	// records already decoded by DecodeRecord from exactly the values
+	// Load returned for the same keys (a warm standby decodes each record
+	// as it arrives). Open takes those instead of decoding the values
+	// again, and validates them all the same.
+	Decoded func() map[string]any
 	// Installation names this installation in VM names and markers. If the
 	// store already records one, a different non-empty value is an error.
 	Installation string
@@ -190,6 +196,21 @@ type loaded struct {
 	lost     []byte // the store's loss report (LossKey), nil if none
 }
 
+// DecodeRecord decodes one stored record ahead of Open (see
+// Options.Decoded): a machine record's value, nil for any other key or a
+// value that does not decode (Open decodes those itself, and reports
+// them). The result is the caller's until Open takes it.
+func DecodeRecord(key string, value []byte) any {
+	if !strings.HasPrefix(key, keyMachine) {
+		return nil
+	}
+	m := &Machine{}
+	if json.Unmarshal(value, m) != nil {
+		return nil
+	}
+	return m
+}
+
 // decode reads a stored document. It checks the format and the
 // installation id against opts, but changes nothing.
 func decode(stored map[string][]byte, opts Options) (*loaded, error) {
@@ -223,14 +244,21 @@ func decode(stored map[string][]byte, opts Options) (*loaded, error) {
 		}
 	}
 	ld.lost = stored[LossKey]
+	var pre map[string]any
+	if opts.Decoded != nil {
+		pre = opts.Decoded()
+	}
 	ids := map[string]bool{}
 	var fenceKeys []string
 	for k, raw := range stored {
 		switch {
 		case strings.HasPrefix(k, keyMachine):
-			m := &Machine{}
-			if err := json.Unmarshal(raw, m); err != nil {
-				return nil, fmt.Errorf("state: decode machine %s: %w", Clip(strings.TrimPrefix(k, keyMachine), maxEcho), err)
+			m, _ := pre[k].(*Machine)
+			if m == nil {
+				m = &Machine{}
+				if err := json.Unmarshal(raw, m); err != nil {
+					return nil, fmt.Errorf("state: decode machine %s: %w", Clip(strings.TrimPrefix(k, keyMachine), maxEcho), err)
+				}
 			}
 			if err := validMachine(k, m); err != nil {
 				return nil, fmt.Errorf("state: record %s: %v: the document never writes such a value, so it is refused rather than served (the state was damaged, or written by something else)", Clip(k, maxEcho), err)

@@ -66,6 +66,13 @@
 //   - Consistent load. Load reads P/state/ in pages (Options.LoadPageSize)
 //     at the revision of its first page, which is read in a txn guarded by
 //     the term; it restarts if compaction overtakes that revision.
+//   - Warm load. With Options.Warm, Load takes a standby's copy
+//     (Follower.Take) once it is current at the revision Open read
+//     P/writer at in its guarded txn, after the term began: every earlier
+//     term's writes were guarded by an election key deleted before then,
+//     so the copy equals what the guarded read would return. A copy that
+//     does not get there within Options.WarmWait is dropped and Load
+//     reads etcd.
 //
 // # Standbys
 //
@@ -74,6 +81,13 @@
 // Elector.Leader (one read) or Elector.Observe (a watch) name the leader
 // for UNAVAILABLE answers. When the Term's Done closes, the holder stops
 // its executor and reconcile loop, closes its Store and campaigns again.
+//
+// A Follower keeps a standby's one copy of P/state/: a consistent load,
+// then a watch from the next revision (on a gRPC stream of its own, so
+// etcd answers its progress requests), every event applied as it comes;
+// a watch compacted past, cancelled or closed means a fresh load. Its
+// revision moves with the last applied event or a progress report, and
+// Take waits (asking for progress) until it reaches the revision asked.
 //
 // # Operating etcd
 //

@@ -31,6 +31,7 @@ const (
 	DefaultAttemptTimeout  = 2 * time.Second
 	DefaultLoadPageSize    = 4096
 	DefaultChunkParallel   = 4
+	DefaultWarmWait        = time.Second
 	// MaxKeyBytes caps an Op's key.
 	MaxKeyBytes = 4096
 	// txnReserve is the part of a request kept for the compares, the
@@ -73,6 +74,14 @@ type Options struct {
 	ChunkParallel int
 	// Logger receives failures; nil discards them.
 	Logger *slog.Logger
+	// Warm, if set, is a warm standby's copy of the document: Load takes
+	// it from there once it is current at the revision Open read the
+	// writer key at (after this term began, so it holds every write of
+	// every earlier term), waiting at most WarmWait, and reads etcd
+	// itself only when it is not (see Follower.Take).
+	Warm func(ctx context.Context, rev int64) (Copy, error)
+	// WarmWait bounds Load's wait for Warm. Zero means DefaultWarmWait.
+	WarmWait time.Duration
 	// OnCommit, if set, is called after every successful txn with the
 	// number of ops and request bytes it carried and how long it took. It
 	// runs on the committer goroutine and must return quickly.
@@ -104,11 +113,13 @@ type Store struct {
 	// Owned by the committer goroutine (and Load, which runs before it
 	// has work).
 	writerRev int64          // mod revision of writerKey after our last txn
+	openRev   int64          // the revision Open read the writer key at
 	seq       uint64         // txns sent in this term
 	sizes     map[string]int // committed key → len(key)+len(value)
 
 	size    atomic.Int64
 	stopped chan struct{}
+	decoded map[string]any // Load's warm copy's decoded records (under mu)
 }
 
 type pending struct {
@@ -144,6 +155,9 @@ func Open(ctx context.Context, client *clientv3.Client, prefix string, term *Ter
 	}
 	if opts.ChunkParallel == 0 {
 		opts.ChunkParallel = DefaultChunkParallel
+	}
+	if opts.WarmWait == 0 {
+		opts.WarmWait = DefaultWarmWait
 	}
 	switch {
 	case opts.MaxTxnOps < 2:
@@ -186,6 +200,7 @@ func Open(ctx context.Context, client *clientv3.Client, prefix string, term *Ter
 	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 		s.writerRev = kvs[0].ModRevision
 	}
+	s.openRev = resp.Header.Revision
 	s.stopWatch = context.AfterFunc(term.Context(), func() { s.fail(context.Cause(term.Context())) })
 	go s.run()
 	return s, nil
@@ -195,7 +210,30 @@ func Open(ctx context.Context, client *clientv3.Client, prefix string, term *Ter
 // pages at one revision; the first page is a txn guarded by the term, so
 // everything the previous leader committed is included and nothing it
 // could still send is. Call it once, before the first Commit.
+//
+// With Options.Warm it takes the standby's copy instead, once that is
+// current at the revision Open read: every earlier term's writes were
+// guarded by an election key deleted before this term began, so the
+// document as of that revision is the document until this term writes,
+// exactly what a guarded read would return.
 func (s *Store) Load(ctx context.Context) (map[string][]byte, error) {
+	if s.opts.Warm != nil {
+		wctx, cancel := context.WithTimeout(ctx, s.opts.WarmWait)
+		c, err := s.opts.Warm(wctx, s.openRev)
+		cancel()
+		if err == nil {
+			if err := s.term.Err(); err != nil {
+				return nil, fmt.Errorf("load: %w", err)
+			}
+			s.log.Info("state taken from the warm standby's copy", "keys", len(c.Values), "decoded", len(c.Decoded), "revision", c.Revision, "needed", s.openRev)
+			s.adopt(c.Values)
+			s.mu.Lock()
+			s.decoded = c.Decoded
+			s.mu.Unlock()
+			return c.Values, nil
+		}
+		s.log.Warn("the warm standby's copy is not current; loading the state from etcd", "err", err)
+	}
 	guarded := func(ctx context.Context, get clientv3.Op) (*pb.RangeResponse, int64, error) {
 		resp, err := s.client.Txn(ctx).If(s.term.Guard()).Then(get).Commit()
 		if err != nil {
@@ -214,6 +252,12 @@ func (s *Store) Load(ctx context.Context) (map[string][]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load: %w", err)
 	}
+	s.adopt(m)
+	return m, nil
+}
+
+// adopt sizes the loaded document.
+func (s *Store) adopt(m map[string][]byte) {
 	sizes := make(map[string]int, len(m))
 	var total int64
 	for k, v := range m {
@@ -224,7 +268,6 @@ func (s *Store) Load(ctx context.Context) (map[string][]byte, error) {
 	s.sizes = sizes
 	s.mu.Unlock()
 	s.size.Store(total)
-	return m, nil
 }
 
 // Commit queues ops as one batch and returns without waiting. done, if
@@ -268,6 +311,17 @@ func (s *Store) Healthy() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.err
+}
+
+// Decoded hands over the decoded records of the warm copy Load took
+// (see Copy.Decoded), once: nil after the first call, and when Load read
+// etcd itself.
+func (s *Store) Decoded() map[string]any {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d := s.decoded
+	s.decoded = nil
+	return d
 }
 
 // Size is the number of key and value bytes the store holds: what Load

@@ -126,7 +126,7 @@ var (
 		"1 while this replica serves the desired state (a single provider once started; of replicas sharing an etcd state, the leader while its lease holds), else 0 (a standby). Only the serving replica exports zone, drift, plan, observation and machine series.",
 		[]string{"provider"}, nil)
 	followLagDesc = prometheus.NewDesc(ns+"_state_follow_lag_seconds",
-		"Replicas of a replicated (etcd) state: seconds since this replica last confirmed it reads the committed state (0 on the leader, which writes it). A standby that cannot follow grows it.",
+		"Replicas of a replicated (etcd) state: on a standby, the age of the newest committed state its warm copy of the document has caught up with (the state is read every 2 s; the copy must reach that read's revision); 0 on the leader, which writes it. A standby that cannot follow or keep up grows it.",
 		nil, nil)
 )
 

@@ -22,22 +22,41 @@ const (
 	followStale   = 10 * time.Second
 )
 
+// maxHeads bounds the heads a warm standby remembers until its copy
+// reaches them (followEvery apart: the last 32 s).
+const maxHeads = 16
+
 // follower is how a replica of an etcd state knows it could take over:
 // it reads the store's head (the writer key, one small linearizable read)
-// every followEvery and remembers when that last worked. Its lag is what
-// state_follow_lag_seconds reports, and on a standby what state_healthy
-// checks. A warm standby that applies the document as it changes (a
-// later step) reports through the same two series: its lag is then the
-// age of the newest change it has applied.
+// every followEvery. Its lag is what state_follow_lag_seconds reports,
+// and on a standby what state_healthy and /readyz check.
+//
+// A warm standby (warm set: the revision its copy of the document is
+// current at) counts a head as reached only once its copy is current at
+// the head's revision (it asks etcd for a progress report after each
+// read, so an idle state confirms too): its lag is the age of the newest
+// head its copy has reached. Without warm, the lag is the age of the
+// last successful read.
 type follower struct {
 	client *clientv3.Client
 	key    string
 	now    func() time.Time
+	// warm, when set, is the revision the standby's copy is current at,
+	// and progress asks etcd to report the copy's watch progress.
+	warm     func() (int64, error)
+	progress func(context.Context) error
 
 	mu      sync.Mutex
 	started time.Time
-	last    time.Time // the last successful read; zero: none yet
+	last    time.Time // the last head read (reached, when warm); zero: none yet
 	err     error     // the last failed read's error
+	heads   []head    // warm: heads read but not reached yet, oldest first
+}
+
+// head is the cluster's revision at a read of the head, and when.
+type head struct {
+	rev int64
+	at  time.Time
 }
 
 func newFollower(client *clientv3.Client, prefix string) *follower {
@@ -51,29 +70,58 @@ func (f *follower) run(ctx context.Context) {
 	f.mu.Unlock()
 	for {
 		rctx, cancel := context.WithTimeout(ctx, followTimeout)
-		_, err := f.client.Get(rctx, f.key)
+		resp, err := f.client.Get(rctx, f.key)
 		cancel()
 		if ctx.Err() != nil {
 			return
 		}
-		f.mu.Lock()
-		if err == nil {
-			f.last, f.err = f.now(), nil
-		} else {
-			f.err = err
+		f.read(resp, err)
+		if err == nil && f.progress != nil {
+			pctx, cancel := context.WithTimeout(ctx, followTimeout)
+			_ = f.progress(pctx)
+			cancel()
 		}
-		f.mu.Unlock()
 		if retry.Sleep(ctx, followEvery) != nil {
 			return
 		}
 	}
 }
 
+// read records one read of the head.
+func (f *follower) read(resp *clientv3.GetResponse, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err != nil {
+		f.err = err
+		return
+	}
+	f.err = nil
+	if f.warm == nil {
+		f.last = f.now()
+		return
+	}
+	if len(f.heads) == maxHeads {
+		f.heads = append(f.heads[:0], f.heads[1:]...)
+	}
+	f.heads = append(f.heads, head{rev: resp.Header.Revision, at: f.now()})
+}
+
 // lag is how many seconds ago the committed state was last read (since
-// the follower started, when it never was).
+// the follower started, when it never was); with a warm copy, the age of
+// the newest head the copy has reached.
 func (f *follower) lag() float64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.warm != nil {
+		rev, _ := f.warm()
+		n := 0
+		for i, h := range f.heads {
+			if h.rev <= rev {
+				f.last, n = h.at, i+1
+			}
+		}
+		f.heads = append(f.heads[:0], f.heads[n:]...)
+	}
 	since := f.last
 	if since.IsZero() {
 		since = f.started
@@ -92,7 +140,22 @@ func (f *follower) health() error {
 	}
 	f.mu.Lock()
 	err := f.err
+	var behind *head
+	if len(f.heads) > 0 {
+		h := f.heads[len(f.heads)-1] // a copy: lag rewrites heads in place
+		behind = &h
+	}
 	f.mu.Unlock()
+	if f.warm != nil && err == nil {
+		rev, werr := f.warm()
+		if werr == nil && behind != nil {
+			werr = fmt.Errorf("its copy is at revision %d, the state was at revision %d at %s", rev, behind.rev, behind.at.UTC().Format(time.RFC3339))
+		}
+		if werr == nil {
+			werr = errors.New("no answer")
+		}
+		return fmt.Errorf("this standby has not kept up with the etcd state for over %s: %w", followStale, werr)
+	}
 	if err == nil {
 		err = errors.New("no answer")
 	}

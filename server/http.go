@@ -131,6 +131,11 @@ func (p *Provider) httpHandler(serving *atomic.Bool) http.Handler {
 				}
 			}
 			problems = append(problems, msg)
+			if p.ha != nil {
+				if err := p.ha.follow.health(); err != nil {
+					problems = append(problems, "standby: "+err.Error())
+				}
+			}
 		default:
 			if err := t.doc.Healthy(); err != nil {
 				problems = append(problems, "state store: "+err.Error())

@@ -30,6 +30,9 @@ type replica struct {
 	self    string                 // this replica's identity
 	leader  atomic.Pointer[string] // the leader's identity, "" while none
 	follow  *follower
+	// warm is this replica's copy of the document while it stands by: a
+	// new term starts from it instead of loading the state.
+	warm *etcdstore.Follower
 	// trouble says why the last attempt to lead failed, nil once a term
 	// opened; /readyz reports it.
 	trouble atomic.Pointer[trouble]
@@ -74,7 +77,34 @@ func (p *Provider) newReplica(ctx context.Context) (*replica, error) {
 		client.Close()
 		return nil, err
 	}
-	return &replica{client: client, elector: elector, self: e.Identity, follow: newFollower(client, e.Prefix)}, nil
+	warm, err := etcdstore.NewFollower(client, e.Prefix, etcdstore.FollowOptions{Logger: p.log, Decode: desired.DecodeRecord})
+	if err != nil {
+		client.Close()
+		return nil, err
+	}
+	follow := newFollower(client, e.Prefix)
+	follow.warm = func() (int64, error) {
+		st := warm.Status()
+		return st.Revision, st.Err
+	}
+	follow.progress = warm.RequestProgress
+	return &replica{client: client, elector: elector, self: e.Identity, follow: follow, warm: warm}, nil
+}
+
+// standBy starts following the document (the warm copy) until the
+// returned function is called, which stops it and waits for it.
+func (r *replica) standBy(ctx context.Context) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.warm.Run(ctx)
+	}()
+	return func() {
+		cancel()
+		r.warm.Stop()
+		<-done
+	}
 }
 
 // standbyError is what a standby answers every RPC with. It never names
@@ -107,8 +137,17 @@ func (p *Provider) lead(ctx context.Context, hs *health.Server, serving *atomic.
 	// does not reset it, only a term that opened does, so a replica that
 	// cannot open the state backs off instead of re-electing itself.
 	backoff := retry.Takeover.Backoff()
+	var stopWarm func()
+	defer func() {
+		if stopWarm != nil {
+			stopWarm()
+		}
+	}()
 	for ctx.Err() == nil {
 		setServing(hs, serving, false)
+		if stopWarm == nil {
+			stopWarm = r.standBy(ctx)
+		}
 		log.Info("standing by: campaigning for leadership", "identity", r.elector.Identity())
 		tm, err := r.elector.Campaign(ctx)
 		if err != nil {
@@ -121,6 +160,10 @@ func (p *Provider) lead(ctx context.Context, hs *health.Server, serving *atomic.
 		}
 		started := time.Now()
 		t, err := p.openLeaderTerm(tm)
+		// The copy went to the term (or is no longer needed): a leader
+		// follows nothing; the next standby period loads afresh.
+		stopWarm()
+		stopWarm = nil
 		if err != nil {
 			wait := r.failed("open the state", err, backoff)
 			log.Error("elected, but the state cannot be opened; resigning", "err", err, "wait", wait)
@@ -162,11 +205,12 @@ func (p *Provider) lead(ctx context.Context, hs *health.Server, serving *atomic.
 func (p *Provider) openLeaderTerm(tm *etcdstore.Term) (*term, error) {
 	ctx := tm.Context()
 	store, err := etcdstore.Open(ctx, p.ha.client, p.cfg.Etcd.Prefix, tm, etcdstore.Options{Logger: p.log,
+		Warm:     p.ha.warm.Take,
 		OnCommit: func(ops, bytes int, took time.Duration) { p.Metrics.Commit(ops, bytes, took) }})
 	if err != nil {
 		return nil, err
 	}
-	t, err := openTerm(ctx, p.cfg, p.log, p.Metrics, journaled{store}, tm.Err)
+	t, err := openTerm(ctx, p.cfg, p.log, p.Metrics, journaled{store}, tm.Err, store.Decoded)
 	if err != nil {
 		return nil, err
 	}

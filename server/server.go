@@ -124,7 +124,7 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Provider
 	} else {
 		store = journaled{desired.NewMemoryStore(nil)}
 	}
-	t, err := openTerm(ctx, cfg, log, p.Metrics, store, nil)
+	t, err := openTerm(ctx, cfg, log, p.Metrics, store, nil, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -46,7 +46,9 @@ type term struct {
 //
 // guard, when set, is asked before every hypervisor step and before every
 // answer served from the document (an etcd leadership term's Err).
-func openTerm(ctx context.Context, cfg *config.Config, log *slog.Logger, m *metrics.Metrics, store stateStore, guard func() error) (_ *term, err error) {
+// decoded, when set, hands over records the store's load had decoded
+// already (a warm standby's copy; desired.Options.Decoded).
+func openTerm(ctx context.Context, cfg *config.Config, log *slog.Logger, m *metrics.Metrics, store stateStore, guard func() error, decoded func() map[string]any) (_ *term, err error) {
 	t := &term{store: store, log: log, guard: guard}
 	defer func() {
 		if err != nil {
@@ -57,6 +59,7 @@ func openTerm(ctx context.Context, cfg *config.Config, log *slog.Logger, m *metr
 	// store (a 100,000-machine etcd state takes a while to read).
 	once := &loadOnce{stateStore: store}
 	opts := docOptions(cfg, once)
+	opts.Decoded = decoded
 	opts.Notify = func(id string) {
 		if t.rec != nil {
 			t.rec.Enqueue(id)

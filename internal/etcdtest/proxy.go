@@ -50,6 +50,19 @@ func NewProxy(tb testing.TB, target string) *Proxy {
 // stay open and new ones are accepted but never reach the member.
 func (p *Proxy) Blackhole() { p.blackhole.Store(true) }
 
+// Heal ends a blackhole: every connection open now is closed (what was
+// dropped left their streams torn, as after a partition the peers time
+// out) and new ones are forwarded again.
+func (p *Proxy) Heal() {
+	p.mu.Lock()
+	p.blackhole.Store(false)
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+	p.mu.Unlock()
+}
+
 func (p *Proxy) accept() {
 	defer p.wg.Done()
 	for {
