@@ -73,8 +73,13 @@ func brief(evs []Event) []string {
 func TestHistoryRidesAlongWithCommits(t *testing.T) {
 	now := t0
 	store := &countingStore{MemoryStore: NewMemoryStore(nil)}
-	d := openHist(t, store, slots(2), &now, HistoryOptions{})
+	d := openHist(t, store, slots(1000), &now, HistoryOptions{})
 	id := "z1/kvm.small/000"
+	// Many other histories wait for a commit: at most histRingsPerCommit
+	// of them ride along with the Create, but never instead of its own.
+	for i := 1; i < 1000; i++ {
+		d.Record(fmt.Sprintf("z1/kvm.small/%03d", i), Event{Kind: EventDrift, Action: "start"})
+	}
 	before := store.count()
 	a, err := mut(t, d, Request{Kind: KindCreate, MachineID: id})
 	if err != nil {
@@ -85,6 +90,15 @@ func TestHistoryRidesAlongWithCommits(t *testing.T) {
 	}
 	if !contains(store.last(), keyHistory+id) || !contains(store.last(), keyMachine+id) {
 		t.Fatalf("the Create's batch %v does not carry the machine and its history together", store.last())
+	}
+	rings := 0
+	for _, k := range store.last() {
+		if strings.HasPrefix(k, keyHistory) {
+			rings++
+		}
+	}
+	if rings > histRingsPerCommit+1 {
+		t.Errorf("%d histories rode along with one Create, bound %d", rings, histRingsPerCommit+1)
 	}
 	// Steps are recorded without a commit.
 	before = store.count()
