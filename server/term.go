@@ -88,7 +88,10 @@ func openTerm(ctx context.Context, cfg *config.Config, log *slog.Logger, m *metr
 		// A guest command's start is committed before it is sent (for the
 		// record; the guest's own record of it decides what a re-driven
 		// transition does).
-		ExecStarting: doc.ExecStarting, Guard: guard, RepairAttempts: cfg.RepairAttempts})
+		ExecStarting: doc.ExecStarting, Guard: guard, RepairAttempts: cfg.RepairAttempts,
+		// Steps and guest commands go to the machine's history; they ride
+		// along with the next commit.
+		Record: doc.Record})
 	capacity := desired.OnDemand
 	if cfg.BareMetal {
 		capacity = desired.BareMetal
