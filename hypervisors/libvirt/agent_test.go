@@ -129,7 +129,7 @@ func testQGA(t *testing.T, send qgaSend) *qga {
 
 var fastPoll = retry.Policy{Initial: time.Millisecond, Max: 2 * time.Millisecond}
 
-var transport = guesttest.Transport{Faults: wireFaults,
+var qgaTransport = guesttest.Transport{Faults: wireFaults,
 	New: func(t *testing.T, g *guestsim.Guest, n int, f guesttest.Fault, onFault func()) guesttest.Env {
 		w := &wire{q: guestsim.NewQGA(g), n: n, fault: f, onFault: onFault, hang: make(chan struct{})}
 		t.Cleanup(func() { close(w.hang) })
@@ -138,13 +138,13 @@ var transport = guesttest.Transport{Faults: wireFaults,
 
 // The protocol's suite over libvirt's QGA passthrough.
 func TestGuestStepAtMostOnceAtEveryCall(t *testing.T) {
-	guesttest.TestAtMostOnceAtEveryCall(t, transport)
+	guesttest.TestAtMostOnceAtEveryCall(t, qgaTransport)
 }
 func TestGuestStepLeaderKilledAtEveryCall(t *testing.T) {
-	guesttest.TestLeaderKilledAtEveryCall(t, transport)
+	guesttest.TestLeaderKilledAtEveryCall(t, qgaTransport)
 }
-func TestExecDeadlineIsUnknownOutcome(t *testing.T) { guesttest.TestDeadline(t, transport) }
-func TestAgentWriteFile(t *testing.T)               { guesttest.TestWriteFile(t, transport) }
+func TestExecDeadlineIsUnknownOutcome(t *testing.T) { guesttest.TestDeadline(t, qgaTransport) }
+func TestAgentWriteFile(t *testing.T)               { guesttest.TestWriteFile(t, qgaTransport) }
 
 // A command to a zone whose connection is down never left this process:
 // it is a retryable class, so the caller may send it again.
