@@ -14,8 +14,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/bigfleet-vm/provider/config"
 	"github.com/bigfleet-vm/provider/conffile"
+	"github.com/bigfleet-vm/provider/config"
 	"github.com/bigfleet-vm/provider/desired"
 	"github.com/bigfleet-vm/provider/etcdstore"
 	"github.com/bigfleet-vm/provider/jsonhistory"
