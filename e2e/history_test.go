@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/bigfleet-vm/provider/internal/planschema"
 	"github.com/bigfleet-vm/provider/jsonhistory"
 )
 
@@ -18,6 +19,9 @@ func historyOf(t *testing.T, id string, args ...string) *jsonhistory.History {
 	out, code := runRaw(t, append([]string{"history", id, "--json"}, args...)...)
 	if code != 0 {
 		t.Fatalf("provider history %s %v: exit %d\n%s", id, args, code, out)
+	}
+	if err := planschema.ValidateHistory([]byte(out)); err != nil {
+		t.Fatalf("provider history %s: not valid against docs/history.schema.json: %v\n%s", id, err, out)
 	}
 	h, err := jsonhistory.Decode([]byte(out))
 	if err != nil {
