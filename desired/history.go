@@ -30,7 +30,7 @@ const (
 	DefaultHistoryEvents    = 50
 	DefaultHistoryTotal     = 500_000
 	DefaultHistoryRetention = 24 * time.Hour
-	histRingsPerCommit      = 64
+	histRingsPerCommit      = 8
 	histFlushRings          = 1024
 	// MaxHistoryErrorBytes clips an event's error text.
 	MaxHistoryErrorBytes = 512
