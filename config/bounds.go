@@ -54,6 +54,7 @@ var (
 		"delete-timeout":        {Min: time.Second, Max: 24 * time.Hour},
 		"shutdown-grace":        {Min: 0, Max: time.Hour},
 		"fake-latency":          {Min: 0, Max: time.Minute, Why: "0 is instant"},
+		"history-retention":     {Min: time.Minute, Max: 30 * 24 * time.Hour, Why: "how long a removed machine's history is kept"},
 		"libvirt-call-timeout":  {Min: time.Second, Max: time.Minute, Why: "one libvirt RPC; keep it well below the 30s observe budget"},
 	}
 	IntBounds = map[string]IntBound{
@@ -61,6 +62,8 @@ var (
 		"max-concurrent-per-zone": {Min: 1, Max: 1024},
 		"template-vmid":           {Min: inventory.MinVMID, Max: inventory.MaxVMID, Why: "the Proxmox VMID range"},
 		"repair-attempts":         {Min: 1, Max: 100, Why: "attempts per step of a drift repair before it is retried with backoff"},
+		"history-events":          {Min: 1, Max: 1000, Why: "events kept per machine; every commit of a machine rewrites its ring"},
+		"history-total-events":    {Min: 1000, Max: 10_000_000, Why: "events kept for all machines together, about 200 bytes each in memory and in the state"},
 	}
 	FloatBounds = map[string]FloatBound{
 		"price-per-vcpu-hour": {Min: 0, Max: inventory.MaxPricePerHour, Why: "0 makes that dimension free"},

@@ -41,11 +41,18 @@ type Config struct {
 	// out goes back to the work queue's per-machine backoff.
 	RepairTimeout  time.Duration
 	RepairAttempts int
-	Reflection     bool
-	TLS            TLS
-	LogFormat      string // "text" or "json"
-	LogLevel       slog.Level
-	StatePath      string // "" keeps state in memory only
+	// HistoryEvents, HistoryTotal and HistoryRetention bound the
+	// per-machine history (--history-events per machine,
+	// --history-total-events for all, --history-retention for machines
+	// that left the document).
+	HistoryEvents    int
+	HistoryTotal     int
+	HistoryRetention time.Duration
+	Reflection       bool
+	TLS              TLS
+	LogFormat        string // "text" or "json"
+	LogLevel         slog.Level
+	StatePath        string // "" keeps state in memory only
 	// StateRecover is --state-recover=truncate: open a file state past
 	// damage to acknowledged records, dropping them (statefile Recover).
 	StateRecover bool

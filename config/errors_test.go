@@ -76,6 +76,11 @@ func TestErrors(t *testing.T) {
 		{"drift repair delay out of range", with(fakeArgs, "--drift-repair-delay", "-1s"), []string{
 			"--drift-repair-delay: must be between 0s and 1h0m0s, got -1s (0 repairs at once)",
 		}},
+		{"history bounds", with(fakeArgs, "--history-events", "0", "--history-total-events", "10", "--history-retention", "0s"), []string{
+			"--history-events: must be between 1 and 1000, got 0 (events kept per machine; every commit of a machine rewrites its ring)",
+			"--history-total-events: must be between 1000 and 10000000, got 10 (events kept for all machines together, about 200 bytes each in memory and in the state)",
+			"--history-retention: must be between 1m0s and 720h0m0s, got 0s (how long a removed machine's history is kept)",
+		}},
 		{"drift repair delay too long", with(fakeArgs, "--drift-repair-delay", "2h"), []string{
 			"--drift-repair-delay: must be between 0s and 1h0m0s, got 2h0m0s (0 repairs at once)",
 		}},

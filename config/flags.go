@@ -46,6 +46,9 @@ type Flags struct {
 	driftRepairDelay      *time.Duration
 	repairTimeout         *time.Duration
 	repairAttempts        *int
+	historyEvents         *int
+	historyTotal          *int
+	historyRetention      *time.Duration
 	// etcd state flags (config/etcd.go).
 	etcdCA, etcdCert, etcdKey, advertiseAddr *string
 	leaderLease                              *time.Duration
@@ -133,6 +136,9 @@ func RegisterFlags(fs *flag.FlagSet) *Flags {
 	f.reconcileInterval = fs.Duration("reconcile-interval", 2*time.Minute, "Background reconcile interval (0 = off).")
 	f.driftRepairDelay = fs.Duration("drift-repair-delay", 0, "How long a drift repair a full pass finds (start a stopped VM, resume a paused one) waits before it runs, so `provider plan` can show it first (0 = at once; at most 1h).")
 	f.repairTimeout = fs.Duration("repair-timeout", 2*time.Minute, "Deadline of one run of a drift repair (a change without an intent); when it passes, or --repair-attempts are spent, the machine goes back to the work queue with its per-machine backoff (1s to 1h).")
+	f.historyEvents = fs.Int("history-events", 50, "Events kept in each machine's history, newest first out of the ring (1 to 1000); `provider history` reads them.")
+	f.historyTotal = fs.Int("history-total-events", 500000, "Events kept in the histories of all machines together; past it the oldest events go first (1000 to 10000000).")
+	f.historyRetention = fs.Duration("history-retention", 24*time.Hour, "How long the history of a machine that left the document (its offering was removed) is kept (1m to 720h).")
 	f.repairAttempts = fs.Int("repair-attempts", 5, "Attempts per step of one run of a drift repair before it goes back to the work queue with its per-machine backoff (1 to 100).")
 
 	// Observability and TLS.
@@ -164,6 +170,7 @@ var usageGroups = []struct {
 	{"Instance types & pricing", []string{"instance-types", "prices", "price-per-vcpu-hour", "price-per-gib-hour"}},
 	{"Offerings", []string{"offerings", "seed-count"}},
 	{"Lifecycle", []string{"create-timeout", "configure-timeout", "drain-timeout", "delete-timeout", "node-ready-exec", "max-concurrent-per-zone", "shutdown-grace", "reconcile-interval", "drift-repair-delay", "repair-timeout", "repair-attempts"}},
+	{"History", []string{"history-events", "history-total-events", "history-retention"}},
 	{"Observability & TLS", []string{"metrics-addr", "metrics-tls", "reflection", "log-format", "log-level", "tls-cert", "tls-key", "tls-ca"}},
 	{"Fake backend (testing only)", []string{"fake-latency", "fake-faults", "fake-admin"}},
 }

@@ -106,7 +106,7 @@ func TestUsage(t *testing.T) {
 			titles = append(titles, line)
 		}
 	}
-	want := []string{"Core:", "High availability (--state etcd://...):", "libvirt connection and launch parameters:", "Proxmox connection and clone parameters:", "Instance types & pricing:", "Offerings:", "Lifecycle:", "Observability & TLS:", "Fake backend (testing only):"}
+	want := []string{"Core:", "High availability (--state etcd://...):", "libvirt connection and launch parameters:", "Proxmox connection and clone parameters:", "Instance types & pricing:", "Offerings:", "Lifecycle:", "History:", "Observability & TLS:", "Fake backend (testing only):"}
 	if diff := cmp.Diff(want, titles); diff != "" {
 		t.Errorf("groups (-want +got):\n%s", diff)
 	}

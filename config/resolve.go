@@ -353,6 +353,12 @@ func (f *Flags) resolveCommon(c *Config, set map[string]bool, p *problems) {
 	p.duration("repair-timeout", c.RepairTimeout)
 	c.RepairAttempts = *f.repairAttempts
 	p.integer("repair-attempts", c.RepairAttempts)
+	c.HistoryEvents = *f.historyEvents
+	p.integer("history-events", c.HistoryEvents)
+	c.HistoryTotal = *f.historyTotal
+	p.integer("history-total-events", c.HistoryTotal)
+	c.HistoryRetention = *f.historyRetention
+	p.duration("history-retention", c.HistoryRetention)
 	if *f.nodeReadyExec != "" {
 		argv, err := parseArgv(*f.nodeReadyExec)
 		if err != nil {

@@ -494,6 +494,18 @@ func TestObservabilityKit(t *testing.T) {
 					t.Errorf("%s has no panel on hypervisor_call_duration_seconds %s", f, by)
 				}
 			}
+			// Where Creates spend their time, per zone (issue 21).
+			found := false
+			for _, p := range d.Panels {
+				for _, tg := range p.Targets {
+					if strings.Contains(tg.Expr, "sum by (zone, action)") && strings.Contains(tg.Expr, "bigfleet_provider_executor_step_duration_seconds") {
+						found = true
+					}
+				}
+			}
+			if !found {
+				t.Errorf("%s has no panel on executor_step_duration_seconds by zone and action", f)
+			}
 			t.Logf("%s: %d panels, %d queries", f, len(d.Panels), n)
 		}
 	})

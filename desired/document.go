@@ -64,6 +64,8 @@ type Options struct {
 	// VMName derives a VM's name for one create cycle of a machine
 	// (required; the server passes the adapters' naming rule).
 	VMName func(installation, machineID string, cycle int) string
+	// History bounds every machine's history (history.go).
+	History HistoryOptions
 	// Notify is called with a machine id once a change of its intent is
 	// committed, to wake the reconciler. It runs on the store's callback
 	// goroutine and must not block.
@@ -161,6 +163,9 @@ type Document struct {
 	log      *revlog
 	rev      uint64
 
+	// hist is every machine's history; mu guards it.
+	hist *history
+
 	// rotor is where the next cursor-less capped List starts.
 	rotor atomic.Uint64
 }
@@ -171,6 +176,7 @@ type change struct {
 	dels   []string
 	rev    uint64
 	notify []string
+	hist   []histMark // the histories written
 	done   chan struct{}
 	err    error
 }
@@ -338,6 +344,7 @@ func Open(ctx context.Context, opts Options, slots []Slot) (*Document, LoadRepor
 		log:          newRevlog(max(len(slots), len(ld.machines))),
 		meta:         ld.meta,
 		rev:          ld.meta.Rev,
+		hist:         newHistory(opts.History),
 	}
 	d.meta.Version = formatVersion
 	d.epochs = ld.epochs
@@ -351,9 +358,14 @@ func Open(ctx context.Context, opts Options, slots []Slot) (*Document, LoadRepor
 	}
 
 	now := opts.Now()
+	histOps, err := d.hist.load(stored, now)
+	if err != nil {
+		return nil, rep, err
+	}
 	d.mu.Lock()
 	t := d.begin()
 	t.ops = append(t.ops, ld.migrate...)
+	t.ops = append(t.ops, histOps...)
 	if ld.lost != nil {
 		// The store dropped acknowledged records: their fence marks are
 		// unknown, so every epoch accepted so far is refused from now on,
@@ -365,6 +377,12 @@ func Open(ctx context.Context, opts Options, slots []Slot) (*Document, LoadRepor
 		d.meta.Lineage = newLineage()
 		d.lineageHex, d.lineage = d.meta.Lineage, lineageBytes(d.meta.Lineage)
 		t.ops = append(t.ops, Op{Key: LossKey, Delete: true})
+	}
+	for id, r := range d.hist.rings {
+		if !r.deleted.IsZero() && d.work[id] != nil {
+			r.deleted = time.Time{} // its slot came back
+			d.hist.dirty[id] = true
+		}
 	}
 	inSlots := make(map[string]bool, len(slots))
 	for _, s := range slots {
@@ -391,7 +409,7 @@ func Open(ctx context.Context, opts Options, slots []Slot) (*Document, LoadRepor
 			continue
 		}
 		if old.State == Speculative {
-			t.del(old.ID)
+			t.del(old.ID, CauseOffering)
 			rep.Removed++
 			continue
 		}
@@ -418,6 +436,11 @@ func Open(ctx context.Context, opts Options, slots []Slot) (*Document, LoadRepor
 		m.Intent.Deadline = now.Add(d.timeout(m.Intent.Kind, m.Intent.GraceSeconds))
 		rep.Redriven++
 		t.put(m)
+		// Not a transition of its own (the intent is durable already), so
+		// the event rides along like a step's rather than growing this
+		// commit by every interrupted machine's ring.
+		d.hist.add(m.ID, m.Zone, Event{At: now, Kind: EventTransition, From: m.State.String(), To: m.State.String(),
+			OpID: m.Intent.OpID, Cause: d.hist.o.Redrive})
 	}
 	t.writeMeta()
 	c := t.commitSplit(maxOpenRecordBytes)
@@ -576,7 +599,10 @@ func (d *Document) timeout(k Kind, grace int64) time.Duration {
 
 // txn collects one atomic change; callers hold mu from begin to commit.
 type txn struct {
-	d      *Document
+	d *Document
+	// hist names the machines whose history this change must carry (it
+	// recorded their transitions).
+	hist   map[string]bool
 	ops    []Op
 	c      *change
 	puts   map[string]int // index in c.puts
@@ -609,9 +635,13 @@ func (t *txn) put(m *Machine) {
 	}
 }
 
-// del removes a machine.
-func (t *txn) del(id string) {
+// del removes a machine; its history stays for the retention.
+func (t *txn) del(id, cause string) {
 	d := t.d
+	if m := d.work[id]; m != nil {
+		t.event(m, Event{Kind: EventDeleted, From: m.State.String(), Cause: cause})
+		d.hist.rings[id].deleted = d.opts.Now().UTC()
+	}
 	delete(d.work, id)
 	d.fences.forgotten(id)
 	d.meta.Rev++
@@ -644,6 +674,9 @@ func (t *txn) commit() *change {
 	}
 	if t.epochsDirty {
 		t.ops = append(t.ops, Op{Key: keyEpochs, Value: d.epochs.encode()})
+	}
+	if len(t.ops) > 0 {
+		t.flushHistory(histRingsPerCommit)
 	}
 	if len(t.ops) == 0 {
 		return nil
@@ -682,6 +715,7 @@ func (d *Document) settle(c *change, err error) {
 			d.log.put(m)
 		}
 		d.rev = max(d.rev, c.rev)
+		d.settleHistory(c)
 	}
 	d.mu.Unlock()
 	close(c.done)
@@ -986,6 +1020,7 @@ func (d *Document) mutateLocked(t *txn, r Request) (Ack, error) {
 		n := m.clone()
 		n.Ops[KindDelete] = OpRecord{ID: t.mintOp()}
 		t.put(n)
+		t.transition(m, n, n.Ops[KindDelete].ID, CauseRPC, "")
 		return Ack{OpID: n.Ops[KindDelete].ID, Machine: n}, nil
 	}
 	if m.State != from {
@@ -1025,6 +1060,7 @@ func (d *Document) mutateLocked(t *txn, r Request) (Ack, error) {
 	}
 	t.notify = true
 	t.put(n)
+	t.transition(m, n, op, CauseRPC, "")
 	return Ack{OpID: op, Machine: n}, nil
 }
 
@@ -1128,11 +1164,13 @@ func (d *Document) Complete(ctx context.Context, id, opID string, res Result) (b
 			n.Host, n.Cluster, n.ShardMetadata, n.VMID = "", "", nil, 0
 			if n.Slotless {
 				// Its offering is gone: once its VM is gone so is the machine.
-				t.del(id)
+				t.transition(m, n, opID, CauseDone, "")
+				t.del(id, CauseOffering)
 				return true
 			}
 		}
 		t.put(n)
+		t.transition(m, n, opID, CauseDone, "")
 		return true
 	})
 }
@@ -1147,8 +1185,17 @@ func (d *Document) Fail(ctx context.Context, id, opID, reason string) (bool, err
 			return false
 		}
 		n := m.clone()
-		n.fail(d.opts.Now(), reason)
+		now := d.opts.Now()
+		n.fail(now, reason)
 		t.put(n)
+		cause := CauseError
+		switch {
+		case m.Intent == nil || opID == "":
+			cause = CauseDrift
+		case !now.Before(m.Intent.Deadline):
+			cause = CauseTimeout
+		}
+		t.transition(m, n, opID, cause, n.LastError)
 		return true
 	})
 }
@@ -1227,6 +1274,7 @@ func (d *Document) Adopt(ctx context.Context, a Adoption) (bool, error) {
 			n.State, n.Cluster = Configured, a.Cluster
 		}
 		t.put(n)
+		t.transition(m, n, "", CauseAdopt, "")
 		return true
 	})
 }

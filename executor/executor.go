@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/bigfleet-vm/provider/desired"
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/guest"
 	"github.com/bigfleet-vm/provider/planner"
@@ -30,7 +31,7 @@ const removeTimeout = 30 * time.Second
 
 // Observer receives step outcomes (metrics); it may be nil.
 type Observer interface {
-	StepDone(action string, outcome string, d time.Duration)
+	StepDone(zone, action, outcome string, d time.Duration)
 }
 
 // Options configure an Executor.
@@ -72,6 +73,39 @@ type Options struct {
 	// FAILED machine); 0 retries them until ctx ends. Steps of an
 	// operation are bounded by its deadline only.
 	RepairAttempts int
+	// Record, when set, receives every step applied and every guest
+	// command's exit status for the machine's history (desired.Record).
+	// It must not block.
+	Record func(machineID string, ev desired.Event)
+}
+
+// ErrorClass names the class of err (hypervisors' error classes) for the
+// history: "" for nil.
+func ErrorClass(err error) string {
+	switch {
+	case err == nil:
+		return ""
+	case errors.Is(err, hypervisors.ErrOutcomeUnknown):
+		return "outcome-unknown"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "deadline"
+	case errors.Is(err, context.Canceled):
+		return "cancelled"
+	}
+	for _, c := range []struct {
+		err  error
+		name string
+	}{
+		{hypervisors.ErrNotFound, "not-found"}, {hypervisors.ErrExists, "exists"}, {hypervisors.ErrLocked, "locked"},
+		{hypervisors.ErrTransient, "transient"}, {hypervisors.ErrUnreachable, "unreachable"},
+		{hypervisors.ErrPermission, "permission"}, {hypervisors.ErrAgentNotReady, "agent-not-ready"},
+		{hypervisors.ErrNotOwned, "not-owned"}, {hypervisors.ErrUnsupported, "unsupported"}, {hypervisors.ErrInvalid, "invalid"},
+	} {
+		if errors.Is(err, c.err) {
+			return c.name
+		}
+	}
+	return "other"
 }
 
 // Executor runs planned changes.
@@ -193,7 +227,18 @@ func (e *Executor) Run(ctx context.Context, c planner.Change, opID string) (Outc
 			outcome = "error"
 		}
 		if e.o.Observer != nil {
-			e.o.Observer.StepDone(string(s.Action), outcome, d.took)
+			e.o.Observer.StepDone(s.Target.Zone, string(s.Action), outcome, d.took)
+		}
+		if e.o.Record != nil {
+			ev := desired.Event{Kind: desired.EventStep, OpID: opID, Action: string(s.Action), Reason: s.Reason,
+				DurationMS: d.took.Milliseconds(), Outcome: outcome, Class: ErrorClass(d.err)}
+			if d.err != nil {
+				ev.Error = d.err.Error()
+				if first != nil {
+					ev.Outcome = "cancelled" // another step failed first
+				}
+			}
+			e.o.Record(c.Machine, ev)
 		}
 		if d.err != nil {
 			if first != nil {
@@ -502,6 +547,19 @@ func (e *Executor) recorded(ctx context.Context, machine, opID string, s planner
 	}
 	e.o.Logger.Info("guest command starting", "machine", machine, "op", opID, "step", s.ID)
 	out, err := guest.Run(ctx, vmAgent{e.o.Hypervisor, s.Target}, op)
+	if e.o.Record != nil {
+		ev := desired.Event{Kind: desired.EventGuest, OpID: opID, Action: string(s.Action), Outcome: "ok"}
+		if err != nil {
+			ev.Outcome, ev.Class, ev.Error = "error", ErrorClass(err), err.Error()
+		} else {
+			code := out.ExitCode
+			ev.Exit = &code
+			if code != 0 {
+				ev.Outcome = "exited"
+			}
+		}
+		e.o.Record(machine, ev)
+	}
 	if err == nil && out.Attempt > 0 {
 		e.o.Logger.Info("guest command ran under a new attempt", "machine", machine, "op", opID, "step", s.ID, "attempt", out.Attempt)
 	}

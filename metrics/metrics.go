@@ -74,7 +74,7 @@ func New(counts Counts, stateSize func() float64) *Metrics {
 	m.steps = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "executor_steps_total",
 		Help: "Executed plan steps by action and outcome."}, []string{"action", "outcome"})
 	m.stepDur = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "executor_step_duration_seconds",
-		Help: "Duration of executed steps by action.", Buckets: lat}, []string{"action"})
+		Help: "Duration of executed steps by zone and action (where a Create spends its time, per zone).", Buckets: stepBuckets}, []string{"zone", "action"})
 	m.hvCalls = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "hypervisor_calls_total",
 		Help: "Hypervisor calls by operation and outcome."}, []string{"op", "outcome"})
 	// One family, three kinds of series (labels documented in
@@ -165,13 +165,17 @@ func (m *Metrics) FollowLag(lag func() (float64, bool)) {
 	m.followLag.Store(&lag)
 }
 
+// stepBuckets cover a step from a local call (milliseconds) to a clone of
+// a large disk or a slow agent (minutes).
+var stepBuckets = []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60, 120, 300, 600}
+
 // StepDone counts an executed step.
-func (m *Metrics) StepDone(action, outcome string, d time.Duration) {
+func (m *Metrics) StepDone(zone, action, outcome string, d time.Duration) {
 	if m == nil {
 		return
 	}
 	m.steps.WithLabelValues(action, outcome).Inc()
-	m.stepDur.WithLabelValues(action).Observe(d.Seconds())
+	m.stepDur.WithLabelValues(zone, action).Observe(d.Seconds())
 }
 
 // HypervisorCall counts a hypervisor call (an adapter operation) in zone.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -339,6 +340,11 @@ func (r *Reconciler) fullPass(ctx context.Context) {
 		Lineage: r.o.Doc.Lineage(), Serial: r.o.Doc.Revision(), Now: r.o.Now()})
 	r.totals.full(plan, snap.At)
 	r.prune()
+	// The histories recorded since the last commit become durable here at
+	// the latest: off the RPC path, once per pass.
+	if err := r.o.Doc.FlushHistory(ctx); err != nil && ctx.Err() == nil {
+		r.o.Logger.Warn("commit histories", "err", err)
+	}
 	for _, c := range plan.Changes {
 		if c.Empty() {
 			continue
@@ -487,6 +493,9 @@ func (r *Reconciler) reconcile(ctx context.Context, id string) {
 		r.queue.AddAfter(id, wait)
 		return
 	}
+	if isRepair(change) {
+		r.recordDrift(m, change, drift)
+	}
 	outcome := r.Apply(ctx, m, change)
 	switch outcome {
 	case OutcomeWait, OutcomeRetry:
@@ -501,6 +510,24 @@ func (r *Reconciler) reconcile(ctx context.Context, id string) {
 	if r.o.Metrics != nil {
 		r.o.Metrics.Reconciled(outcome, time.Since(start))
 	}
+}
+
+// recordDrift puts the drift a repair is about to act on, and what it
+// does about it, in the machine's history.
+func (r *Reconciler) recordDrift(m *desired.Machine, c planner.Change, drift []planner.Drift) {
+	var kinds, actions []string
+	for _, d := range drift {
+		k := string(d.Kind)
+		if d.Detail != "" {
+			k += " (" + d.Detail + ")"
+		}
+		kinds = append(kinds, k)
+	}
+	for _, s := range c.Steps {
+		actions = append(actions, string(s.Action))
+	}
+	r.o.Doc.Record(m.ID, desired.Event{Kind: desired.EventDrift, Reason: strings.Join(kinds, "; "),
+		Action: "repair: " + strings.Join(actions, ", ")})
 }
 
 // holdRepair returns how much longer a drift repair must wait under

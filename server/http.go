@@ -171,6 +171,7 @@ func (p *Provider) httpHandler(serving *atomic.Bool) http.Handler {
 	})
 	mux.HandleFunc("/debug/plan", p.debugPlan)
 	mux.HandleFunc("/debug/repairs", p.debugRepairs)
+	mux.HandleFunc("/debug/history", p.debugHistory)
 	switch {
 	case p.adminEnabled():
 		mux.HandleFunc("/admin/", p.admin)

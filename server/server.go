@@ -182,7 +182,19 @@ func docOptions(cfg *config.Config, store desired.Store) desired.Options {
 			desired.KindDrain: cfg.Timeouts.Drain, desired.KindDelete: cfg.Timeouts.Delete},
 		DeleteSupported: !cfg.BareMetal,
 		VMName:          naming.VMName,
+		History:         desired.HistoryOptions{Events: cfg.HistoryEvents, Total: cfg.HistoryTotal, Retention: cfg.HistoryRetention, Redrive: redriveCause(cfg)},
 	}
+}
+
+// redriveCause is the cause a machine's history gives a transition
+// re-driven when the document opens: on etcd a term opens it after
+// another term (or another replica) ended, a fail-over; on the local
+// journal it is a restart.
+func redriveCause(cfg *config.Config) string {
+	if cfg.Etcd != nil {
+		return desired.CauseFailover
+	}
+	return desired.CauseRestart
 }
 
 // desiredSlots converts the inventory's slots for the desired document.

@@ -91,7 +91,10 @@ func openTerm(ctx context.Context, cfg *config.Config, log *slog.Logger, m *metr
 		// A guest command's start is committed before it is sent (for the
 		// record; the guest's own record of it decides what a re-driven
 		// transition does).
-		ExecStarting: doc.ExecStarting, Guard: guard, RepairAttempts: cfg.RepairAttempts})
+		ExecStarting: doc.ExecStarting, Guard: guard, RepairAttempts: cfg.RepairAttempts,
+		// Steps and guest commands go to the machine's history; they ride
+		// along with the next commit.
+		Record: doc.Record})
 	capacity := desired.OnDemand
 	if cfg.BareMetal {
 		capacity = desired.BareMetal
@@ -123,6 +126,7 @@ func (t *term) start() {
 // left is interrupted (its durable intent is re-driven by the next term).
 func (t *term) drain(grace time.Duration, why string) {
 	t.doc.Refuse(why)
+	defer t.flushHistory()
 	if t.loopDone == nil {
 		return
 	}
@@ -136,6 +140,22 @@ func (t *term) drain(grace time.Duration, why string) {
 	t.cancelWork()
 	<-t.loopDone
 }
+
+// flushHistory commits what the last steps recorded in the machines'
+// histories (it rides along with no later commit), so a clean stop loses
+// none of it. Bounded; abort (a replica that may no longer write) does not
+// call it.
+func (t *term) flushHistory() {
+	ctx, cancel := context.WithTimeout(context.Background(), historyFlushTimeout)
+	defer cancel()
+	if err := t.doc.FlushHistory(ctx); err != nil {
+		t.log.Warn("commit histories at shutdown", "err", err)
+	}
+}
+
+// historyFlushTimeout bounds the commit of the histories at a graceful
+// stop.
+const historyFlushTimeout = 5 * time.Second
 
 // abort stops at once: a replica that lost its leadership must not act a
 // moment longer. In-flight steps are cancelled; their intents are the next

@@ -28,6 +28,7 @@ func main() {
 var subcommands = []struct{ name, what string }{
 	{"serve", "serve the CapacityProvider (the default when no subcommand is given)"},
 	{"plan", "print what the next reconcile would do (offline, or --server of a running provider)"},
+	{"history", "print what happened to a machine, or a fleet timeline (offline from --state, or --server)"},
 	{"pve-sim", "serve the in-project Proxmox VE API simulator for demos"},
 	{"version", "print the version"},
 	{"help", "print this list, or a subcommand's flags: provider help SUBCOMMAND"},
@@ -43,6 +44,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return serve(ctx, args, stderr)
 	case "plan":
 		return plan(ctx, args, stdout, stderr)
+	case "history":
+		return history(ctx, args, stdout, stderr)
 	case "pve-sim":
 		return pveSim(ctx, args, stdout, stderr)
 	case "version":

@@ -148,3 +148,40 @@ func TestPlanJSONValidatesAgainstTheSchema(t *testing.T) {
 		}
 	}
 }
+
+// TestHistoryRefusesBadQueries: a query that cannot be answered gets a
+// clear error and exit 1; a machine's history is read offline from the
+// state, read-only.
+func TestHistoryRefusesBadQueries(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state")
+	makeState(t, state)
+	flags := []string{"--use-fake-backend", "--seed-count", "4", "--state", state}
+	for _, tt := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"nothing asked", nil, "name a machine"},
+		{"machine and fleet filters", []string{"local-a/kvm.large/000", "--since", "1m"}, "takes no --since"},
+		{"unknown state", []string{"--since", "1m", "--machine-state", "BROKEN"}, "not a machine state"},
+		{"since too long", []string{"--since", "1000h"}, "since must be between"},
+		{"two machines", []string{"a", "b"}, "unexpected argument"},
+		{"no state there", []string{"x", "--use-fake-backend", "--state", state + ".typo"}, "no state there"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			args := append([]string{"history"}, tt.args...)
+			if tt.name != "no state there" {
+				args = append(args, flags...)
+			}
+			out, errOut, code := runArgs(t, args...)
+			if code != 1 || !strings.Contains(errOut, tt.want) {
+				t.Errorf("exit %d, want 1 and %q in:\n%s%s", code, tt.want, out, errOut)
+			}
+		})
+	}
+	// The Create makeState accepted is there.
+	out, errOut, code := runArgs(t, append([]string{"history", "local-a/kvm.large/000"}, flags...)...)
+	if code != 0 || !strings.Contains(out, "SPECULATIVE → CREATING") {
+		t.Errorf("exit %d:\n%s%s", code, out, errOut)
+	}
+}
