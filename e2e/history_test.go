@@ -9,6 +9,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/bigfleet-vm/provider/internal/planschema"
+	"github.com/bigfleet-vm/provider/internal/providertest"
 	"github.com/bigfleet-vm/provider/jsonhistory"
 )
 
@@ -71,14 +72,14 @@ func TestHistoryOfAMachineAcrossKill9(t *testing.T) {
 				t.Fatalf("the drift repair never reached the history:\n%s", s.Output())
 			}
 		}
-		must(t, "Drain")(drain(s.c, t, id, tok{}))
-		waitState(t, s.c, id, stIdle)
-		must(t, "Delete")(del(s.c, t, id, tok{}))
-		waitState(t, s.c, id, stSpec)
+		providertest.Must(t, "Drain")(drain(s.c, t, id, tok{}))
+		providertest.WaitState(t, s.c, id, providertest.StIdle, pollDeadline)
+		providertest.Must(t, "Delete")(del(s.c, t, id, tok{}))
+		providertest.WaitState(t, s.c, id, providertest.StSpeculative, pollDeadline)
 
 		toConfigured(t, s.c, bad, "fault-drain-error", nil)
-		must(t, "Drain")(drain(s.c, t, bad, tok{}))
-		waitState(t, s.c, bad, stFailed)
+		providertest.Must(t, "Drain")(drain(s.c, t, bad, tok{}))
+		providertest.WaitState(t, s.c, bad, providertest.StFailed, pollDeadline)
 
 		want := []string{
 			"SPECULATIVE>CREATING rpc", "CREATING>IDLE completed",

@@ -73,7 +73,7 @@ func benchTakeover(b *testing.B, machines int) {
 		}
 	}
 	waitWarm(b, s.reps[1-leader])
-	targets := ids(s.list(b, stSpec))
+	targets := ids(s.list(b, providertest.StSpeculative))
 	if len(targets) < b.N {
 		b.Fatalf("%d SPECULATIVE machines for %d kills", len(targets), b.N)
 	}

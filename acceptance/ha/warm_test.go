@@ -67,7 +67,7 @@ func createAcked(t *testing.T, s *replicaSet, ids []string) {
 func checkNotSpeculative(t *testing.T, s *replicaSet, ids []string) {
 	t.Helper()
 	for _, id := range ids {
-		if m := s.get(t, id); m.State == stSpec {
+		if m := s.get(t, id); m.State == providertest.StSpeculative {
 			t.Errorf("machine %s is SPECULATIVE after the takeover: its acknowledged Create was lost", id)
 		}
 	}
@@ -95,7 +95,7 @@ func TestWarmStandbyBrokenWatch(t *testing.T) {
 		s.waitLeader(t)
 		proxies := c.Proxies(t)
 		startStandbyVia(t, s, proxies, "--seed-count", "16")
-		pool := ids(s.list(t, stSpec))
+		pool := ids(s.list(t, providertest.StSpeculative))
 		before, during := pool[:4], pool[4:10]
 		createAcked(t, s, before)
 
@@ -137,7 +137,7 @@ func TestWarmStandbyBrokenWatch(t *testing.T) {
 		s := startSet(t, c, "/ha/warm-cancelled", 1, "--seed-count", "16")
 		s.waitLeader(t)
 		startStandbyVia(t, s, c.Proxies(t)[2:], "--seed-count", "16")
-		pool := ids(s.list(t, stSpec))
+		pool := ids(s.list(t, providertest.StSpeculative))
 		createAcked(t, s, pool[:4])
 
 		c.Kill(t, 0)
