@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"io"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
+
+	"github.com/bigfleet-vm/provider/internal/termtext"
 )
 
 // Write renders h for people. With a machine query it prints each
@@ -23,7 +23,7 @@ func Write(w io.Writer, h *History) error {
 			machine(bw, &h.Machines[i])
 		}
 		if len(h.Machines) == 0 {
-			fmt.Fprintf(bw, "machine %s: no history\n", esc(h.Query.Machine))
+			fmt.Fprintf(bw, "machine %s: no history\n", termtext.Escape(h.Query.Machine))
 		}
 	} else {
 		fleet(bw, h)
@@ -35,9 +35,9 @@ func Write(w io.Writer, h *History) error {
 }
 
 func machine(w io.Writer, m *Machine) {
-	fmt.Fprintf(w, "machine %s  zone %s  state %s", esc(m.ID), esc(m.Zone), esc(m.State))
+	fmt.Fprintf(w, "machine %s  zone %s  state %s", termtext.Escape(m.ID), termtext.Escape(m.Zone), termtext.Escape(m.State))
 	if m.Deleted != nil {
-		fmt.Fprintf(w, " (left the document %s)", stamp(*m.Deleted))
+		fmt.Fprintf(w, " (left the document %s)", termtext.Stamp(*m.Deleted))
 	}
 	fmt.Fprintln(w)
 	if len(m.Events) == 0 {
@@ -46,7 +46,7 @@ func machine(w io.Writer, m *Machine) {
 	}
 	start := m.Events[0].At
 	for _, e := range m.Events {
-		fmt.Fprintf(w, "  %s  %9s  %s\n", stamp(e.At), "+"+elapsed(e.At.Sub(start)), describe(&e))
+		fmt.Fprintf(w, "  %s  %9s  %s\n", termtext.Stamp(e.At), "+"+elapsed(e.At.Sub(start)), describe(&e))
 	}
 	for _, s := range operations(m.Events) {
 		fmt.Fprintf(w, "  %s\n", s)
@@ -72,7 +72,7 @@ func fleet(w io.Writer, h *History) {
 	}
 	fmt.Fprintf(w, "%-20s  %-28s  %-10s  %s\n", "TIME", "MACHINE", "ZONE", "EVENT")
 	for _, r := range rows {
-		fmt.Fprintf(w, "%-20s  %-28s  %-10s  %s\n", stamp(r.e.At), esc(r.m.ID), esc(r.m.Zone), describe(r.e))
+		fmt.Fprintf(w, "%-20s  %-28s  %-10s  %s\n", termtext.Stamp(r.e.At), termtext.Escape(r.m.ID), termtext.Escape(r.m.Zone), describe(r.e))
 	}
 }
 
@@ -85,37 +85,37 @@ func describe(e *Event) string {
 		if from == "" {
 			from = "(new)"
 		}
-		fmt.Fprintf(&b, "%s → %s", esc(from), esc(e.To))
+		fmt.Fprintf(&b, "%s → %s", termtext.Escape(from), termtext.Escape(e.To))
 	case "step":
-		fmt.Fprintf(&b, "step %s %s in %s", esc(e.Action), esc(e.Outcome), elapsed(time.Duration(e.DurationMS)*time.Millisecond))
+		fmt.Fprintf(&b, "step %s %s in %s", termtext.Escape(e.Action), termtext.Escape(e.Outcome), elapsed(time.Duration(e.DurationMS)*time.Millisecond))
 		if e.Reason != "" {
-			fmt.Fprintf(&b, " [%s]", esc(e.Reason))
+			fmt.Fprintf(&b, " [%s]", termtext.Escape(e.Reason))
 		}
 	case "guest":
-		fmt.Fprintf(&b, "guest %s", esc(e.Action))
+		fmt.Fprintf(&b, "guest %s", termtext.Escape(e.Action))
 		if e.Exit != nil {
 			fmt.Fprintf(&b, " exited %d", *e.Exit)
 		} else {
-			fmt.Fprintf(&b, " %s", esc(e.Outcome))
+			fmt.Fprintf(&b, " %s", termtext.Escape(e.Outcome))
 		}
 	case "drift":
-		fmt.Fprintf(&b, "drift %s: %s", esc(e.Reason), esc(e.Action))
+		fmt.Fprintf(&b, "drift %s: %s", termtext.Escape(e.Reason), termtext.Escape(e.Action))
 	case "deleted":
-		fmt.Fprintf(&b, "left the document (was %s)", esc(e.From))
+		fmt.Fprintf(&b, "left the document (was %s)", termtext.Escape(e.From))
 	default:
-		b.WriteString(esc(e.Kind))
+		b.WriteString(termtext.Escape(e.Kind))
 	}
 	if e.OpID != "" {
-		fmt.Fprintf(&b, "  %s", esc(e.OpID))
+		fmt.Fprintf(&b, "  %s", termtext.Escape(e.OpID))
 	}
 	if e.Cause != "" {
-		fmt.Fprintf(&b, " (%s)", esc(e.Cause))
+		fmt.Fprintf(&b, " (%s)", termtext.Escape(e.Cause))
 	}
 	if e.Class != "" {
-		fmt.Fprintf(&b, " class=%s", esc(e.Class))
+		fmt.Fprintf(&b, " class=%s", termtext.Escape(e.Class))
 	}
 	if e.Error != "" {
-		fmt.Fprintf(&b, ": %s", esc(e.Error))
+		fmt.Fprintf(&b, ": %s", termtext.Escape(e.Error))
 	}
 	return b.String()
 }
@@ -170,37 +170,15 @@ func operations(evs []Event) []string {
 		})
 		var parts []string
 		for _, a := range actions {
-			parts = append(parts, esc(a)+" "+elapsed(o.by[a]))
+			parts = append(parts, termtext.Escape(a)+" "+elapsed(o.by[a]))
 		}
-		s := fmt.Sprintf("%s %s → %s took %s", esc(o.id), esc(o.from), esc(o.to), elapsed(o.end.Sub(o.start)))
+		s := fmt.Sprintf("%s %s → %s took %s", termtext.Escape(o.id), termtext.Escape(o.from), termtext.Escape(o.to), elapsed(o.end.Sub(o.start)))
 		if len(parts) > 0 {
 			s += ": " + strings.Join(parts, ", ")
 		}
 		out = append(out, s)
 	}
 	return out
-}
-
-// esc prints s as it is when it is valid UTF-8 of printable characters,
-// else quoted, so no client-chosen text can move the cursor, colour the
-// terminal or forge a line.
-func esc(s string) string {
-	if !utf8.ValidString(s) {
-		return strconv.Quote(s)
-	}
-	for _, r := range s {
-		if !strconv.IsPrint(r) {
-			return strconv.Quote(s)
-		}
-	}
-	return s
-}
-
-func stamp(t time.Time) string {
-	if t.IsZero() {
-		return "-"
-	}
-	return t.UTC().Format(time.RFC3339)
 }
 
 // elapsed rounds d for people: tenths of a second under a minute, whole

@@ -8,7 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
+
+	"github.com/bigfleet-vm/provider/internal/termtext"
 )
 
 // TextOptions shape the human plan.
@@ -79,20 +80,20 @@ func symbolColor(sym string) string {
 }
 
 func (r *textRenderer) plan(p *Plan) {
-	r.line("%s", r.paint(ansiBold, fmt.Sprintf("Plan for %s installation %s", esc(p.Hypervisor), esc(p.Installation))))
-	r.line("  state lineage %s serial %d; observed %s; planned %s", esc(orDash(p.Lineage)), p.Serial, stamp(p.ObservedAt), stamp(p.PlannedAt))
+	r.line("%s", r.paint(ansiBold, fmt.Sprintf("Plan for %s installation %s", termtext.Escape(p.Hypervisor), termtext.Escape(p.Installation))))
+	r.line("  state lineage %s serial %d; observed %s; planned %s", termtext.Escape(orDash(p.Lineage)), p.Serial, termtext.Stamp(p.ObservedAt), termtext.Stamp(p.PlannedAt))
 	if len(p.Zones) > 0 {
 		r.line("")
 		r.line("Zones:")
 		for _, z := range p.Zones {
-			st := esc(z.Status)
+			st := termtext.Escape(z.Status)
 			if z.Status != "ok" {
 				st = r.paint(ansiRed, st)
 				if z.Error != "" {
-					st += ": " + esc(z.Error)
+					st += ": " + termtext.Escape(z.Error)
 				}
 			}
-			r.line("  %s  %s", esc(z.Name), st)
+			r.line("  %s  %s", termtext.Escape(z.Name), st)
 		}
 	}
 	for i := range p.Changes {
@@ -103,15 +104,15 @@ func (r *textRenderer) plan(p *Plan) {
 		r.line("")
 		r.line("Drift:")
 		for _, d := range p.Drift {
-			who := esc(d.Machine)
+			who := termtext.Escape(d.Machine)
 			if who == "" {
 				who = "-"
 			}
 			vm := ""
 			if d.VM != "" {
-				vm = " vm " + esc(d.VM)
+				vm = " vm " + termtext.Escape(d.VM)
 			}
-			r.line("  %s %s %s%s: %s", r.paint(ansiMagenta, esc(d.Kind)), "("+esc(d.Policy)+")", esc(d.Zone)+" "+who, vm, esc(d.Detail))
+			r.line("  %s %s %s%s: %s", r.paint(ansiMagenta, termtext.Escape(d.Kind)), "("+termtext.Escape(d.Policy)+")", termtext.Escape(d.Zone)+" "+who, vm, termtext.Escape(d.Detail))
 		}
 	}
 	r.line("")
@@ -147,9 +148,9 @@ func headline(c *Change) string {
 		if kind != "" {
 			kind = strings.ToUpper(kind[:1]) + kind[1:]
 		}
-		s := esc(kind) + " " + esc(in.OpID)
+		s := termtext.Escape(kind) + " " + termtext.Escape(in.OpID)
 		if in.Cluster != "" {
-			s += " cluster=" + esc(in.Cluster)
+			s += " cluster=" + termtext.Escape(in.Cluster)
 		}
 		if in.Kind == "drain" {
 			s += " grace=" + (time.Duration(in.Grace) * time.Second).String()
@@ -158,7 +159,7 @@ func headline(c *Change) string {
 	}
 	switch {
 	case c.Fail != "":
-		parts = append(parts, "FAILED: "+esc(c.Fail))
+		parts = append(parts, "FAILED: "+termtext.Escape(c.Fail))
 	case c.Adopt != nil:
 		parts = append(parts, "adopt")
 	case c.Intent == nil && len(c.Steps) > 0:
@@ -174,22 +175,22 @@ func (r *textRenderer) change(c *Change) {
 	if c.Fail != "" {
 		head = r.paint(ansiRed, head)
 	}
-	r.line("%s %s (%s, %s): %s", r.paint(ansiBold, "#"), r.paint(ansiBold, esc(c.Machine)), esc(c.Zone), esc(c.State), head)
+	r.line("%s %s (%s, %s): %s", r.paint(ansiBold, "#"), r.paint(ansiBold, termtext.Escape(c.Machine)), termtext.Escape(c.Zone), termtext.Escape(c.State), head)
 	if a := c.Adopt; a != nil {
-		s := "  adopt VM " + esc(a.Host)
+		s := "  adopt VM " + termtext.Escape(a.Host)
 		if a.VMName != "" && !strings.HasSuffix(a.Host, "/"+a.VMName) {
-			s += " (" + esc(a.VMName) + ")"
+			s += " (" + termtext.Escape(a.VMName) + ")"
 		}
 		if a.InstanceType != "" {
-			s += " type=" + esc(a.InstanceType)
+			s += " type=" + termtext.Escape(a.InstanceType)
 		}
 		if a.Cluster != "" {
-			s += " cluster=" + esc(a.Cluster)
+			s += " cluster=" + termtext.Escape(a.Cluster)
 		}
 		r.line("%s", s)
 	}
 	if c.Wait != "" {
-		r.line("  waiting: %s", esc(c.Wait))
+		r.line("  waiting: %s", termtext.Escape(c.Wait))
 	}
 	for _, s := range c.Steps {
 		sym := Glyph(s.Action)
@@ -197,10 +198,10 @@ func (r *textRenderer) change(c *Change) {
 		if detail != "" {
 			detail = "  " + detail
 		}
-		r.line("  %s %s%s  %s", r.paint(symbolColor(sym), esc(sym)), esc(s.ID), detail, r.paint(ansiDim, "("+esc(s.Reason)+")"))
+		r.line("  %s %s%s  %s", r.paint(symbolColor(sym), termtext.Escape(sym)), termtext.Escape(s.ID), detail, r.paint(ansiDim, "("+termtext.Escape(s.Reason)+")"))
 	}
 	if c.Finish != "" {
-		r.line("  => %s", esc(c.Finish))
+		r.line("  => %s", termtext.Escape(c.Finish))
 	}
 }
 
@@ -215,26 +216,26 @@ func stepDetail(s *Step) string {
 	}
 	switch {
 	case p.Overlay != nil:
-		parts = append(parts, "pool="+esc(p.Overlay.Pool), "volume="+esc(p.Overlay.Name), "base="+esc(p.Overlay.BaseImage))
+		parts = append(parts, "pool="+termtext.Escape(p.Overlay.Pool), "volume="+termtext.Escape(p.Overlay.Name), "base="+termtext.Escape(p.Overlay.BaseImage))
 	case p.Seed != nil:
-		parts = append(parts, "pool="+esc(p.Seed.Pool), "volume="+esc(p.Seed.Name))
+		parts = append(parts, "pool="+termtext.Escape(p.Seed.Pool), "volume="+termtext.Escape(p.Seed.Name))
 	case p.Domain != nil:
-		parts = append(parts, fmt.Sprintf("vcpu=%d memory=%dMiB", p.Domain.VCPU, p.Domain.MemoryMiB), "network="+esc(p.Domain.Network))
+		parts = append(parts, fmt.Sprintf("vcpu=%d memory=%dMiB", p.Domain.VCPU, p.Domain.MemoryMiB), "network="+termtext.Escape(p.Domain.Network))
 	case p.Clone != nil:
 		parts = append(parts, "template="+strconv.Itoa(p.Clone.TemplateVMID))
 		if p.Clone.Pool != "" {
-			parts = append(parts, "pool="+esc(p.Clone.Pool))
+			parts = append(parts, "pool="+termtext.Escape(p.Clone.Pool))
 		}
 	case p.Size != nil:
 		parts = append(parts, fmt.Sprintf("vcpu=%d memory=%dMiB onboot=%t", p.Size.VCPU, p.Size.MemoryMiB, p.Size.OnBoot))
 	case p.Marker != nil:
 		if p.Marker.Cluster != "" {
-			parts = append(parts, "cluster="+esc(p.Marker.Cluster))
+			parts = append(parts, "cluster="+termtext.Escape(p.Marker.Cluster))
 		} else {
 			parts = append(parts, "cluster=(none)")
 		}
 	case p.Volume != "":
-		parts = append(parts, "volume="+esc(p.Pool+"/"+p.Volume))
+		parts = append(parts, "volume="+termtext.Escape(p.Pool+"/"+p.Volume))
 	}
 	if s.Action == "autostart" {
 		parts = append(parts, "autostart="+strconv.FormatBool(p.Autostart))
@@ -244,13 +245,13 @@ func stepDetail(s *Step) string {
 		if g == "" {
 			g = "0s" // omitted when zero
 		}
-		parts = append(parts, "grace="+esc(g))
+		parts = append(parts, "grace="+termtext.Escape(g))
 	}
 	if len(p.Exec) > 0 && s.Action != "exec-drain" {
-		parts = append(parts, "exec="+esc(p.Exec[0]))
+		parts = append(parts, "exec="+termtext.Escape(p.Exec[0]))
 	}
 	if p.BlobPath != "" {
-		parts = append(parts, "blob_path="+esc(p.BlobPath))
+		parts = append(parts, "blob_path="+termtext.Escape(p.BlobPath))
 	}
 	if len(s.DependsOn) > 1 {
 		// Only joins are worth showing; a chain is the listing order.
@@ -260,36 +261,9 @@ func stepDetail(s *Step) string {
 			deps = append(deps, strings.TrimPrefix(d, prefix))
 		}
 		sort.Strings(deps)
-		parts = append(parts, "after="+esc(strings.Join(deps, ",")))
+		parts = append(parts, "after="+termtext.Escape(strings.Join(deps, ",")))
 	}
 	return strings.Join(parts, " ")
-}
-
-// esc returns s as it is when every rune is printable, and otherwise
-// Go-quoted ("a\x1b[2Jb"), so that nothing a client or a hypervisor wrote
-// (a cluster_id, a machine id, a hook's output in a last_error) can move
-// the cursor, recolour, clear or forge lines of an operator's terminal:
-// control characters (C0, DEL, C1), format characters such as bidi
-// overrides, and invalid UTF-8 are shown escaped. The quotes make an
-// escaped string distinguishable from one that merely contains a
-// backslash. The JSON plan carries the exact strings.
-func esc(s string) string {
-	if !utf8.ValidString(s) {
-		return strconv.Quote(s)
-	}
-	for _, r := range s {
-		if !strconv.IsPrint(r) {
-			return strconv.Quote(s)
-		}
-	}
-	return s
-}
-
-func stamp(t time.Time) string {
-	if t.IsZero() {
-		return "-"
-	}
-	return t.UTC().Format(time.RFC3339)
 }
 
 func orDash(s string) string {
