@@ -61,8 +61,8 @@ func TestCompare(t *testing.T) {
 	if diff := cmp.Diff([]string{CPU}, got[0].Over(3)); diff != "" {
 		t.Errorf("a over 3 (-want +got):\n%s", diff)
 	}
-	if over := got[1].Over(1); over != nil {
-		t.Errorf("b is exactly full, not over: %v", over)
+	if over := got[1].Over(0); over != nil {
+		t.Errorf("b is exactly full, not over (0 means 1): %v", over)
 	}
 }
 
