@@ -28,14 +28,24 @@ func hostCheck(hv hypervisors.Hypervisor, spec capacity.TypeSpec, maxRatio float
 		return nil
 	}
 	var mu sync.Mutex
-	warned := map[string]string{} // zone -> the resources last warned about
+	warned := map[string]string{}     // zone -> the resources last warned about
+	readFailed := map[string]string{} // zone -> the read error last logged
 	return func(ctx context.Context, machines []*desired.Machine) {
 		hosts, errs := capacity.Read(ctx, cr, hv.Zones(), timeout)
-		for z, err := range errs {
-			if ctx.Err() == nil {
+		mu.Lock()
+		for _, z := range hv.Zones() {
+			err, failed := errs[z]
+			switch {
+			case !failed:
+				delete(readFailed, z)
+			case ctx.Err() == nil && readFailed[z] != err.Error():
+				// Once per distinct failure: a host that stays down is
+				// zone_up's to report, not a warning every pass.
+				readFailed[z] = err.Error()
 				log.Warn("read host capacity", "zone", z, "err", err)
 			}
 		}
+		mu.Unlock()
 		zones := capacity.Compare(hosts, slotsOf(machines), spec)
 		m.ZoneCapacity(zones)
 		mu.Lock()

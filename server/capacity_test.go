@@ -163,3 +163,34 @@ func TestCapacityOff(t *testing.T) {
 		t.Errorf("capacity series under off: %v", g)
 	}
 }
+
+// TestCapacityReadFailureWarnsOnce: a zone whose capacity cannot be read
+// is warned about once per distinct failure, not on every pass, and has
+// no capacity series.
+func TestCapacityReadFailureWarnsOnce(t *testing.T) {
+	var logs syncBuffer
+	p, err := buildWith(t, &logs, "--fake-host-cpus", "2", "--fake-host-memory-gib", "4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	tm := p.current()
+	zone := p.cfg.Zones[0]
+	type unreachable interface{ SetUnreachable(zone string, down bool) }
+	u, ok := tm.raw.(unreachable)
+	if !ok {
+		t.Fatalf("the simulator %T cannot make a zone unreachable", tm.raw)
+	}
+	u.SetUnreachable(zone, true)
+	check := hostCheck(tm.hv, func(string) (int, int, bool) { return 1, 1024, true }, 1, time.Second, tm.metrics, slog.New(slog.NewTextHandler(&logs, nil)))
+	for range 3 {
+		check(context.Background(), tm.doc.All())
+	}
+	if n := strings.Count(logs.String(), "read host capacity"); n != 1 {
+		t.Errorf("%d read warnings over 3 passes, want 1:\n%s", n, logs.String())
+	}
+	p.Metrics.Serve(tm.metrics)
+	if g := zoneGauges(t, p, "bigfleet_provider_zone_capacity"); g[[2]string{zone, "cpu"}] != 0 || len(g) == 0 {
+		t.Errorf("capacity series %v: want none for the unreachable %s, and the others", g, zone)
+	}
+}
