@@ -59,7 +59,11 @@ type Config struct {
 	// Etcd is set when StatePath is an etcd:// URL (replicas, one leader).
 	Etcd              *Etcd
 	ReconcileInterval time.Duration
-	Timeouts          Timeouts
+	// CapacityCheck is off, warn or refuse (--capacity-check), and
+	// CapacityOvercommit the ratio it allows (--capacity-overcommit).
+	CapacityCheck      string
+	CapacityOvercommit float64
+	Timeouts           Timeouts
 	// Zones are the zones this process serves, in order: the --connect
 	// zones or --nodes on a real backend; on the fake backend the two
 	// synthetic zones followed by any other offering zones, sorted.
@@ -112,7 +116,18 @@ type Fake struct {
 	Faults bool
 	// Admin serves the /admin/ endpoints that change the simulated world.
 	Admin bool
+	// HostCPUs and HostMemoryGiB are every simulated host's capacity
+	// (0: no reading).
+	HostCPUs, HostMemoryGiB int
 }
+
+// Capacity checks: what --capacity-check does with a zone whose
+// offerings exceed its host by more than --capacity-overcommit.
+const (
+	CapacityOff    = "off"
+	CapacityWarn   = "warn"
+	CapacityRefuse = "refuse"
+)
 
 // ZoneURI maps one zone to the libvirt host that serves it.
 type ZoneURI = lvuri.ZoneURI

@@ -81,6 +81,11 @@ func TestErrors(t *testing.T) {
 			"--history-total-events: must be between 1000 and 10000000, got 10 (events kept for all machines together, about 200 bytes each in memory and in the state)",
 			"--history-retention: must be between 1m0s and 720h0m0s, got 0s (how long a removed machine's history is kept)",
 		}},
+		{"capacity check", with(fakeArgs, "--capacity-check", "maybe", "--capacity-overcommit", "0", "--fake-host-cpus", "-1"), []string{
+			"--capacity-check: unknown mode \"maybe\"; use off, warn or refuse",
+			"--capacity-overcommit: must be above 0, got 0",
+			"--fake-host-cpus: the simulated host's CPUs (-1) and memory GiB (0) must not be negative",
+		}},
 		{"drift repair delay too long", with(fakeArgs, "--drift-repair-delay", "2h"), []string{
 			"--drift-repair-delay: must be between 0s and 1h0m0s, got 2h0m0s (0 repairs at once)",
 		}},

@@ -49,6 +49,10 @@ type Flags struct {
 	historyEvents         *int
 	historyTotal          *int
 	historyRetention      *time.Duration
+	// Host capacity flags.
+	capacityCheck                *string
+	capacityOvercommit           *float64
+	fakeHostCPUs, fakeHostMemory *int
 	// etcd state flags (config/etcd.go).
 	etcdCA, etcdCert, etcdKey, advertiseAddr *string
 	leaderLease                              *time.Duration
@@ -154,6 +158,10 @@ func RegisterFlags(fs *flag.FlagSet) *Flags {
 	// Fake backend.
 	f.fakeLatency = fs.Duration("fake-latency", 0, "Fake backend: latency added to every simulated call (0 = instant).")
 	f.fakeFaults = fs.Bool("fake-faults", false, "Fake backend: honour the BigFleet conformance wire-driven fault injection.")
+	f.fakeHostCPUs = fs.Int("fake-host-cpus", 0, "Fake backend: the CPUs every simulated host reports (0 = the hosts report no capacity).")
+	f.fakeHostMemory = fs.Int("fake-host-memory-gib", 0, "Fake backend: the memory, in GiB, every simulated host reports (0 = the hosts report no capacity).")
+	f.capacityCheck = fs.String("capacity-check", "warn", "Hold each zone's offerings against its host's capacity (read at start and on every full pass): off, warn (log and report), or refuse (refuse to start while a zone's offerings exceed its host by more than --capacity-overcommit).")
+	f.capacityOvercommit = fs.Float64("capacity-overcommit", 1, "The overcommit ratio (offered over host, per resource) beyond which a zone's offerings are reported (warn) or refused (refuse).")
 	f.fakeAdmin = fs.Bool("fake-admin", false, "Fake backend: serve POST /admin/* on the metrics listener, which changes the simulated world (stop, pause, resize, delete VMs, make a zone unreachable).")
 	return f
 }
@@ -168,11 +176,11 @@ var usageGroups = []struct {
 	{"libvirt connection and launch parameters", []string{"libvirt-backend", "connect", "image", "storage-pool", "network", "base-user-data", "capacity-type", "domain-type", "kernel", "initrd", "kernel-cmdline", "libvirt-call-timeout"}},
 	{"Proxmox connection and clone parameters", []string{"proxmox-backend", "proxmox-api-url", "proxmox-token-id", "proxmox-token-secret", "proxmox-token-file", "proxmox-ca-file", "proxmox-tls-fingerprint", "proxmox-pool", "nodes", "template-vmid", "bootstrap-path", "bootstrap-exec", "proxmox-poll-interval"}},
 	{"Instance types & pricing", []string{"instance-types", "prices", "price-per-vcpu-hour", "price-per-gib-hour"}},
-	{"Offerings", []string{"offerings", "seed-count"}},
+	{"Offerings", []string{"offerings", "seed-count", "capacity-check", "capacity-overcommit"}},
 	{"Lifecycle", []string{"create-timeout", "configure-timeout", "drain-timeout", "delete-timeout", "node-ready-exec", "max-concurrent-per-zone", "shutdown-grace", "reconcile-interval", "drift-repair-delay", "repair-timeout", "repair-attempts"}},
 	{"History", []string{"history-events", "history-total-events", "history-retention"}},
 	{"Observability & TLS", []string{"metrics-addr", "metrics-tls", "reflection", "log-format", "log-level", "tls-cert", "tls-key", "tls-ca"}},
-	{"Fake backend (testing only)", []string{"fake-latency", "fake-faults", "fake-admin"}},
+	{"Fake backend (testing only)", []string{"fake-latency", "fake-faults", "fake-admin", "fake-host-cpus", "fake-host-memory-gib"}},
 }
 
 // Usage writes the flags of fs grouped as in the operator docs; flags a

@@ -121,9 +121,10 @@ func (f *Flags) Resolve(fs *flag.FlagSet) (*Config, error) {
 	c.Backend = f.resolveBackend(c.Hypervisor, set, &p)
 	real := c.Backend != BackendFake
 	if !real {
-		c.Fake = Fake{Latency: *f.fakeLatency, Faults: *f.fakeFaults, Admin: *f.fakeAdmin}
+		c.Fake = Fake{Latency: *f.fakeLatency, Faults: *f.fakeFaults, Admin: *f.fakeAdmin,
+			HostCPUs: *f.fakeHostCPUs, HostMemoryGiB: *f.fakeHostMemory}
 	} else {
-		for _, name := range []string{"fake-latency", "fake-faults", "fake-admin"} {
+		for _, name := range []string{"fake-latency", "fake-faults", "fake-admin", "fake-host-cpus", "fake-host-memory-gib"} {
 			if set[name] {
 				p.add(name, "only applies to the fake backend, but the %s backend is selected; drop it or pass --use-fake-backend", c.Backend)
 			}
@@ -353,6 +354,18 @@ func (f *Flags) resolveCommon(c *Config, set map[string]bool, p *problems) {
 	p.duration("repair-timeout", c.RepairTimeout)
 	c.RepairAttempts = *f.repairAttempts
 	p.integer("repair-attempts", c.RepairAttempts)
+	switch c.CapacityCheck = strings.ToLower(*f.capacityCheck); c.CapacityCheck {
+	case CapacityOff, CapacityWarn, CapacityRefuse:
+	default:
+		p.add("capacity-check", "unknown mode %q; use off, warn or refuse", *f.capacityCheck)
+	}
+	c.CapacityOvercommit = *f.capacityOvercommit
+	if !(c.CapacityOvercommit > 0) {
+		p.add("capacity-overcommit", "must be above 0, got %v", c.CapacityOvercommit)
+	}
+	if *f.fakeHostCPUs < 0 || *f.fakeHostMemory < 0 {
+		p.add("fake-host-cpus", "the simulated host's CPUs (%d) and memory GiB (%d) must not be negative", *f.fakeHostCPUs, *f.fakeHostMemory)
+	}
 	c.HistoryEvents = *f.historyEvents
 	p.integer("history-events", c.HistoryEvents)
 	c.HistoryTotal = *f.historyTotal

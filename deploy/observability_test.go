@@ -65,7 +65,8 @@ func gatherExported(t *testing.T) exported {
 	}
 	cfg, err := config.Parse([]string{"--use-fake-backend", "--installation-id", "obs", "--seed-count", "4",
 		"--state", filepath.Join(dir, "state"), "--addr", grpcAddr, "--metrics-addr", metricsAddr,
-		"--reconcile-interval", "1h", "--shutdown-grace", "2s", "--fake-admin", "--tls-cert", certFile, "--tls-key", keyFile}, io.Discard)
+		"--reconcile-interval", "1h", "--shutdown-grace", "2s", "--fake-admin", "--tls-cert", certFile, "--tls-key", keyFile,
+		"--fake-host-cpus", "2", "--fake-host-memory-gib", "4"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +96,7 @@ func gatherExported(t *testing.T) exported {
 		"bigfleet_provider_reconcile_duration_seconds", "bigfleet_provider_zone_last_observed_timestamp_seconds",
 		"bigfleet_provider_hypervisor_calls_total", "bigfleet_provider_state_fsync_duration_seconds",
 		"grpc_server_handling_seconds", "bigfleet_provider_plan_pending_steps", "bigfleet_provider_repair_failures_total",
-		"bigfleet_provider_serving", "bigfleet_provider_certificate_expiry_seconds"}
+		"bigfleet_provider_serving", "bigfleet_provider_certificate_expiry_seconds", "bigfleet_provider_zone_overcommit_ratio"}
 	// Families come and go (pending steps vanish once a plan is done), so
 	// what the binary exports is the union over every scrape.
 	ex := exported{}
@@ -419,7 +420,7 @@ func TestObservabilityKit(t *testing.T) {
 				}
 			}
 		}
-		want := []string{"BigFleetProviderDrift", "BigFleetProviderZoneDown", "BigFleetProviderStateStoreUnhealthy",
+		want := []string{"BigFleetProviderDrift", "BigFleetProviderZoneDown", "BigFleetProviderZoneOverOffered", "BigFleetProviderStateStoreUnhealthy",
 			"BigFleetProviderFailedMachinesRising", "BigFleetProviderObservationStale", "BigFleetProviderCertificateExpiringSoon",
 			"BigFleetProviderNotServing", "BigFleetProviderTargetDown", "BigFleetProviderStandbyCannotFollow"}
 		if diff := cmp.Diff(want, names); diff != "" {

@@ -11,7 +11,8 @@
 //
 // Where things are: hypervisors.go (Shape, Target, the interfaces the
 // executor drives), steps.go (the step vocabulary), exec.go (a guest
-// command's result), optional.go (optional interfaces, Capabilities and Find), events.go
+// command's result), optional.go (optional interfaces, among them
+// CapacityReader and its HostCapacity, Capabilities and Find), events.go
 // (change events), errors.go (error classes, Retryable).
 //
 // Invariants:

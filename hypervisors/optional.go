@@ -33,6 +33,24 @@ type RPCReporter interface {
 	ObserveRPCs(observe func(zone, procedure string, d time.Duration, err error))
 }
 
+// HostCapacity is what one zone's host offers: its memory and CPUs, and
+// the size and free space of the storage VMs are built on. A zero field
+// is unknown (not read), never "none".
+type HostCapacity struct {
+	MemoryBytes   uint64 `json:"memory_bytes"`
+	CPUs          int    `json:"cpus"`
+	DiskBytes     uint64 `json:"disk_bytes,omitempty"`
+	DiskFreeBytes uint64 `json:"disk_free_bytes,omitempty"`
+	StorageName   string `json:"storage,omitempty"` // the pool or storage read
+}
+
+// CapacityReader is implemented by adapters that can read a zone's host
+// capacity (libvirt: node info and the zone's pool; Proxmox: the node's
+// status and the target storage). An error means the answer is unknown.
+type CapacityReader interface {
+	ReadCapacity(ctx context.Context, zone string) (HostCapacity, error)
+}
+
 // Capabilities are a hypervisor's optional parts, one field each; nil
 // means absent. A wrapper declares them (Capable) instead of being one
 // type per combination of the parts it wraps: it passes a part through,
@@ -44,6 +62,8 @@ type Capabilities struct {
 	Events  EventSource    // change events
 	Volumes VolumeReader   // direct volume reads
 	RPCs    RPCReporter    // per-RPC timings
+	// Capacity reads a zone's host capacity.
+	Capacity CapacityReader
 }
 
 // Capable is a hypervisor that declares its Capabilities (wrappers do).
@@ -67,6 +87,7 @@ func CapabilitiesOf(hv Hypervisor) Capabilities {
 			got.Events, _ = hv.(EventSource)
 			got.Volumes, _ = hv.(VolumeReader)
 			got.RPCs, _ = hv.(RPCReporter)
+			got.Capacity, _ = hv.(CapacityReader)
 		}
 		c.Libvirt = cmp.Or(c.Libvirt, got.Libvirt)
 		c.Proxmox = cmp.Or(c.Proxmox, got.Proxmox)
@@ -74,6 +95,7 @@ func CapabilitiesOf(hv Hypervisor) Capabilities {
 		c.Events = cmp.Or(c.Events, got.Events)
 		c.Volumes = cmp.Or(c.Volumes, got.Volumes)
 		c.RPCs = cmp.Or(c.RPCs, got.RPCs)
+		c.Capacity = cmp.Or(c.Capacity, got.Capacity)
 		if _, ok := hv.(Capable); ok {
 			break
 		}
@@ -113,6 +135,8 @@ func Find[T any](hv Hypervisor) (T, bool) {
 		part = CapabilitiesOf(hv).Volumes
 	case *RPCReporter:
 		part = CapabilitiesOf(hv).RPCs
+	case *CapacityReader:
+		part = CapabilitiesOf(hv).Capacity
 	default:
 		for hv != nil {
 			if t, ok := hv.(T); ok {

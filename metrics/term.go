@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/bigfleet-vm/provider/capacity"
 	"github.com/bigfleet-vm/provider/planner"
 )
 
@@ -26,6 +27,7 @@ type Term struct {
 	observed map[string]zoneObservation
 
 	totals atomic.Pointer[planner.Totals]
+	hosts  atomic.Pointer[[]capacity.Zone]
 }
 
 type zoneObservation struct {
@@ -102,7 +104,29 @@ func (t *Term) PlanTotals(p *planner.Totals) {
 	t.totals.Store(p)
 }
 
+// ZoneCapacity publishes the newest comparison of the zones' offerings
+// with their hosts (the zones read). zones must not be changed
+// afterwards: a scrape reads it whole.
+func (t *Term) ZoneCapacity(zones []capacity.Zone) {
+	if t == nil {
+		return
+	}
+	t.hosts.Store(&zones)
+}
+
 var (
+	capacityDesc = prometheus.NewDesc(ns+"_zone_capacity",
+		"A zone's host as its hypervisor reports it, read at start and on every full pass: resource cpu (CPUs), memory (bytes), disk (bytes of the zone's pool or target storage). Exported by the serving replica only, for the zones read.",
+		[]string{"zone", "resource"}, nil)
+	offeredDesc = prometheus.NewDesc(ns+"_zone_offered",
+		"What a zone's offerings can place: every slot (SPECULATIVE or not) times its instance type, by resource cpu (vCPUs) and memory (bytes). Exported by the serving replica only, for the zones whose capacity was read.",
+		[]string{"zone", "resource"}, nil)
+	runningDesc = prometheus.NewDesc(ns+"_zone_running",
+		"What already runs in a zone: the slots not SPECULATIVE times their instance type, by resource cpu (vCPUs) and memory (bytes). Exported by the serving replica only, for the zones whose capacity was read.",
+		[]string{"zone", "resource"}, nil)
+	overcommitDesc = prometheus.NewDesc(ns+"_zone_overcommit_ratio",
+		"zone_offered over zone_capacity by resource (cpu, memory): above 1, the offerings promise more than the host has. Exported by the serving replica only, for the zones whose capacity was read.",
+		[]string{"zone", "resource"}, nil)
 	driftDesc = prometheus.NewDesc(ns+"_drift",
 		"Drift findings by zone and kind, as the newest plan of each machine found them (a full pass, or the machine's own reconcile since); every kind is reported for every zone the last full pass saw. Exported by the serving replica only.",
 		[]string{"zone", "kind"}, nil)
@@ -138,7 +162,8 @@ type termCollector struct {
 }
 
 func (c *termCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{driftDesc, pendingDesc, planStepsDesc, planAtDesc, lastObservedDesc, zoneUpDesc, machinesDesc} {
+	for _, d := range []*prometheus.Desc{driftDesc, pendingDesc, planStepsDesc, planAtDesc, lastObservedDesc, zoneUpDesc, machinesDesc,
+		capacityDesc, offeredDesc, runningDesc, overcommitDesc} {
 		ch <- d
 	}
 }
@@ -199,6 +224,28 @@ func (c *termCollector) Collect(ch chan<- prometheus.Metric) {
 			v = 1
 		}
 		gauge(zoneUpDesc, v, z)
+	}
+	if hosts := t.hosts.Load(); hosts != nil {
+		for _, z := range *hosts {
+			if z.Host.CPUs > 0 {
+				gauge(capacityDesc, float64(z.Host.CPUs), z.Zone, capacity.CPU)
+			}
+			if z.Host.MemoryBytes > 0 {
+				gauge(capacityDesc, float64(z.Host.MemoryBytes), z.Zone, capacity.Memory)
+			}
+			if z.Host.DiskBytes > 0 {
+				gauge(capacityDesc, float64(z.Host.DiskBytes), z.Zone, capacity.Disk)
+			}
+			gauge(offeredDesc, float64(z.Offered.VCPU), z.Zone, capacity.CPU)
+			gauge(offeredDesc, float64(z.Offered.MemoryBytes), z.Zone, capacity.Memory)
+			gauge(runningDesc, float64(z.Running.VCPU), z.Zone, capacity.CPU)
+			gauge(runningDesc, float64(z.Running.MemoryBytes), z.Zone, capacity.Memory)
+			for _, r := range capacity.Resources {
+				if v := z.Ratio(r); v > 0 {
+					gauge(overcommitDesc, v, z.Zone, r)
+				}
+			}
+		}
 	}
 	if c.counts != nil {
 		for k, n := range c.counts() {

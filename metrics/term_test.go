@@ -10,13 +10,16 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/bigfleet-vm/provider/capacity"
+	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/planner"
 )
 
 // termFamilies are the series only the serving replica exports.
 var termFamilies = []string{"bigfleet_provider_drift", "bigfleet_provider_plan_pending_steps", "bigfleet_provider_plan_steps",
 	"bigfleet_provider_plan_last_timestamp_seconds", "bigfleet_provider_zone_last_observed_timestamp_seconds",
-	"bigfleet_provider_zone_up", "bigfleet_provider_machines"}
+	"bigfleet_provider_zone_up", "bigfleet_provider_machines", "bigfleet_provider_zone_capacity", "bigfleet_provider_zone_offered",
+	"bigfleet_provider_zone_running", "bigfleet_provider_zone_overcommit_ratio"}
 
 // families gathers m and returns the names of the families with samples.
 func families(t *testing.T, m *Metrics) map[string]bool {
@@ -49,6 +52,8 @@ func TestOnlyTheServingTermExports(t *testing.T) {
 		return nil
 	})
 	tm.ZoneObserved("a", true, time.Unix(1000, 0))
+	tm.ZoneCapacity([]capacity.Zone{{Zone: "a", Host: hypervisors.HostCapacity{CPUs: 4, MemoryBytes: 8 << 30},
+		Offered: capacity.Usage{VCPU: 8, MemoryBytes: 4 << 30}, Running: capacity.Usage{VCPU: 2, MemoryBytes: 1 << 30}}})
 	tm.PlanTotals(&planner.Totals{PlannedAt: time.Unix(1000, 0), Zones: []string{"a"},
 		Drift: map[planner.DriftKey]int{{Zone: "a", Kind: planner.DriftStopped}: 1}, Pending: map[planner.Action]int{planner.ActionStart: 1}, Steps: 1})
 	serving := func() map[string]float64 {
@@ -69,6 +74,10 @@ func TestOnlyTheServingTermExports(t *testing.T) {
 	check("standby before any term", 0, false)
 	m.Serve(tm)
 	check("serving", 1, true)
+	ratio := series(t, m, "bigfleet_provider_zone_overcommit_ratio", func(l map[string]string) string { return l["zone"] + "/" + l["resource"] })
+	if d := cmp.Diff(map[string]float64{"a/cpu": 2, "a/memory": 0.5}, ratio); d != "" {
+		t.Errorf("overcommit ratio (-want +got):\n%s", d)
+	}
 	ended.Store(true)
 	check("lease ran out, timers not yet noticed", 0, false)
 	ended.Store(false)
@@ -76,7 +85,7 @@ func TestOnlyTheServingTermExports(t *testing.T) {
 	check("stepped down", 0, false)
 	// A new term starts empty: nothing of the old one leaks into it.
 	m.Serve(m.NewTerm(nil))
-	if got := families(t, m); got["bigfleet_provider_zone_last_observed_timestamp_seconds"] || got["bigfleet_provider_drift"] {
+	if got := families(t, m); got["bigfleet_provider_zone_last_observed_timestamp_seconds"] || got["bigfleet_provider_drift"] || got["bigfleet_provider_zone_capacity"] {
 		t.Errorf("a new term exports what an old one observed: %v", got)
 	}
 }

@@ -71,7 +71,12 @@ type Options struct {
 	// MinPassGap spaces full passes asked for by Trigger or events
 	// (default 500ms), so an event storm costs at most two passes a second.
 	MinPassGap time.Duration
-	Now        func() time.Time
+	// HostCheck, when set, runs at the end of every full pass (the first
+	// is at start) with the machines the pass planned: the server holds
+	// the offerings against the hosts' capacity there. It must return
+	// within its own bound.
+	HostCheck func(ctx context.Context, machines []*desired.Machine)
+	Now       func() time.Time
 }
 
 // Reconciler is the loop.
@@ -354,6 +359,9 @@ func (r *Reconciler) fullPass(ctx context.Context) {
 			continue
 		}
 		r.Enqueue(c.Machine)
+	}
+	if r.o.HostCheck != nil {
+		r.o.HostCheck(ctx, machines)
 	}
 	if r.o.Metrics != nil {
 		r.o.Metrics.Reconciled("full", time.Since(start))

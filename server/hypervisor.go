@@ -31,6 +31,9 @@ func openHypervisor(ctx context.Context, cfg *config.Config, installation string
 			"hypervisor", cfg.Hypervisor, "zones", cfg.Zones)
 		opts := fake.Options{Zones: cfg.Zones, Latency: cfg.Fake.Latency, Faults: cfg.Fake.Faults,
 			SlowOK: cfg.Timeouts.Configure + 30*time.Second}
+		if cfg.Fake.HostCPUs > 0 || cfg.Fake.HostMemoryGiB > 0 {
+			opts.Host = hypervisors.HostCapacity{CPUs: cfg.Fake.HostCPUs, MemoryBytes: uint64(cfg.Fake.HostMemoryGiB) << 30}
+		}
 		if cfg.Hypervisor == hypervisors.ShapeLibvirt {
 			opts.Pool, opts.Network = cfg.Libvirt.StoragePool, cfg.Libvirt.Network
 			opts.Image = cfg.Libvirt.Image

@@ -100,13 +100,24 @@ func openTerm(ctx context.Context, cfg *config.Config, log *slog.Logger, m *metr
 		capacity = desired.BareMetal
 	}
 	t.metrics = m.NewTerm(guard)
+	types := func(name string) (int, int, bool) {
+		it, ok := cfg.Catalog[name]
+		return it.VCPU, it.MemoryMiB, ok
+	}
+	var check func(context.Context, []*desired.Machine)
+	switch cfg.CapacityCheck {
+	case config.CapacityRefuse:
+		if err := refuseOver(ctx, t.hv, doc.All(), types, cfg.CapacityOvercommit, log); err != nil {
+			_ = t.hv.Close()
+			return nil, err
+		}
+		fallthrough
+	case config.CapacityWarn:
+		check = hostCheck(t.hv, types, cfg.CapacityOvercommit, capacityReadTimeout, t.metrics, log)
+	}
 	t.rec = reconciler.New(reconciler.Options{Doc: doc, Hypervisor: t.hv, Executor: exec, Planner: t.planner,
 		Interval: cfg.ReconcileInterval, Capacity: capacity, Logger: log, Metrics: t.metrics, QueueMetrics: m.QueueMetrics(),
-		RepairDelay: cfg.DriftRepairDelay, RepairTimeout: cfg.RepairTimeout,
-		Types: func(name string) (int, int, bool) {
-			it, ok := cfg.Catalog[name]
-			return it.VCPU, it.MemoryMiB, ok
-		}})
+		RepairDelay: cfg.DriftRepairDelay, RepairTimeout: cfg.RepairTimeout, Types: types, HostCheck: check})
 	return t, nil
 }
 

@@ -2,6 +2,8 @@ package fake
 
 import (
 	"time"
+
+	"github.com/bigfleet-vm/provider/hypervisors"
 )
 
 // Store is where a simulator journals its world: the provider's own state
@@ -68,6 +70,12 @@ type Options struct {
 	// SlowOK is how long the "fault-slow-ok" bootstrap runs before it
 	// succeeds.
 	SlowOK time.Duration
+
+	// Host is every zone's capacity as ReadCapacity reports it, and Hosts
+	// a zone's own (it wins). A zone with neither reports a zero
+	// HostCapacity: no reading, as an adapter that cannot read it.
+	Host  hypervisors.HostCapacity
+	Hosts map[string]hypervisors.HostCapacity
 
 	// Hook runs before every hypervisor call; see SetHook.
 	Hook Hook

@@ -344,6 +344,8 @@ func (s *Server) route(q *request) (any, *apiError) {
 		switch {
 		case get && len(rest) == 1 && rest[0] == "status":
 			return s.nodeStatus(q, node)
+		case get && len(rest) == 3 && rest[0] == "storage" && rest[2] == "status":
+			return s.storageStatus(q, node, rest[1])
 		case get && len(rest) == 1 && rest[0] == "qemu":
 			return s.qemuList(q, node)
 		case len(rest) >= 3 && rest[0] == "tasks" && get:
@@ -533,17 +535,34 @@ func (s *Server) nodeList(q *request) (any, *apiError) {
 	return out, nil
 }
 
+// storageStatus is GET /nodes/{node}/storage/{storage}/status: only the
+// clone storage exists (PVE answers an unknown one with a 500).
+func (s *Server) storageStatus(q *request, node, storage string) (any, *apiError) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.check(q.tok, "/storage/"+storage, "Datastore.Audit"); e != nil {
+		return nil, e
+	}
+	if storage != s.opts.Storage {
+		return nil, errf(500, "storage '%s' does not exist", storage)
+	}
+	h := s.opts.Host
+	return map[string]any{"type": "lvmthin", "content": "images,rootdir", "active": 1, "enabled": 1, "shared": 0,
+		"total": h.StorageBytes, "avail": h.StorageFreeBytes, "used": h.StorageBytes - h.StorageFreeBytes}, nil
+}
+
 func (s *Server) nodeStatus(q *request, node string) (any, *apiError) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if e := s.check(q.tok, "/nodes/"+node, "Sys.Audit"); e != nil {
 		return nil, e
 	}
+	h := s.opts.Host
 	return map[string]any{
 		"kversion": "Linux 6.8.12-1-pve", "pveversion": "pve-manager/" + s.opts.Version, "loadavg": []string{"0.10", "0.20", "0.30"},
 		"cpu": 0.05, "wait": 0.0, "idle": 0, "uptime": 86400,
-		"cpuinfo": map[string]any{"model": "Simulated CPU", "cores": 8, "sockets": 2, "cpus": 16, "mhz": "2400.000", "hvm": "1", "user_hz": 100, "flags": "sse4_2"},
-		"memory":  map[string]any{"total": uint64(64) << 30, "used": uint64(8) << 30, "free": uint64(56) << 30},
+		"cpuinfo": map[string]any{"model": "Simulated CPU", "cores": h.CPUs, "sockets": 1, "cpus": h.CPUs, "mhz": "2400.000", "hvm": "1", "user_hz": 100, "flags": "sse4_2"},
+		"memory":  map[string]any{"total": h.MemoryBytes, "used": h.MemoryBytes / 8, "free": h.MemoryBytes - h.MemoryBytes/8},
 		"swap":    map[string]any{"total": 0, "used": 0, "free": 0},
 		"rootfs":  map[string]any{"total": uint64(100) << 30, "used": uint64(10) << 30, "avail": uint64(90) << 30, "free": uint64(90) << 30},
 		"ksm":     map[string]any{"shared": 0},

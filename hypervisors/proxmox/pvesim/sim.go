@@ -71,8 +71,20 @@ type Options struct {
 	LatencyScale float64
 	// Storage is the storage clones land on (default local-lvm).
 	Storage string
+	// Host is every node's capacity as its status and the storage's status
+	// report it (default: 64 GiB, 16 CPUs, a 1 TiB storage with 900 GiB
+	// free).
+	Host HostCapacity
 	// Logger receives one debug line per request (never a secret).
 	Logger *slog.Logger
+}
+
+// HostCapacity is a simulated node's size.
+type HostCapacity struct {
+	MemoryBytes      uint64
+	CPUs             int
+	StorageBytes     uint64 // the clone storage's total
+	StorageFreeBytes uint64 // and what is free on it
 }
 
 // Token is an API token with its ACLs.
@@ -195,6 +207,9 @@ func New(opts Options) *Server {
 	}
 	if opts.Storage == "" {
 		opts.Storage = "local-lvm"
+	}
+	if opts.Host == (HostCapacity{}) {
+		opts.Host = HostCapacity{MemoryBytes: 64 << 30, CPUs: 16, StorageBytes: 1 << 40, StorageFreeBytes: 900 << 30}
 	}
 	lat := opts.Latencies
 	if lat == nil {
