@@ -2,19 +2,15 @@ package server
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"time"
 
 	"github.com/bigfleet-vm/provider/config"
 	"github.com/bigfleet-vm/provider/desired"
-	"github.com/bigfleet-vm/provider/etcdstore"
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/planner"
 	"github.com/bigfleet-vm/provider/reconciler"
-	"github.com/bigfleet-vm/provider/statefile"
 )
 
 // OfflinePlan computes what the next reconcile would do, the way `provider
@@ -30,27 +26,14 @@ import (
 // offerings add are planned as fresh SPECULATIVE machines, as Open would
 // add them. With no state file the inventory is the offerings' slots.
 func OfflinePlan(ctx context.Context, cfg *config.Config) (*planner.Plan, error) {
-	stored := map[string][]byte{}
-	switch {
-	case cfg.Etcd != nil:
-		// Read what the leader committed, without campaigning or writing.
-		client, err := etcdstore.NewClient(ctx, cfg.Etcd.Client())
-		if err != nil {
-			return nil, fmt.Errorf("--state %s: %w", cfg.StatePath, err)
-		}
-		defer client.Close()
-		if stored, err = etcdstore.ReadOnly(ctx, client, cfg.Etcd.Prefix, 0); err != nil {
-			return nil, fmt.Errorf("--state %s: %w", cfg.StatePath, err)
-		}
-	case cfg.StatePath != "":
-		s, err := statefile.ReadOnly(cfg.StatePath)
-		switch {
-		case errors.Is(err, fs.ErrNotExist):
-		case err != nil:
-			return nil, err
-		default:
-			stored = s
-		}
+	// What the leader committed (etcd) or the journal's committed records,
+	// without campaigning, locking or writing.
+	stored, err := readStored(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if stored == nil {
+		stored = map[string][]byte{}
 	}
 	// Inspect validates the stored document against the flags
 	// (installation, zones and types of known ids) and adds the slots the
