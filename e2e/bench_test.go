@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -86,10 +85,7 @@ func rssKiB(pid int) float64 {
 	return -1
 }
 
-func pct(d []time.Duration, p float64) time.Duration {
-	sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
-	return d[int(float64(len(d)-1)*p)]
-}
+func pct(d []time.Duration, p float64) time.Duration { return providertest.Percentile(d, p) }
 
 // waitQuiet waits until no machine is in a transitional state.
 func waitQuiet(b *testing.B, s *server) {
@@ -158,7 +154,7 @@ func BenchmarkDurableMutations16(b *testing.B) {
 		clients[i] = s.Dial()
 	}
 	b.ResetTimer()
-	el := providertest.CreateAll(b, clients, targets)
+	el, _ := providertest.CreateAll(b, clients, targets)
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/el.Seconds(), "mutations/s")
 }

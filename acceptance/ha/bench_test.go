@@ -7,10 +7,8 @@ import (
 	"fmt"
 	"os"
 	"regexp"
-	"sort"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -108,11 +106,7 @@ func take(b *testing.B, n int) []string {
 	return out
 }
 
-func pct(d []time.Duration, p float64) time.Duration {
-	s := append([]time.Duration(nil), d...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	return s[int(float64(len(s)-1)*p)]
-}
+func pct(d []time.Duration, p float64) time.Duration { return providertest.Percentile(d, p) }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
@@ -154,36 +148,8 @@ func BenchmarkHAMutations16(b *testing.B) {
 	for i := range clients {
 		clients[i] = leader.Dial()
 	}
-	var next atomic.Int64
-	var mu sync.Mutex
-	lat := make([]time.Duration, 0, b.N)
-	var wg sync.WaitGroup
 	b.ResetTimer()
-	t0 := time.Now()
-	for _, c := range clients {
-		wg.Go(func() {
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= len(targets) {
-					return
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-				start := time.Now()
-				_, err := c.Create(ctx, &pb.CreateRequest{MachineId: targets[i]})
-				d := time.Since(start)
-				cancel()
-				if err != nil {
-					b.Errorf("create %s: %v", targets[i], err)
-					return
-				}
-				mu.Lock()
-				lat = append(lat, d)
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-	el := time.Since(t0)
+	el, lat := providertest.CreateAll(b, clients, targets)
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/el.Seconds(), "mutations/s")
 	b.ReportMetric(ms(pct(lat, 0.50)), "ms-p50")

@@ -107,17 +107,7 @@ func BenchmarkHAScale(b *testing.B) {
 				rssList = rssMiB(p.Pid())
 
 				targets := ids(s.list(b, providertest.StSpeculative))[:200]
-				lat := make([]time.Duration, 0, len(targets))
-				for _, id := range targets {
-					ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-					t0 := time.Now()
-					_, err := p.Client().Create(ctx, &pb.CreateRequest{MachineId: id})
-					lat = append(lat, time.Since(t0))
-					cancel()
-					if err != nil {
-						b.Fatal(err)
-					}
-				}
+				_, lat := providertest.CreateAll(b, []pb.CapacityProviderClient{p.Client()}, targets)
 				p50 += pct(lat, 0.50)
 				p99 += pct(lat, 0.99)
 				p.Kill()
