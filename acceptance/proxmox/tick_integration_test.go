@@ -12,30 +12,36 @@ import (
 // SPECULATIVE slot per VM). The adapter's poller lists the cluster once
 // per second (its default interval) and the reconcile ticks (3 s, longer
 // than the 2 s listing TTL) reuse its listing: an unchanged fleet costs
-// one listing per second and nothing else.
+// one listing per second, plus one status read per node and full pass for
+// the capacity check, and nothing else.
 func TestTickRequestsThroughBinaryAt1000(t *testing.T) {
 	const n, inst, interval, poll = 1000, "acc-tick", 3 * time.Second, time.Second
 	c := newCluster(t, clusterOpts{})
 	ownedFleet(t, c.sim, inst, n)
 	p := c.start(t, launch{offerings: []offering{{"pve.small", "pve1", "on_demand", n / 2}, {"pve.small", "pve2", "on_demand", n / 2}},
-		// The capacity check reads each node's status once per full pass
-		// (--capacity-check, default warn); this test counts what the
-		// observation of an unchanged fleet costs, so it is off here.
-		args: []string{"--installation-id", inst, "--reconcile-interval", interval.String(), "--capacity-check", "off"}})
+		args: []string{"--installation-id", inst, "--reconcile-interval", interval.String()}})
 	eventually(t, "every VM adopted as IDLE", func() bool {
 		return len(p.machines("pve1")) == 0 && len(p.machines("pve2")) == 0
 	})
 	time.Sleep(interval) // let adoption settle
 	began := time.Now()
-	before, lists := c.sim.RequestCount(""), c.sim.RequestCount("GET /cluster/resources")
+	// The capacity check (--capacity-check, default warn) reads each
+	// node's status once per full pass: no other request is allowed.
+	nodeStatus := func() int {
+		return c.sim.RequestCount("GET /nodes/pve1/status") + c.sim.RequestCount("GET /nodes/pve2/status")
+	}
+	before, lists, statuses := c.sim.RequestCount(""), c.sim.RequestCount("GET /cluster/resources"), nodeStatus()
 	const ticks = 4
 	time.Sleep(ticks * interval)
-	total, listings := c.sim.RequestCount("")-before, c.sim.RequestCount("GET /cluster/resources")-lists
+	total, listings, capacity := c.sim.RequestCount("")-before, c.sim.RequestCount("GET /cluster/resources")-lists, nodeStatus()-statuses
 	polls := int(time.Since(began) / poll)
-	t.Logf("through the binary, 1,000 owned VMs: %d requests over %d ticks (%d listings, %d poll intervals): %.1f requests/tick",
-		total, ticks, listings, polls, float64(total)/ticks)
-	if total != listings || listings > polls+2 {
-		t.Errorf("%d requests (%d listings) over %d unchanged ticks, want only listings, about one per %s poll (%d)",
-			total, listings, ticks, poll, polls)
+	t.Logf("through the binary, 1,000 owned VMs: %d requests over %d ticks (%d listings, %d capacity reads, %d poll intervals): %.1f requests/tick",
+		total, ticks, listings, capacity, polls, float64(total)/ticks)
+	if total != listings+capacity || listings > polls+2 {
+		t.Errorf("%d requests (%d listings, %d capacity reads) over %d unchanged ticks, want only listings, about one per %s poll (%d), and capacity reads",
+			total, listings, capacity, ticks, poll, polls)
+	}
+	if passes := ticks + 1; capacity > 2*passes {
+		t.Errorf("%d capacity reads over %d full passes of 2 nodes, want at most one per node and pass", capacity, passes)
 	}
 }
