@@ -78,7 +78,7 @@ func Read(path string, max int64) ([]byte, error) {
 }
 
 func notRegular(path string, m fs.FileMode) error {
-	return fmt.Errorf("%s is %s, %w: name a regular file", path, kind(m), ErrNotRegular)
+	return fmt.Errorf("%s is %s, %w: name a regular file", path, Kind(m), ErrNotRegular)
 }
 
 func tooLarge(path string, size, max int64) error {
@@ -88,8 +88,9 @@ func tooLarge(path string, size, max int64) error {
 	return fmt.Errorf("%s is %d bytes, more than %s, the cap for this file (%w)", path, size, human(max), ErrTooLarge)
 }
 
-// kind names what a non-regular file is, with an article.
-func kind(m fs.FileMode) string {
+// Kind names what a non-regular file is, with an article ("a character
+// device"), for errors that refuse it (config files, the state path).
+func Kind(m fs.FileMode) string {
 	switch {
 	case m.IsDir():
 		return "a directory"
@@ -101,6 +102,8 @@ func kind(m fs.FileMode) string {
 		return "a character device"
 	case m&fs.ModeDevice != 0:
 		return "a block device"
+	case m&fs.ModeSymlink != 0:
+		return "a symbolic link"
 	}
 	return "a file of mode " + m.String()
 }

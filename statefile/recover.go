@@ -15,6 +15,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/bigfleet-vm/provider/conffile"
 	"github.com/bigfleet-vm/provider/retry"
 )
 
@@ -68,7 +69,7 @@ func CheckPath(path string) error {
 		case st.IsDir():
 			return errors.New("the path is a directory; name a file inside it, e.g. " + filepath.Join(path, "state"))
 		case !st.Mode().IsRegular():
-			return fmt.Errorf("the path is a %s, not a regular file; the state needs files of its own next to it", fileKind(st.Mode()))
+			return fmt.Errorf("the path is %s, not a regular file; the state needs files of its own next to it", conffile.Kind(st.Mode()))
 		}
 	}
 	dir := filepath.Dir(path)
@@ -85,23 +86,6 @@ func CheckPath(path string) error {
 		}
 	}
 	return nil
-}
-
-// fileKind names a special file's type for an error.
-func fileKind(m fs.FileMode) string {
-	switch {
-	case m&fs.ModeCharDevice != 0:
-		return "character device"
-	case m&fs.ModeDevice != 0:
-		return "block device"
-	case m&fs.ModeNamedPipe != 0:
-		return "named pipe"
-	case m&fs.ModeSocket != 0:
-		return "socket"
-	case m&fs.ModeSymlink != 0:
-		return "symbolic link"
-	}
-	return "special file"
 }
 
 // sameDevice reports whether two files live on one mounted file system.
