@@ -8,7 +8,6 @@ import (
 	"hash/crc32"
 	"io"
 	"os"
-	"path/filepath"
 	"sort"
 	"syscall"
 )
@@ -168,36 +167,19 @@ type markWriter struct {
 	last   mark // the newest record written
 }
 
-// createMark durably replaces path with a mark file holding m, as a
-// locked .tmp file renamed into place like a journal.
+// createMark durably replaces path with a mark file holding m, renamed
+// into place like a journal; it is not locked itself: the writer holds
+// the journal's lock.
 func createMark(path string, m mark, noSync bool) (*markWriter, error) {
 	m.seq = 1
 	slot, err := m.encode()
 	if err != nil {
 		return nil, err
 	}
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_RDWR, 0o600)
+	buf := make([]byte, markFileSize)
+	copy(buf, slot)
+	f, err := replaceFile(path, buf, false, noSync)
 	if err != nil {
-		return nil, fmt.Errorf("create %s: %w", tmp, err)
-	}
-	err = func() error {
-		buf := make([]byte, markFileSize)
-		copy(buf, slot)
-		if _, err := f.Write(buf); err != nil {
-			return fileErr("write", tmp, err)
-		}
-		if err := syncFile(f, tmp, noSync); err != nil {
-			return err
-		}
-		if err := os.Rename(tmp, path); err != nil {
-			return fmt.Errorf("rename %s: %w", tmp, err)
-		}
-		return syncDir(filepath.Dir(path), noSync)
-	}()
-	if err != nil {
-		f.Close()
-		os.Remove(tmp)
 		return nil, err
 	}
 	return &markWriter{path: path, f: f, noSync: noSync, last: m}, nil

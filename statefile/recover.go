@@ -1033,16 +1033,27 @@ func writeSnapshot(path string, gen uint64, state map[string][]byte, journalMin 
 // returns it open for appending and locked, so that no second writer can
 // use it even if the lock file is removed.
 func createJournal(path string, gen uint64, noSync bool) (*os.File, error) {
+	return replaceFile(path, journalStart(gen), true, noSync)
+}
+
+// replaceFile durably replaces path with a file holding content: written
+// to path.tmp (locked first when lock), synced, renamed into place and
+// the directory synced, so path is its old self or the new file, never a
+// torn one. The new file is returned open (read-write); on error the .tmp
+// is removed.
+func replaceFile(path string, content []byte, lock, noSync bool) (*os.File, error) {
 	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("create %s: %w", tmp, err)
 	}
 	err = func() error {
-		if err := lockFile(f); err != nil {
-			return fmt.Errorf("lock %s: %w", tmp, err)
+		if lock {
+			if err := lockFile(f); err != nil {
+				return fmt.Errorf("lock %s: %w", tmp, err)
+			}
 		}
-		if _, err := f.Write(journalStart(gen)); err != nil {
+		if _, err := f.Write(content); err != nil {
 			return fileErr("write", tmp, err)
 		}
 		if err := syncFile(f, tmp, noSync); err != nil {
