@@ -8,7 +8,6 @@ import (
 	"sort"
 	"strings"
 	"time"
-	"unicode/utf8"
 )
 
 // A machine's history: a bounded ring of its newest events, kept with the
@@ -138,19 +137,6 @@ func newHistory(o HistoryOptions) *history {
 		o.Redrive = CauseRestart
 	}
 	return &history{o: o, rings: map[string]*ring{}, dirty: map[string]bool{}}
-}
-
-// clipText bounds s to n bytes at a rune boundary and makes it valid UTF-8.
-func clipText(s string, n int) string {
-	s = strings.ToValidUTF8(s, "\ufffd")
-	if len(s) <= n {
-		return s
-	}
-	cut := n
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…"
 }
 
 // add appends ev to id's ring and marks it dirty; it returns the seq.

@@ -2,6 +2,7 @@ package desired
 
 import (
 	"strconv"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -47,6 +48,21 @@ func Clip(s string, n int) string {
 		cut--
 	}
 	return strconv.Quote(s[:cut]) + "…(" + strconv.Itoa(len(s)) + " bytes)"
+}
+
+// clipText bounds s to n bytes at a rune boundary (plus a "…" marker
+// when cut) and makes it valid UTF-8: how the document stores text it did
+// not choose (a last_error, a history event's texts).
+func clipText(s string, n int) string {
+	s = strings.ToValidUTF8(s, "\ufffd")
+	if len(s) <= n {
+		return s
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }
 
 // checkString validates one client string: valid UTF-8, non-empty if

@@ -4,7 +4,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/bigfleet-vm/provider/inventory"
 )
@@ -181,15 +180,8 @@ func (m *Machine) clone() *Machine {
 func (m *Machine) fail(now time.Time, reason string) {
 	m.State, m.Since, m.Intent, m.blob = Failed, now, nil, nil
 	m.Cluster, m.ShardMetadata = "", nil
-	if len(reason) > maxLastErrorBytes {
-		cut := maxLastErrorBytes
-		for cut > 0 && !utf8.RuneStart(reason[cut]) {
-			cut--
-		}
-		reason = reason[:cut] + "…"
-	}
 	if strings.TrimSpace(reason) == "" {
 		reason = "failed"
 	}
-	m.LastError = strings.ToValidUTF8(reason, "\ufffd")
+	m.LastError = clipText(reason, maxLastErrorBytes)
 }
