@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -49,6 +50,34 @@ func TestIntegrationVolumes(t *testing.T) {
 	h := newIT(t, e, ZoneURI{Zone: "a", URI: e.URI})
 	ctx := ctxT(t, 2*time.Minute)
 	poolDir := filepath.Join(e.State, "pool-a")
+	// Observation reads the listing and metadata, never volume bytes
+	// (issue 16: a download could wedge the connection): every RPC is
+	// recorded, and no observation may stream.
+	var mu sync.Mutex
+	var streams []string
+	h.ObserveRPCs(func(_, proc string, _ time.Duration, _ error) {
+		if proc == "StorageVolDownload" || proc == "StorageVolUpload" {
+			mu.Lock()
+			streams = append(streams, proc)
+			mu.Unlock()
+		}
+	})
+	observe := func(t *testing.T) *observed.Zone {
+		t.Helper()
+		mu.Lock()
+		before := len(streams)
+		mu.Unlock()
+		z, err := h.Observe(ctx, "a")
+		if err != nil {
+			t.Fatalf("Observe: %v", err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if got := streams[before:]; len(got) > 0 {
+			t.Errorf("Observe streamed volume bytes: %v", got)
+		}
+		return z
+	}
 
 	tests := []struct {
 		name, base, wantBackingFmt string
@@ -94,10 +123,7 @@ func TestIntegrationVolumes(t *testing.T) {
 				t.Errorf("seed ISO (-want +got):\n%s", d)
 			}
 
-			z, err := h.Observe(ctx, "a")
-			if err != nil {
-				t.Fatalf("Observe: %v", err)
-			}
+			z := observe(t)
 			var vols []observed.Volume
 			for _, v := range z.Volumes {
 				if v.Name == m.overlay || v.Name == m.seed {
