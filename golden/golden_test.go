@@ -26,6 +26,9 @@ import (
 	"github.com/bigfleet-vm/provider/executor"
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/fake"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox"
 	"github.com/bigfleet-vm/provider/jsonplan"
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
@@ -162,9 +165,15 @@ type goldenCase struct {
 	desired desiredYAML
 	obs     observedYAML
 	now     time.Time
-	shape   hypervisors.Shape
+	shape   string
 	byID    map[string]*machineYAML
 }
+
+// The two shipped hypervisors' names, as config.yaml's shape says.
+const (
+	shapeLibvirt = "libvirt"
+	shapeProxmox = "proxmox"
+)
 
 func TestGolden(t *testing.T) {
 	files, err := filepath.Glob("testdata/*.txtar")
@@ -205,10 +214,8 @@ func load(t *testing.T, path string) *goldenCase {
 		t.Fatalf("now: %v", err)
 	}
 	switch c.cfg.Shape {
-	case "libvirt":
-		c.shape = hypervisors.ShapeLibvirt
-	case "proxmox":
-		c.shape = hypervisors.ShapeProxmox
+	case shapeLibvirt, shapeProxmox:
+		c.shape = c.cfg.Shape
 	default:
 		t.Fatalf("config.yaml: shape %q: want libvirt or proxmox", c.cfg.Shape)
 	}
@@ -216,7 +223,7 @@ func load(t *testing.T, path string) *goldenCase {
 		c.cfg.Installation = "gold"
 	}
 	if len(c.cfg.Zones) == 0 {
-		if c.shape == hypervisors.ShapeProxmox {
+		if c.shape == shapeProxmox {
 			c.cfg.Zones = []string{"pve-a", "pve-b"}
 		} else {
 			c.cfg.Zones = []string{"host-a", "host-b"}
@@ -321,7 +328,7 @@ func (c *goldenCase) vmName(m *machineYAML) string {
 }
 
 func (c *goldenCase) defaultType() string {
-	if c.shape == hypervisors.ShapeProxmox {
+	if c.shape == shapeProxmox {
 		return "pve.small"
 	}
 	return "kvm.small"
@@ -359,7 +366,7 @@ func (c *goldenCase) machines(t *testing.T) []*desired.Machine {
 		if m.MemoryMiB == 0 {
 			m.MemoryMiB = 2048
 		}
-		if m.TemplateVMID == 0 && c.shape == hypervisors.ShapeProxmox {
+		if m.TemplateVMID == 0 && c.shape == shapeProxmox {
 			m.TemplateVMID = fake.DefaultTemplateVMID
 		}
 		if m.Cycle == 0 && m.VMName != "" {
@@ -391,7 +398,7 @@ func (c *goldenCase) machines(t *testing.T) []*desired.Machine {
 		if m.Host == "" && m.VMName != "" && state != desired.Creating && state != desired.Speculative {
 			if m.VMID != 0 {
 				m.Host = m.Zone + "/" + strconv.Itoa(m.VMID)
-			} else if c.shape == hypervisors.ShapeLibvirt {
+			} else if c.shape == shapeLibvirt {
 				m.Host = m.Zone + "/" + m.VMName
 			}
 		}
@@ -402,7 +409,7 @@ func (c *goldenCase) machines(t *testing.T) []*desired.Machine {
 }
 
 func (c *goldenCase) plannerConfig(t *testing.T) planner.Config {
-	pc := planner.Config{Shape: c.shape, Installation: c.cfg.Installation, StopGrace: 60 * time.Second, ReapFailed: true,
+	pc := planner.Config{Installation: c.cfg.Installation, StopGrace: 60 * time.Second, ReapFailed: true,
 		NodeReadyExec: c.cfg.Planner.NodeReadyExec}
 	if c.cfg.Planner.ReapFailed != nil {
 		pc.ReapFailed = *c.cfg.Planner.ReapFailed
@@ -414,11 +421,12 @@ func (c *goldenCase) plannerConfig(t *testing.T) planner.Config {
 		}
 		pc.StopGrace = d
 	}
-	if c.shape == hypervisors.ShapeLibvirt {
-		pc.Pool, pc.Image, pc.Network, pc.DomainType = fake.DefaultPool, fake.DefaultImage, fake.DefaultNetwork, "kvm"
-		pc.UserData, pc.Kernel = c.cfg.Planner.UserData, c.cfg.Planner.Kernel
+	if c.shape == shapeLibvirt {
+		pc.Plugin = libvirt.Planner(libvirt.PlanSettings{Pool: fake.DefaultPool, Image: fake.DefaultImage, Network: fake.DefaultNetwork,
+			DomainType: "kvm", UserData: c.cfg.Planner.UserData, Kernel: c.cfg.Planner.Kernel})
 	} else {
-		pc.ProxmoxPool, pc.BootstrapPath, pc.BootstrapExec = c.cfg.Planner.ProxmoxPool, fake.DefaultBootstrapPath, []string{"/bin/sh"}
+		pc.Plugin = proxmox.Planner(proxmox.PlanSettings{Pool: c.cfg.Planner.ProxmoxPool, BootstrapPath: fake.DefaultBootstrapPath,
+			BootstrapExec: []string{"/bin/sh"}})
 	}
 	return pc
 }
@@ -427,6 +435,7 @@ func (c *goldenCase) plannerConfig(t *testing.T) planner.Config {
 type simulator interface {
 	hypervisors.Hypervisor
 	SetUnreachable(zone string, on bool)
+	SetAutostart(ctx context.Context, t hypervisors.Target, on bool) error
 }
 
 // world loads observed.yaml into a fresh simulator.
@@ -437,7 +446,7 @@ func (c *goldenCase) world(t *testing.T, clk *clock) simulator {
 	var sim simulator
 	var lv *fake.Libvirt
 	var px *fake.Proxmox
-	if c.shape == hypervisors.ShapeLibvirt {
+	if c.shape == shapeLibvirt {
 		lv = fake.NewLibvirt(opts)
 		sim = lv
 	} else {
@@ -542,11 +551,11 @@ func (c *goldenCase) world(t *testing.T, clk *clock) simulator {
 			case lv == nil:
 				err = errors.New("volumes exist on libvirt only")
 			case strings.HasSuffix(name, "-disk.qcow2"):
-				err = lv.CreateOverlay(ctx, z.Name, hypervisors.OverlaySpec{Pool: fake.DefaultPool, Name: name, BaseImage: fake.DefaultImage})
+				err = lv.CreateOverlay(ctx, z.Name, lvspec.OverlaySpec{Pool: fake.DefaultPool, Name: name, BaseImage: fake.DefaultImage})
 			case strings.HasSuffix(name, "-cidata.iso") && how == "blank":
 				err = lv.AddBlankSeedVolume(z.Name, fake.DefaultPool, name)
 			case strings.HasSuffix(name, "-cidata.iso") && (how == "" || how == "stale"):
-				spec := hypervisors.SeedSpec{Pool: fake.DefaultPool, Name: name, InstanceID: name, Hostname: name}
+				spec := lvspec.SeedSpec{Pool: fake.DefaultPool, Name: name, InstanceID: name, Hostname: name}
 				for id, m := range c.byID {
 					if vm := c.vmName(m); vm != "" && naming.SeedVolume(vm) == name && how == "" {
 						spec.InstanceID, spec.Hostname, spec.UserData = id, vm, c.cfg.Planner.UserData
@@ -602,7 +611,7 @@ func (c *goldenCase) observe(t *testing.T, hv hypervisors.Hypervisor, now time.T
 			obs = observed.Unknown(z, err, now)
 		} else {
 			obs.At = now
-			if hv.Shape() == hypervisors.ShapeLibvirt {
+			if c.shape == shapeLibvirt {
 				obs.VolumesAt = now
 			}
 		}

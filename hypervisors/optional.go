@@ -54,10 +54,8 @@ type CapacityReader interface {
 // Capabilities are a hypervisor's optional parts, one field each; nil
 // means absent. A wrapper declares them (Capable) instead of being one
 // type per combination of the parts it wraps: it passes a part through,
-// or replaces it with its own (instrumentation counts the shape steps).
+// or replaces it with its own.
 type Capabilities struct {
-	Libvirt LibvirtSteps   // the libvirt shape's steps
-	Proxmox ProxmoxSteps   // the Proxmox shape's steps
 	Health  HealthReporter // per-zone connection health
 	Events  EventSource    // change events
 	Volumes VolumeReader   // direct volume reads
@@ -81,16 +79,12 @@ func CapabilitiesOf(hv Hypervisor) Capabilities {
 		if cp, ok := hv.(Capable); ok {
 			got = cp.Capabilities()
 		} else {
-			got.Libvirt, _ = hv.(LibvirtSteps)
-			got.Proxmox, _ = hv.(ProxmoxSteps)
 			got.Health, _ = hv.(HealthReporter)
 			got.Events, _ = hv.(EventSource)
 			got.Volumes, _ = hv.(VolumeReader)
 			got.RPCs, _ = hv.(RPCReporter)
 			got.Capacity, _ = hv.(CapacityReader)
 		}
-		c.Libvirt = cmp.Or(c.Libvirt, got.Libvirt)
-		c.Proxmox = cmp.Or(c.Proxmox, got.Proxmox)
 		c.Health = cmp.Or(c.Health, got.Health)
 		c.Events = cmp.Or(c.Events, got.Events)
 		c.Volumes = cmp.Or(c.Volumes, got.Volumes)
@@ -123,10 +117,6 @@ func Find[T any](hv Hypervisor) (T, bool) {
 	var zero T
 	var part any
 	switch any(&zero).(type) {
-	case *LibvirtSteps:
-		part = CapabilitiesOf(hv).Libvirt
-	case *ProxmoxSteps:
-		part = CapabilitiesOf(hv).Proxmox
 	case *HealthReporter:
 		part = CapabilitiesOf(hv).Health
 	case *EventSource:

@@ -189,7 +189,7 @@ func (c *termCollector) Collect(ch chan<- prometheus.Metric) {
 				gauge(driftDesc, float64(n), k.Zone, string(k.Kind))
 			}
 		}
-		for _, a := range planner.Actions {
+		for _, a := range p.Actions {
 			gauge(pendingDesc, float64(p.Pending[a]), string(a))
 		}
 		gauge(planStepsDesc, float64(p.Steps))
