@@ -56,9 +56,12 @@ type Backend struct {
 
 // Flags are one plug-in's flag values, registered on a FlagSet.
 type Flags interface {
-	// Names are the plug-in's flags in usage order; setting one of them
-	// selects this hypervisor when --hypervisor is not given.
+	// Names are the plug-in's flags, in the order a message lists them;
+	// setting one of them selects this hypervisor when --hypervisor is
+	// not given.
 	Names() []string
+	// Usage are the same flags in the order the usage lists them.
+	Usage() []string
 	// Bounds are the plug-in's rows of the bounded numeric flags' tables.
 	Bounds() Bounds
 	// Backend is the value of Info.Backend.Flag and whether

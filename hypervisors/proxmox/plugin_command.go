@@ -1,4 +1,4 @@
-package main
+package proxmox
 
 import (
 	"context"
@@ -12,7 +12,13 @@ import (
 	"strings"
 
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvesim"
+	"github.com/bigfleet-vm/provider/plugin"
 )
+
+// Commands adds pve-sim to the provider binary.
+func (pxPlugin) Commands() []plugin.Command {
+	return []plugin.Command{{Name: "pve-sim", What: "serve the in-project Proxmox VE API simulator for demos", Run: pveSim}}
+}
 
 // pveSim serves the in-project Proxmox VE API simulator over HTTPS for
 // demos: `provider pve-sim`, then run the provider against it with the
