@@ -1,7 +1,10 @@
 // Package golden pins the planner's output for named situations: one
-// txtar file per situation in testdata/, holding the configuration, the
-// desired document, the observed world and the expected human and JSON
-// plans. `go test ./golden -update` rewrites the expected sections after
+// txtar file per situation, holding the configuration, the desired
+// document, the observed world and the expected human and JSON plans.
+// Run is the runner; it knows no hypervisor: a Setup gives it one (its
+// planner plug-in and a simulated World). The libvirt and Proxmox cases
+// live in testdata/ (golden_test.go); a plug-in package runs cases of its
+// own testdata with its own Setup. `go test ./golden -update` rewrites the expected sections after
 // an intended planner change; CI never passes -update, so a plan that
 // would change fails the test.
 //

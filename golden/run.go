@@ -5,8 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
-	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -25,18 +23,12 @@ import (
 	"github.com/bigfleet-vm/provider/desired"
 	"github.com/bigfleet-vm/provider/executor"
 	"github.com/bigfleet-vm/provider/hypervisors"
-	"github.com/bigfleet-vm/provider/hypervisors/fake"
-	"github.com/bigfleet-vm/provider/hypervisors/libvirt"
-	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
-	"github.com/bigfleet-vm/provider/hypervisors/proxmox"
 	"github.com/bigfleet-vm/provider/jsonplan"
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
 	"github.com/bigfleet-vm/provider/reconciler"
 )
-
-var update = flag.Bool("update", false, "rewrite the expected plan.txt and plan.json sections of golden/testdata/*.txtar")
 
 // Section names of a case file.
 const (
@@ -63,9 +55,9 @@ type caseConfig struct {
 		ReapFailed    *bool    `yaml:"reap_failed"`
 		NodeReadyExec []string `yaml:"node_ready_exec"`
 		StopGrace     string   `yaml:"stop_grace"`
-		UserData      string   `yaml:"user_data"`
-		ProxmoxPool   string   `yaml:"proxmox_pool"`
-		Kernel        string   `yaml:"kernel"`
+		// Keys are the hypervisor plug-in's own planner settings
+		// (Setup.Planner checks them).
+		Keys map[string]string `yaml:",inline"`
 	} `yaml:"planner"`
 	// Types is the catalog the reconciler resolves adopted orphans with.
 	Types map[string]struct {
@@ -165,34 +157,76 @@ type goldenCase struct {
 	desired desiredYAML
 	obs     observedYAML
 	now     time.Time
-	shape   string
+	setup   Setup
+	plugin  planner.Plugin
+	update  bool
 	byID    map[string]*machineYAML
 }
 
-// The two shipped hypervisors' names, as config.yaml's shape says.
-const (
-	shapeLibvirt = "libvirt"
-	shapeProxmox = "proxmox"
-)
+// Setup is what the runner needs of one hypervisor: its planner and a
+// simulated world to apply plans to. A plug-in's tests run the golden
+// cases of its own testdata with it (Run).
+type Setup struct {
+	// Name is the hypervisor, as config.yaml's shape names it.
+	Name string
+	// Zones are the zones of a case that names none.
+	Zones []string
+	// Type is the instance type of a machine that names none, and
+	// SourceID its TemplateVMID (0: none).
+	Type     string
+	SourceID int
+	// Planner builds the plug-in's planner from the plug-in's keys of
+	// config.yaml's planner section; an unknown key is an error.
+	Planner func(keys map[string]string) (planner.Plugin, error)
+	// World opens an empty simulated world of zones on clock now.
+	World func(zones []string, now func() time.Time) World
+}
 
-func TestGolden(t *testing.T) {
-	files, err := filepath.Glob("testdata/*.txtar")
+// World is a simulated hypervisor a case's observed.yaml is loaded into.
+type World interface {
+	hypervisors.Hypervisor
+	// AddVM adds a VM carrying mk (nil: no marker); owned says mk is this
+	// installation's. vmid is the VMID a foreign VM takes, or the one an
+	// owned VM must be given (0: any). Power is applied after.
+	AddVM(zone, name string, vmid int, mk *observed.Marker, owned bool, power observed.Power) (hypervisors.Target, error)
+	ResizeVM(t hypervisors.Target, vcpu, memoryMiB int) error
+	SetAutostart(ctx context.Context, t hypervisors.Target, on bool) error
+	SetUnreachable(zone string, on bool)
+	// AddFixture adds one line of a zone's `volumes:` list: an object of
+	// the plug-in's own (libvirt: a volume). ErrUnsupported if it has none.
+	AddFixture(zone, line string, fx Fixture) error
+}
+
+// Fixture is what a fixture line may refer to.
+type Fixture struct {
+	// Machines maps each VM name of desired.yaml to its machine id.
+	Machines map[string]string
+	// Keys are the plug-in's planner keys of config.yaml.
+	Keys map[string]string
+}
+
+// Run runs every case file of dir (*.txtar) against the setup its
+// config.yaml names; update rewrites the expected plans instead of
+// comparing them. min is the number of cases the suite promises.
+func Run(t *testing.T, dir string, update bool, min int, setups ...Setup) {
+	files, err := filepath.Glob(filepath.Join(dir, "*.txtar"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(files) < 40 {
-		t.Errorf("only %d golden cases; the suite promises at least 40", len(files))
+	if len(files) < min {
+		t.Errorf("only %d golden cases in %s; the suite promises at least %d", len(files), dir, min)
 	}
 	for _, path := range files {
 		name := strings.TrimSuffix(filepath.Base(path), ".txtar")
 		t.Run(name, func(t *testing.T) {
-			c := load(t, path)
+			c := load(t, path, setups)
+			c.update = update
 			c.run(t)
 		})
 	}
 }
 
-func load(t *testing.T, path string) *goldenCase {
+func load(t *testing.T, path string, setups []Setup) *goldenCase {
 	t.Helper()
 	a, err := txtar.ParseFile(path)
 	if err != nil {
@@ -213,21 +247,24 @@ func load(t *testing.T, path string) *goldenCase {
 	if err != nil {
 		t.Fatalf("now: %v", err)
 	}
-	switch c.cfg.Shape {
-	case shapeLibvirt, shapeProxmox:
-		c.shape = c.cfg.Shape
-	default:
-		t.Fatalf("config.yaml: shape %q: want libvirt or proxmox", c.cfg.Shape)
+	var names []string
+	for _, s := range setups {
+		names = append(names, s.Name)
+		if s.Name == c.cfg.Shape {
+			c.setup = s
+		}
+	}
+	if c.setup.Name == "" {
+		t.Fatalf("config.yaml: shape %q: want one of %s", c.cfg.Shape, strings.Join(names, ", "))
+	}
+	if c.plugin, err = c.setup.Planner(c.cfg.Planner.Keys); err != nil {
+		t.Fatalf("config.yaml: planner: %v", err)
 	}
 	if c.cfg.Installation == "" {
 		c.cfg.Installation = "gold"
 	}
 	if len(c.cfg.Zones) == 0 {
-		if c.shape == shapeProxmox {
-			c.cfg.Zones = []string{"pve-a", "pve-b"}
-		} else {
-			c.cfg.Zones = []string{"host-a", "host-b"}
-		}
+		c.cfg.Zones = c.setup.Zones
 	}
 	if c.cfg.ExpectConverged != nil && !*c.cfg.ExpectConverged && c.cfg.Reason == "" {
 		t.Fatalf("config.yaml: expect-converged: false needs a reason")
@@ -327,12 +364,7 @@ func (c *goldenCase) vmName(m *machineYAML) string {
 	return naming.VMName(c.cfg.Installation, m.ID, cycle)
 }
 
-func (c *goldenCase) defaultType() string {
-	if c.shape == shapeProxmox {
-		return "pve.small"
-	}
-	return "kvm.small"
-}
+func (c *goldenCase) defaultType() string { return c.setup.Type }
 
 // machines builds the desired machines of desired.yaml, sorted by id.
 func (c *goldenCase) machines(t *testing.T) []*desired.Machine {
@@ -366,8 +398,8 @@ func (c *goldenCase) machines(t *testing.T) []*desired.Machine {
 		if m.MemoryMiB == 0 {
 			m.MemoryMiB = 2048
 		}
-		if m.TemplateVMID == 0 && c.shape == shapeProxmox {
-			m.TemplateVMID = fake.DefaultTemplateVMID
+		if m.TemplateVMID == 0 {
+			m.TemplateVMID = c.setup.SourceID
 		}
 		if m.Cycle == 0 && m.VMName != "" {
 			m.Cycle = 1
@@ -398,7 +430,7 @@ func (c *goldenCase) machines(t *testing.T) []*desired.Machine {
 		if m.Host == "" && m.VMName != "" && state != desired.Creating && state != desired.Speculative {
 			if m.VMID != 0 {
 				m.Host = m.Zone + "/" + strconv.Itoa(m.VMID)
-			} else if c.shape == shapeLibvirt {
+			} else if c.plugin.Observation().Identity == planner.ByName {
 				m.Host = m.Zone + "/" + m.VMName
 			}
 		}
@@ -421,38 +453,15 @@ func (c *goldenCase) plannerConfig(t *testing.T) planner.Config {
 		}
 		pc.StopGrace = d
 	}
-	if c.shape == shapeLibvirt {
-		pc.Plugin = libvirt.Planner(libvirt.PlanSettings{Pool: fake.DefaultPool, Image: fake.DefaultImage, Network: fake.DefaultNetwork,
-			DomainType: "kvm", UserData: c.cfg.Planner.UserData, Kernel: c.cfg.Planner.Kernel})
-	} else {
-		pc.Plugin = proxmox.Planner(proxmox.PlanSettings{Pool: c.cfg.Planner.ProxmoxPool, BootstrapPath: fake.DefaultBootstrapPath,
-			BootstrapExec: []string{"/bin/sh"}})
-	}
+	pc.Plugin = c.plugin
 	return pc
 }
 
-// simulator is what the runner needs beyond hypervisors.Hypervisor.
-type simulator interface {
-	hypervisors.Hypervisor
-	SetUnreachable(zone string, on bool)
-	SetAutostart(ctx context.Context, t hypervisors.Target, on bool) error
-}
-
 // world loads observed.yaml into a fresh simulator.
-func (c *goldenCase) world(t *testing.T, clk *clock) simulator {
+func (c *goldenCase) world(t *testing.T, clk *clock) World {
 	t.Helper()
 	ctx := context.Background()
-	opts := fake.Options{Zones: c.cfg.Zones, Clock: clk.Now}
-	var sim simulator
-	var lv *fake.Libvirt
-	var px *fake.Proxmox
-	if c.shape == shapeLibvirt {
-		lv = fake.NewLibvirt(opts)
-		sim = lv
-	} else {
-		px = fake.NewProxmox(opts)
-		sim = px
-	}
+	sim := c.setup.World(c.cfg.Zones, clk.Now)
 	var unreachable []string
 	for _, z := range c.obs.Zones {
 		for _, v := range z.VMs {
@@ -509,33 +518,9 @@ func (c *goldenCase) world(t *testing.T, clk *clock) simulator {
 			if v.Autostart != nil {
 				autostart = *v.Autostart
 			}
-			target := hypervisors.Target{Zone: z.Name, Name: name}
-			var err error
-			switch {
-			case lv != nil && owned:
-				err = lv.AddOwnedVM(z.Name, name, *mk, power)
-			case lv != nil:
-				err = lv.AddForeignVM(z.Name, name, mk)
-				if err == nil && power != observed.PowerRunning {
-					err = setPower(lv, target, power)
-				}
-			case owned:
-				target.VMID, err = px.AddOwnedVM(z.Name, name, *mk, power)
-				if err == nil && v.VMID != 0 && target.VMID != v.VMID {
-					err = fmt.Errorf("the simulator allocated VMID %d for %s, observed.yaml says %d (owned VMs take the lowest free VMID in file order)", target.VMID, name, v.VMID)
-				}
-			default:
-				target.VMID, err = px.AddForeignVM(z.Name, v.VMID, name, mk)
-				if err == nil && power != observed.PowerRunning {
-					err = setPower(px, target, power)
-				}
-			}
+			target, err := sim.AddVM(z.Name, name, v.VMID, mk, owned, power)
 			if err == nil && (vcpu != 2 || mem != 2048) {
-				if lv != nil {
-					err = lv.ResizeVM(target, vcpu, mem)
-				} else {
-					err = px.ResizeVM(target, vcpu, mem)
-				}
+				err = sim.ResizeVM(target, vcpu, mem)
 			}
 			if err == nil && autostart {
 				err = sim.SetAutostart(ctx, target, true)
@@ -544,29 +529,15 @@ func (c *goldenCase) world(t *testing.T, clk *clock) simulator {
 				t.Fatalf("observed.yaml: zone %s VM %s: %v", z.Name, name, err)
 			}
 		}
-		for _, vol := range z.Volumes {
-			name, how, _ := strings.Cut(c.expand(vol), " ")
-			var err error
-			switch {
-			case lv == nil:
-				err = errors.New("volumes exist on libvirt only")
-			case strings.HasSuffix(name, "-disk.qcow2"):
-				err = lv.CreateOverlay(ctx, z.Name, lvspec.OverlaySpec{Pool: fake.DefaultPool, Name: name, BaseImage: fake.DefaultImage})
-			case strings.HasSuffix(name, "-cidata.iso") && how == "blank":
-				err = lv.AddBlankSeedVolume(z.Name, fake.DefaultPool, name)
-			case strings.HasSuffix(name, "-cidata.iso") && (how == "" || how == "stale"):
-				spec := lvspec.SeedSpec{Pool: fake.DefaultPool, Name: name, InstanceID: name, Hostname: name}
-				for id, m := range c.byID {
-					if vm := c.vmName(m); vm != "" && naming.SeedVolume(vm) == name && how == "" {
-						spec.InstanceID, spec.Hostname, spec.UserData = id, vm, c.cfg.Planner.UserData
-					}
+		for _, line := range z.Volumes {
+			fx := Fixture{Machines: map[string]string{}, Keys: c.cfg.Planner.Keys}
+			for id, m := range c.byID {
+				if vm := c.vmName(m); vm != "" {
+					fx.Machines[vm] = id
 				}
-				err = lv.CreateSeed(ctx, z.Name, spec)
-			default:
-				err = errors.New(`a volume name ends in -disk.qcow2 or -cidata.iso (a seed optionally followed by " blank" or " stale")`)
 			}
-			if err != nil {
-				t.Fatalf("observed.yaml: zone %s volume %s: %v", z.Name, name, err)
+			if err := sim.AddFixture(z.Name, c.expand(line), fx); err != nil {
+				t.Fatalf("observed.yaml: zone %s volume %s: %v", z.Name, line, err)
 			}
 		}
 		switch z.Status {
@@ -583,24 +554,6 @@ func (c *goldenCase) world(t *testing.T, clk *clock) simulator {
 	return sim
 }
 
-type outOfBand interface {
-	StopVM(hypervisors.Target) error
-	PauseVM(hypervisors.Target) error
-	CrashVM(hypervisors.Target) error
-}
-
-func setPower(s outOfBand, t hypervisors.Target, p observed.Power) error {
-	switch p {
-	case observed.PowerStopped:
-		return s.StopVM(t)
-	case observed.PowerPaused:
-		return s.PauseVM(t)
-	case observed.PowerCrashed:
-		return s.CrashVM(t)
-	}
-	return fmt.Errorf("power %q", p)
-}
-
 // observe lists every zone the way reconciler.ObserveAll does.
 func (c *goldenCase) observe(t *testing.T, hv hypervisors.Hypervisor, now time.Time, first bool) *observed.Snapshot {
 	t.Helper()
@@ -611,7 +564,7 @@ func (c *goldenCase) observe(t *testing.T, hv hypervisors.Hypervisor, now time.T
 			obs = observed.Unknown(z, err, now)
 		} else {
 			obs.At = now
-			if c.shape == shapeLibvirt {
+			if c.plugin.Observation().Volumes {
 				obs.VolumesAt = now
 			}
 		}
@@ -679,7 +632,7 @@ func (c *goldenCase) run(t *testing.T) {
 		}
 	}
 
-	if *update {
+	if c.update {
 		c.write(t, text.Bytes(), gotJSON)
 	} else {
 		if diff := cmp.Diff(string(c.section(t, secText)), text.String()); diff != "" {
@@ -695,13 +648,13 @@ func (c *goldenCase) run(t *testing.T) {
 
 // converge applies the plan to the simulator the way the reconciler
 // does, re-observes and re-plans until the plan is empty or maxRounds.
-func (c *goldenCase) converge(t *testing.T, hv simulator, clk *clock, plan *planner.Plan) {
+func (c *goldenCase) converge(t *testing.T, hv World, clk *clock, plan *planner.Plan) {
 	if c.cfg.Bug != "" {
 		t.Logf("BUG (known, expected to fail until fixed): %s", c.cfg.Bug)
 	}
 	foreign := foreignVMs(c.observe(t, hv, clk.Now(), false), c.cfg.Installation)
 	doc := c.document(t, clk)
-	exec := executor.New(executor.Options{Hypervisor: hv, Installation: c.cfg.Installation, Blob: doc.Blob,
+	exec := executor.New(executor.Options{Hypervisor: hv, Identity: c.plugin.Observation().Identity, Installation: c.cfg.Installation, Blob: doc.Blob,
 		MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
 	// The plan is applied exactly as the reconciler applies it.
 	rec := reconciler.New(reconciler.Options{Doc: doc, Hypervisor: hv, Executor: exec, Planner: c.plannerConfig(t),
