@@ -62,6 +62,47 @@ type Capabilities struct {
 	RPCs    RPCReporter    // per-RPC timings
 	// Capacity reads a zone's host capacity.
 	Capacity CapacityReader
+	// Simulator changes a simulated world out of band (simulators only).
+	Simulator Simulator
+}
+
+// Simulator is implemented by simulators: out-of-band changes to the
+// simulated world, which the provider's /admin/ endpoints drive
+// (--fake-admin). A VM is named by Target as the simulator names it
+// (zone and name, or zone and VMID).
+type Simulator interface {
+	StopVM(Target) error
+	PauseVM(Target) error
+	ResizeVM(t Target, vcpu, memoryMiB int) error
+	RemoveVM(Target) error
+	SetUnreachable(zone string, on bool)
+	SetFlaky(zone, op string, on bool) error
+	// SimGuest is what the VM's simulated guest ran (false: no such VM).
+	SimGuest(Target) (SimGuest, bool)
+	// AddForeign places a VM this installation does not own, named
+	// t.Name (t.VMID where the simulator numbers VMs; 0 allocates one).
+	AddForeign(t Target) error
+	// AddOwned places a running VM that carries m, named t.Name.
+	AddOwned(t Target, m observed.Marker) error
+}
+
+// SimGuest is what a simulated guest ran: never a file's content.
+type SimGuest struct {
+	Bootstraps []SimBootstrap `json:"bootstraps"`
+	Drains     int            `json:"drains"`
+	DrainKeys  []string       `json:"drain_keys"`
+	Cluster    string         `json:"cluster"`
+}
+
+// SimBootstrap is one bootstrap a simulated guest ran.
+type SimBootstrap struct {
+	Cluster string   `json:"cluster"`
+	Argv    []string `json:"argv"`
+	// Key is the guest-op key the hook ran under (its operation id).
+	Key        string    `json:"key,omitempty"`
+	BlobSHA256 string    `json:"blob_sha256"`
+	BlobSize   int       `json:"blob_size"`
+	At         time.Time `json:"at"`
 }
 
 // Capable is a hypervisor that declares its Capabilities (wrappers do).
@@ -84,12 +125,14 @@ func CapabilitiesOf(hv Hypervisor) Capabilities {
 			got.Volumes, _ = hv.(VolumeReader)
 			got.RPCs, _ = hv.(RPCReporter)
 			got.Capacity, _ = hv.(CapacityReader)
+			got.Simulator, _ = hv.(Simulator)
 		}
 		c.Health = cmp.Or(c.Health, got.Health)
 		c.Events = cmp.Or(c.Events, got.Events)
 		c.Volumes = cmp.Or(c.Volumes, got.Volumes)
 		c.RPCs = cmp.Or(c.RPCs, got.RPCs)
 		c.Capacity = cmp.Or(c.Capacity, got.Capacity)
+		c.Simulator = cmp.Or(c.Simulator, got.Simulator)
 		if _, ok := hv.(Capable); ok {
 			break
 		}
@@ -127,6 +170,8 @@ func Find[T any](hv Hypervisor) (T, bool) {
 		part = CapabilitiesOf(hv).RPCs
 	case *CapacityReader:
 		part = CapabilitiesOf(hv).Capacity
+	case *Simulator:
+		part = CapabilitiesOf(hv).Simulator
 	default:
 		for hv != nil {
 			if t, ok := hv.(T); ok {

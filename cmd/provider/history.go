@@ -9,6 +9,7 @@ import (
 
 	"github.com/bigfleet-vm/provider/config"
 	"github.com/bigfleet-vm/provider/jsonhistory"
+	"github.com/bigfleet-vm/provider/plugin"
 	"github.com/bigfleet-vm/provider/server"
 )
 
@@ -16,10 +17,10 @@ import (
 // or, with --since/--zone/--state, a fleet timeline. Offline (the default)
 // it takes serve's flags and reads --state read-only; with --server it
 // asks a running provider's metrics listener. Exit 1 on error.
-func history(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+func history(ctx context.Context, reg *plugin.Registry, args []string, stdout, stderr io.Writer) int {
 	set := flag.NewFlagSet("provider history", flag.ContinueOnError)
 	set.SetOutput(stderr)
-	flags := config.RegisterFlags(set)
+	flags := config.RegisterFlags(set, reg)
 	srv := set.String("server", "", "Ask a running provider instead of reading --state: its metrics listener, e.g. http://127.0.0.1:9090 (GET /debug/history), or https:// with --metrics-tls.")
 	serverCA := set.String("server-ca", "", "PEM bundle that verifies the --server listener's certificate (https://), instead of the system roots.")
 	asJSON := set.Bool("json", false, "Print the versioned JSON history (docs/history-format.md) instead of text.")
@@ -29,7 +30,7 @@ func history(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	state := set.String("machine-state", "", "Fleet timeline: only machines now in this state (e.g. FAILED; DELETED for machines that left the document).")
 	set.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: provider history [MACHINE_ID | --since DURATION [--zone Z] [--machine-state S]] [--server URL [--server-ca FILE]] [--json] [serve flags]\n")
-		config.Usage(stderr, set)
+		flags.Usage(stderr, set)
 	}
 	// The machine id may come first: provider history ID --state FILE.
 	var id string

@@ -13,60 +13,81 @@ import (
 	"time"
 
 	"github.com/bigfleet-vm/provider/config"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox"
+	"github.com/bigfleet-vm/provider/plugin"
 	"github.com/bigfleet-vm/provider/server"
 	"github.com/bigfleet-vm/provider/version"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	code := run(ctx, registry(), os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }
 
-// subcommands are listed by help and by the unknown-subcommand error.
-var subcommands = []struct{ name, what string }{
-	{"serve", "serve the CapacityProvider (the default when no subcommand is given)"},
-	{"plan", "print what the next reconcile would do (offline, or --server of a running provider)"},
-	{"history", "print what happened to a machine, or a fleet timeline (offline from --state, or --server)"},
-	{"pve-sim", "serve the in-project Proxmox VE API simulator for demos"},
-	{"version", "print the version"},
-	{"help", "print this list, or a subcommand's flags: provider help SUBCOMMAND"},
+// registry is the hypervisors this build serves, the default first: the
+// one place that imports their packages.
+func registry() *plugin.Registry {
+	return plugin.MustRegistry(libvirt.Plugin(), proxmox.Plugin())
 }
 
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+// subcommand is one entry of help and of the unknown-subcommand error.
+type subcommand struct{ name, what string }
+
+// subcommands are the core's subcommands around those the hypervisors
+// add (after history).
+func subcommands(reg *plugin.Registry) []subcommand {
+	subs := []subcommand{
+		{"serve", "serve the CapacityProvider (the default when no subcommand is given)"},
+		{"plan", "print what the next reconcile would do (offline, or --server of a running provider)"},
+		{"history", "print what happened to a machine, or a fleet timeline (offline from --state, or --server)"},
+	}
+	for _, c := range reg.Commands() {
+		subs = append(subs, subcommand{c.Name, c.What})
+	}
+	return append(subs,
+		subcommand{"version", "print the version"},
+		subcommand{"help", "print this list, or a subcommand's flags: provider help SUBCOMMAND"})
+}
+
+func run(ctx context.Context, reg *plugin.Registry, args []string, stdout, stderr io.Writer) int {
 	sub := "serve"
 	if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
 		sub, args = args[0], args[1:]
 	}
 	switch sub {
 	case "serve":
-		return serve(ctx, args, stderr)
+		return serve(ctx, reg, args, stderr)
 	case "plan":
-		return plan(ctx, args, stdout, stderr)
+		return plan(ctx, reg, args, stdout, stderr)
 	case "history":
-		return history(ctx, args, stdout, stderr)
-	case "pve-sim":
-		return pveSim(ctx, args, stdout, stderr)
+		return history(ctx, reg, args, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "provider", version.String(), version.Go())
 		return 0
 	case "help":
-		if len(args) > 0 && args[0] != "help" && known(args[0]) && args[0] != "version" {
+		if len(args) > 0 && args[0] != "help" && known(reg, args[0]) && args[0] != "version" {
 			// The subcommand's own -h writes its flags to stderr; help
 			// output belongs on stdout.
-			return run(ctx, []string{args[0], "-h"}, stdout, stdout)
+			return run(ctx, reg, []string{args[0], "-h"}, stdout, stdout)
 		}
-		usage(stdout)
+		usage(reg, stdout)
 		return 0
 	}
+	for _, c := range reg.Commands() {
+		if c.Name == sub {
+			return c.Run(ctx, args, stdout, stderr)
+		}
+	}
 	fmt.Fprintf(stderr, "provider: unknown subcommand %q\n", bounded(sub, 64))
-	usage(stderr)
+	usage(reg, stderr)
 	return 2
 }
 
-func known(sub string) bool {
-	for _, s := range subcommands {
+func known(reg *plugin.Registry, sub string) bool {
+	for _, s := range subcommands(reg) {
 		if s.name == sub {
 			return true
 		}
@@ -74,10 +95,10 @@ func known(sub string) bool {
 	return false
 }
 
-func usage(w io.Writer) {
+func usage(reg *plugin.Registry, w io.Writer) {
 	fmt.Fprintln(w, "usage: provider [SUBCOMMAND] [flags]")
 	fmt.Fprintln(w, "subcommands:")
-	for _, s := range subcommands {
+	for _, s := range subcommands(reg) {
 		fmt.Fprintf(w, "  %-8s %s\n", s.name, s.what)
 	}
 	fmt.Fprintln(w, "`provider SUBCOMMAND -h` lists a subcommand's flags.")
@@ -108,9 +129,9 @@ type started struct {
 	code int
 }
 
-func serve(ctx context.Context, args []string, stderr io.Writer) int {
+func serve(ctx context.Context, reg *plugin.Registry, args []string, stderr io.Writer) int {
 	done := make(chan started, 1)
-	go func() { done <- startUp(ctx, args, stderr) }()
+	go func() { done <- startUp(ctx, reg, args, stderr) }()
 	var s started
 	select {
 	case s = <-done:
@@ -134,8 +155,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer) int {
 }
 
 // startUp parses the flags and assembles the provider.
-func startUp(ctx context.Context, args []string, stderr io.Writer) started {
-	cfg, err := parseConfig(args, stderr)
+func startUp(ctx context.Context, reg *plugin.Registry, args []string, stderr io.Writer) started {
+	cfg, err := parseConfig(reg, args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return started{code: 0} // the flag package has printed the usage
 	}

@@ -18,7 +18,7 @@ import (
 func runArgs(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
 	var o, e bytes.Buffer
-	code = run(context.Background(), args, &o, &e)
+	code = run(context.Background(), registry(), args, &o, &e)
 	return o.String(), e.String(), code
 }
 
@@ -81,7 +81,7 @@ func TestUnknownSubcommandListsThemAll(t *testing.T) {
 func makeState(t *testing.T, state string) {
 	t.Helper()
 	ctx := context.Background()
-	cfg, err := config.Parse([]string{"--use-fake-backend", "--state", state, "--seed-count", "4", "--addr", "127.0.0.1:0", "--metrics-addr", ""}, io.Discard)
+	cfg, err := config.Parse(registry(), []string{"--use-fake-backend", "--state", state, "--seed-count", "4", "--addr", "127.0.0.1:0", "--metrics-addr", ""}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

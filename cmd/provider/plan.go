@@ -12,6 +12,7 @@ import (
 	"github.com/bigfleet-vm/provider/config"
 	"github.com/bigfleet-vm/provider/jsonplan"
 	"github.com/bigfleet-vm/provider/planner"
+	"github.com/bigfleet-vm/provider/plugin"
 	"github.com/bigfleet-vm/provider/server"
 	"github.com/bigfleet-vm/provider/statefile"
 )
@@ -21,10 +22,10 @@ import (
 // with --server it asks a running provider. Exit codes: 1 on error; else
 // 0, or with --detailed-exitcode 0 for no changes and 2 for changes
 // pending.
-func plan(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+func plan(ctx context.Context, reg *plugin.Registry, args []string, stdout, stderr io.Writer) int {
 	set := flag.NewFlagSet("provider plan", flag.ContinueOnError)
 	set.SetOutput(stderr)
-	flags := config.RegisterFlags(set)
+	flags := config.RegisterFlags(set, reg)
 	srv := set.String("server", "", "Ask a running provider instead of planning offline: its metrics listener, e.g. http://127.0.0.1:9090 (GET /debug/plan), or https:// with --metrics-tls.")
 	serverCA := set.String("server-ca", "", "PEM bundle that verifies the --server listener's certificate (https://), instead of the system roots.")
 	asJSON := set.Bool("json", false, "Print the versioned JSON plan instead of text.")
@@ -32,7 +33,7 @@ func plan(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	noColor := set.Bool("no-color", false, "Never colour the text plan (it is coloured only on a terminal anyway).")
 	set.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: provider plan [--server URL [--server-ca FILE]] [--json] [--detailed-exitcode] [--no-color] [serve flags]\n")
-		config.Usage(stderr, set)
+		flags.Usage(stderr, set)
 	}
 	if err := set.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

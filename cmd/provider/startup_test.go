@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/bigfleet-vm/provider/config"
+	"github.com/bigfleet-vm/provider/plugin"
 )
 
 // within runs f and fails the test if it has not returned after 30s.
@@ -37,7 +38,7 @@ func TestFIFOAsOfferingsFileIsRefused(t *testing.T) {
 	}
 	var stderr bytes.Buffer
 	code := within(t, "serve with a FIFO as --offerings", func() int {
-		return run(context.Background(), []string{"--use-fake-backend", "--offerings", fifo, "--metrics-addr", "", "--addr", "127.0.0.1:0"}, io.Discard, &stderr)
+		return run(context.Background(), registry(), []string{"--use-fake-backend", "--offerings", fifo, "--metrics-addr", "", "--addr", "127.0.0.1:0"}, io.Discard, &stderr)
 	})
 	if code != 2 || !strings.Contains(stderr.String(), fifo+" is a FIFO (named pipe), not a regular file") {
 		t.Errorf("exit %d, want 2 with the FIFO named:\n%s", code, stderr.String())
@@ -50,7 +51,7 @@ func TestFIFOAsOfferingsFileIsRefused(t *testing.T) {
 func TestStuckStartUpObeysTheSignal(t *testing.T) {
 	entered, release := make(chan struct{}), make(chan struct{})
 	defer close(release)
-	parseConfig = func([]string, io.Writer) (*config.Config, error) {
+	parseConfig = func(*plugin.Registry, []string, io.Writer) (*config.Config, error) {
 		close(entered)
 		<-release // a read stuck in a hung file system
 		return nil, context.Canceled
@@ -62,7 +63,7 @@ func TestStuckStartUpObeysTheSignal(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // SIGTERM
 	var stderr bytes.Buffer
-	code := within(t, "serve with a stuck start-up after the signal", func() int { return serve(ctx, nil, &stderr) })
+	code := within(t, "serve with a stuck start-up after the signal", func() int { return serve(ctx, registry(), nil, &stderr) })
 	if code != 1 || !strings.Contains(stderr.String(), "stopped during start-up") {
 		t.Errorf("exit %d, want 1 saying it stopped during start-up:\n%s", code, stderr.String())
 	}
