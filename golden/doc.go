@@ -11,7 +11,8 @@
 // Invariants the runner checks for every case:
 //   - The plan is a deterministic function of the case: building it twice
 //     gives the same bytes, and the JSON round-trips unchanged.
-//   - The human plan is rendered from the JSON plan.
+//   - The human plan is rendered from the JSON plan, and the JSON plan
+//     validates against the published schema (docs/plan.schema.json).
 //   - No bootstrap blob of any machine appears in either plan.
 //   - Applying the plan to the simulator (executor plus the reconciler's
 //     outcome rules), re-observing and re-planning converges to an empty

@@ -23,6 +23,7 @@ import (
 	"github.com/bigfleet-vm/provider/desired"
 	"github.com/bigfleet-vm/provider/executor"
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/internal/planschema"
 	"github.com/bigfleet-vm/provider/jsonplan"
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
@@ -604,6 +605,9 @@ func (c *goldenCase) run(t *testing.T) {
 	gotJSON, err := planner.MarshalJSON(plan)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if err := planschema.Validate(gotJSON); err != nil {
+		t.Errorf("the plan does not validate against docs/plan.schema.json: %v", err)
 	}
 	var text bytes.Buffer
 	if err := jsonplan.RenderText(&text, gotJSON, jsonplan.TextOptions{}); err != nil {
