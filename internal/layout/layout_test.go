@@ -19,6 +19,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 // module is the import path of the module whose layout is checked.
@@ -204,16 +206,27 @@ func TestCoreImportsNoHypervisor(t *testing.T) {
 		}
 		graph[p.ImportPath] = p.Imports
 	}
-	var problems []string
+	// One problem per core package that imports an implementation
+	// itself, naming the core packages that depend on it through it.
+	via := map[[2]string][]string{}
 	for _, c := range cores {
 		for _, chain := range implChains(graph, c) {
-			short := make([]string, len(chain))
-			for i, p := range chain {
-				short[i] = strings.TrimPrefix(p, module+"/")
+			edge := [2]string{chain[len(chain)-2], chain[len(chain)-1]}
+			if c != edge[0] {
+				via[edge] = append(via[edge], strings.TrimPrefix(c, module+"/"))
+			} else if via[edge] == nil {
+				via[edge] = []string{}
 			}
-			problems = append(problems, fmt.Sprintf("%s: core package depends on implementation %s (%s)",
-				short[0], short[len(short)-1], strings.Join(short, " -> ")))
 		}
+	}
+	var problems []string
+	for edge, from := range via {
+		msg := fmt.Sprintf("%s: core package imports implementation %s", strings.TrimPrefix(edge[0], module+"/"), strings.TrimPrefix(edge[1], module+"/"))
+		if len(from) > 0 {
+			sort.Strings(from)
+			msg += fmt.Sprintf(" (%s depend on it through %s)", strings.Join(from, ", "), strings.TrimPrefix(edge[0], module+"/"))
+		}
+		problems = append(problems, msg)
 	}
 	report(t, problems)
 }
@@ -593,5 +606,48 @@ func report(t *testing.T, problems []string) {
 	problems = slices.Compact(problems)
 	if len(problems) > 0 {
 		t.Errorf("%d violation(s) of the house rules (docs/architecture.md):\n%s", len(problems), strings.Join(problems, "\n"))
+	}
+}
+
+// TestCheckerIsPrecise pins what the kind rule counts: comparisons,
+// switches, cases, map keys and constants; never a comment, a message, a
+// flag's help or a presence check.
+func TestCheckerIsPrecise(t *testing.T) {
+	tests := []struct {
+		name, src string
+		want      []string
+	}{
+		{"comparison with a name", `func f(s string) bool { return s == "proxmox" }`, []string{`x.go:3: literal "proxmox" names a hypervisor`}},
+		{"case", `func f(s string) { switch s { case "a", "libvirt": } }`, []string{`x.go:3: literal "libvirt" names a hypervisor`}},
+		{"map key", `var m = map[string]int{"mem": 1, "other": 2}`, []string{`x.go:3: literal "mem" names a hypervisor`}},
+		{"constant", `const def = "libvirt"`, []string{`x.go:3: literal "libvirt" names a hypervisor`}},
+		{"kind selector compared", `type c struct{ Hypervisor string }; func f(x c, y string) bool { return x.Hypervisor != y }`,
+			[]string{`x.go:3: != on x.Hypervisor: the core asks which hypervisor it serves`}},
+		{"kind selector switched", `type c struct{ Hypervisor string }; func f(x c) { switch x.Hypervisor {} }`,
+			[]string{`x.go:3: switch on x.Hypervisor: the core asks which hypervisor it serves`}},
+		{"kind method through a conversion", `type h struct{}; func (h) Shape() int { return 0 }; func f(x h, y string) bool { return string(rune(x.Shape())) == y }`,
+			[]string{`x.go:3: == on x.Shape: the core asks which hypervisor it serves`}},
+		{"presence check", `type c struct{ Hypervisor string }; func f(x c) bool { return x.Hypervisor == "" }`, nil},
+		{"comment, message, help, call argument", "// libvirt and proxmox\n" +
+			`func f(g func(string, string) error) error { g("hypervisor", "libvirt or proxmox"); return g("proxmox", "x") }`, nil},
+		{"value, not a comparison", `var v = map[string]string{"default": "libvirt"}`, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			fset := token.NewFileSet()
+			f, err := parser.ParseFile(fset, "x.go", "package x\n\n"+tc.src+"\n", parser.SkipObjectResolution)
+			if err != nil {
+				t.Fatal(err)
+			}
+			info := &types.Info{Types: map[ast.Expr]types.TypeAndValue{}, Selections: map[*ast.SelectorExpr]*types.Selection{}}
+			if _, err := (&types.Config{}).Check("x", fset, []*ast.File{f}, info); err != nil {
+				t.Fatal(err)
+			}
+			c := &checker{fset: fset, info: info, names: map[string]bool{"libvirt": true, "proxmox": true, "mem": true}, dir: "."}
+			c.file(f)
+			if diff := cmp.Diff(tc.want, c.problems); diff != "" {
+				t.Errorf("problems (-want +got):\n%s", diff)
+			}
+		})
 	}
 }
