@@ -249,13 +249,13 @@ func load(t *testing.T, path string, setups []Setup) *goldenCase {
 		t.Fatalf("now: %v", err)
 	}
 	var names []string
+	byName := map[string]Setup{}
 	for _, s := range setups {
 		names = append(names, s.Name)
-		if s.Name == c.cfg.Shape {
-			c.setup = s
-		}
+		byName[s.Name] = s
 	}
-	if c.setup.Name == "" {
+	var ok bool
+	if c.setup, ok = byName[c.cfg.Shape]; !ok {
 		t.Fatalf("config.yaml: shape %q: want one of %s", c.cfg.Shape, strings.Join(names, ", "))
 	}
 	if c.plugin, err = c.setup.Planner(c.cfg.Planner.Keys); err != nil {

@@ -168,7 +168,6 @@ func (f *Libvirt) newHost() *lvHost {
 	}
 }
 
-// Shape returns hypervisors.ShapeLibvirt.
 // Apply performs one libvirt step.
 func (f *Libvirt) Apply(ctx context.Context, t hypervisors.Target, p hypervisors.StepParams) (int, error) {
 	return lvspec.Apply(ctx, f, t, p)

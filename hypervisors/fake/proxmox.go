@@ -144,7 +144,6 @@ func (f *Proxmox) saveVM(vmid int) {
 	f.persist(keyVM+strconv.Itoa(vmid), f.vms[vmid])
 }
 
-// Shape returns hypervisors.ShapeProxmox.
 // Apply performs one Proxmox step.
 func (f *Proxmox) Apply(ctx context.Context, t hypervisors.Target, p hypervisors.StepParams) (int, error) {
 	return pvespec.Apply(ctx, f, t, p)

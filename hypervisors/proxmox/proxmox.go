@@ -149,7 +149,6 @@ func New(cfg Config, logger *slog.Logger) (*Adapter, error) {
 	return a, nil
 }
 
-// Shape reports ShapeProxmox.
 // Apply performs one Proxmox step.
 func (a *Adapter) Apply(ctx context.Context, t hypervisors.Target, p hypervisors.StepParams) (int, error) {
 	return pvespec.Apply(ctx, a, t, p)

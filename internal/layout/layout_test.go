@@ -86,6 +86,16 @@ var topLevel = map[string]class{
 	"e2e":        testOnly,
 }
 
+// shared are the packages under hypervisors/ that are contracts, not
+// rooms: the guest-command protocol, written once for every hypervisor
+// (the executor runs it over any adapter's agent methods; its simulated
+// guest and test suite, guestsim and guesttest, are implementations).
+var shared = map[string]bool{module + "/hypervisors/guest": true}
+
+// isImpl reports whether the package at import path p is a hypervisor
+// implementation.
+func isImpl(p string) bool { return strings.HasPrefix(p, impl) && !shared[p] }
+
 // knownNames are hypervisor names checked even when no implementation
 // registers them (yet): the two of the product and the tests' third.
 var knownNames = []string{"libvirt", "proxmox", "mem"}
@@ -94,7 +104,7 @@ var knownNames = []string{"libvirt", "proxmox", "mem"}
 // on; ok is false when its top-level directory is not classified.
 func classify(p string) (c class, ok bool) {
 	rel := strings.TrimPrefix(p, module+"/")
-	if strings.HasPrefix(p, impl) {
+	if isImpl(p) {
 		return implementation, true
 	}
 	top, _, _ := strings.Cut(rel, "/")
@@ -240,7 +250,7 @@ func implChains(graph map[string][]string, from string) [][]string {
 	for len(queue) > 0 {
 		p := queue[0]
 		queue = queue[1:]
-		if strings.HasPrefix(p, impl) {
+		if isImpl(p) {
 			found = append(found, p)
 			continue // its own imports are its business
 		}
