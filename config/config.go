@@ -67,9 +67,10 @@ type Config struct {
 	CapacityCheck      string
 	CapacityOvercommit float64
 	Timeouts           Timeouts
-	// Zones are the zones this process serves, in order: the --connect
-	// zones or --nodes on a real backend; on the fake backend the two
-	// synthetic zones followed by any other offering zones, sorted.
+	// Zones are the zones this process serves, in order: the real
+	// backend's (Plugin.Zones: --connect zones, --nodes); on the fake
+	// backend the two synthetic zones followed by any other offering
+	// zones, sorted.
 	Zones     []string
 	Catalog   inventory.Catalog
 	Offerings []inventory.Offering
