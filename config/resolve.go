@@ -269,20 +269,22 @@ func (f *Flags) resolveHypervisor(set map[string]bool, p *problems) pluginFlags 
 			chosen = append(chosen, i)
 		}
 	}
-	name := strings.ToLower(strings.TrimSpace(*f.hypervisor))
-	if name != "" {
-		for i, pf := range f.plugins {
-			in := pf.p.Info()
-			if in.Name != name {
-				continue
+	if name := strings.ToLower(strings.TrimSpace(*f.hypervisor)); name != "" {
+		if want, ok := f.reg.Lookup(name); ok {
+			var picked pluginFlags
+			for _, pf := range f.plugins {
+				if pf.p == want {
+					picked = pf
+				}
 			}
+			in := picked.p.Info()
 			for j, other := range f.plugins {
-				if j != i && len(given[j]) > 0 {
+				if other.p != want && len(given[j]) > 0 {
 					o := other.p.Info()
 					p.add("hypervisor", "is %s, but %s-only flags are set (%s); drop them or use --hypervisor=%s", in.Name, o.Title, strings.Join(given[j], ", "), o.Name)
 				}
 			}
-			return pf
+			return picked
 		}
 		p.add("hypervisor", "unknown hypervisor %q; use %s (or omit it to infer from the flags)", *f.hypervisor, plugin.JoinTitles(f.reg.Names(), "or"))
 	}
