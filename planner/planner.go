@@ -69,9 +69,13 @@ func Build(in Inputs) *Plan {
 		}
 	}
 	known := make(map[string]bool, len(in.Machines))
+	// One planner serves every machine: it escapes to the heap (the
+	// plug-in receives it as a Builder), so it is allocated once a pass,
+	// not once a machine.
+	pl := &machinePlanner{cfg: in.Config, ix: ix, now: in.Now}
 	for _, m := range in.Machines {
 		known[m.ID] = true
-		c, drift := Machine(in.Config, m, ix, in.Now)
+		c, drift := pl.machine(m)
 		p.Drift = append(p.Drift, drift...)
 		if !c.Empty() || c.Wait != "" {
 			p.Changes = append(p.Changes, c)
@@ -142,8 +146,14 @@ func adoptOf(vm *observed.VM) *Adopt {
 // Machine plans one machine. It costs O(1) index lookups, so a single
 // machine can be re-planned in microseconds.
 func Machine(cfg Config, m *desired.Machine, ix *observed.Index, now time.Time) (Change, []Drift) {
-	pl := machinePlanner{cfg: cfg, m: m, ix: ix, now: now}
-	return pl.plan()
+	pl := &machinePlanner{cfg: cfg, ix: ix, now: now}
+	return pl.machine(m)
+}
+
+// machine plans m, starting afresh.
+func (p *machinePlanner) machine(m *desired.Machine) (Change, []Drift) {
+	p.m, p.c, p.drift, p.last = m, Change{}, nil, ""
+	return p.plan()
 }
 
 type machinePlanner struct {
