@@ -11,9 +11,10 @@
 //     passes it down; tests build their own.
 //   - The first plug-in of a Registry is the default hypervisor; the
 //     order is also the order of the usage groups.
-//   - A Registry refuses duplicate names and a flag two plug-ins (or a
-//     plug-in and the core) both define, so setting a plug-in's flag
-//     selects that plug-in unambiguously.
+//   - A Registry refuses duplicate names and a flag two plug-ins both
+//     define, so setting a plug-in's flag selects that plug-in
+//     unambiguously (a plug-in flag that is also a core flag panics when
+//     config registers both on one FlagSet, at the first start).
 //   - The core (config, server, cli code) asks a Resolved plug-in, never
 //     which hypervisor it is.
 package plugin

@@ -25,11 +25,11 @@ var nameRE = regexp.MustCompile(`^[a-z][a-z0-9-]{0,31}$`)
 var reserved = map[string]bool{"fake": true, "auto": true}
 
 // NewRegistry checks ps and returns them as a Registry: at least one
-// plug-in; each with a valid, unique name, a title, a flag group and
-// its backend flags among its own; no flag defined twice (by two
-// plug-ins, or by a plug-in and core, which registers flags on its own
-// set: core flags are passed in as reservedFlags by config). Every
-// problem is reported.
+// plug-in; each with a valid, unique name (not a backend choice), a
+// title, a flag group, a default zone and create timeout, Names that are
+// exactly the flags it registers, its backend flags and bounded flags
+// among its own; and no flag defined by two plug-ins. Every problem is
+// reported.
 func NewRegistry(ps ...Plugin) (*Registry, error) {
 	r := &Registry{byName: map[string]Plugin{}}
 	var errs []error
