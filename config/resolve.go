@@ -294,8 +294,12 @@ func (f *Flags) resolveHypervisor(set map[string]bool, p *problems) pluginFlags 
 		for _, i := range chosen {
 			sides = append(sides, fmt.Sprintf("%s-only flags (%s)", f.plugins[i].p.Info().Title, strings.Join(given[i], ", ")))
 		}
-		p.add("hypervisor", "cannot infer the hypervisor: %s are both set; run one process per hypervisor and drop one side's flags, or pass --hypervisor",
-			plugin.JoinTitles(sides, "and"))
+		both := "both"
+		if len(sides) > 2 {
+			both = "all"
+		}
+		p.add("hypervisor", "cannot infer the hypervisor: %s are %s set; run one process per hypervisor and drop one side's flags, or pass --hypervisor",
+			plugin.JoinTitles(sides, "and"), both)
 	case len(chosen) == 1:
 		return f.plugins[chosen[0]]
 	}
