@@ -223,8 +223,7 @@ func TestCallDurationsByZoneAndProcedure(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	lv, _ := hypervisors.Find[lvspec.Steps](w)
-	_ = lv.DeleteVolume(ctx, zones[1], "default", "bf-gone")
+	_, _ = w.Apply(ctx, hypervisors.Target{Zone: zones[1]}, &lvspec.DeleteVolume{Pool: "default", Volume: "bf-gone"})
 	r.f(zones[0], "DomainGetXMLDesc", 3*time.Millisecond, nil)
 	r.f(zones[1], "DomainGetXMLDesc", 4*time.Millisecond, nil)
 	r.f(zones[1], "", time.Millisecond, nil)

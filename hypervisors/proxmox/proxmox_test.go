@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -170,12 +169,6 @@ func TestLifecycle(t *testing.T) {
 	if err := e.a.Stop(ctx, tg, 0); err != nil {
 		t.Errorf("Stop of a gone VM = %v, want nil", err)
 	}
-}
-
-func sorted(s []string) []string {
-	s = append([]string(nil), s...)
-	sort.Strings(s)
-	return s
 }
 
 func TestConcurrentClonesCollidingNextID(t *testing.T) {
