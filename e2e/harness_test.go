@@ -121,7 +121,8 @@ func code(err error) codes.Code { return status.Code(err) }
 // after a generous deadline.
 func runExit(t testing.TB, args ...string) (string, int) {
 	t.Helper()
-	all := append([]string{"serve", "--use-fake-backend", "--addr", providertest.FreeAddr(t), "--metrics-addr", providertest.FreeAddr(t)}, args...)
+	ports := providertest.FreeAddrs(t, 2)
+	all := append([]string{"serve", "--use-fake-backend", "--addr", ports[0], "--metrics-addr", ports[1]}, args...)
 	return runRaw(t, all...)
 }
 

@@ -12,7 +12,8 @@ import (
 // chosen silently.
 func TestBareStartRefusesWithoutFakeBackend(t *testing.T) {
 	eachShape(t, func(t *testing.T, sh shape) {
-		out, code := runRaw(t, append([]string{"serve", "--addr", providertest.FreeAddr(t), "--metrics-addr", providertest.FreeAddr(t)}, sh.args...)...)
+		ports := providertest.FreeAddrs(t, 2)
+		out, code := runRaw(t, append([]string{"serve", "--addr", ports[0], "--metrics-addr", ports[1]}, sh.args...)...)
 		if code == 0 || !strings.Contains(out, "--use-fake-backend") {
 			t.Errorf("exit %d, want non-zero with a message naming --use-fake-backend; output:\n%s", code, out)
 		}

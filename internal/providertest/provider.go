@@ -112,7 +112,8 @@ func (p *Provider) Launch() {
 	}
 	var lastErr error
 	for range launchAttempts {
-		addr, maddr := FreeAddr(p.t), FreeAddr(p.t)
+		ports := FreeAddrs(p.t, 2)
+		addr, maddr := ports[0], ports[1]
 		argv := append(append([]string(nil), p.args...), "--addr", addr, "--metrics-addr", maddr)
 		began := time.Now()
 		proc, err := startProcess(p.t, p.binary, argv, p.opts.Env, p.out)

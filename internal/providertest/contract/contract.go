@@ -125,7 +125,8 @@ func (h Harness) start(t testing.TB, args ...string) *server {
 // and exit code.
 func (h Harness) runExit(t testing.TB, args ...string) (string, int) {
 	t.Helper()
-	all := append(append([]string{"serve"}, h.Args...), "--addr", providertest.FreeAddr(t), "--metrics-addr", providertest.FreeAddr(t))
+	ports := providertest.FreeAddrs(t, 2)
+	all := append(append([]string{"serve"}, h.Args...), "--addr", ports[0], "--metrics-addr", ports[1])
 	return h.runRaw(t, append(all, args...)...)
 }
 
