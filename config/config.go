@@ -6,22 +6,25 @@ import (
 	"strings"
 	"time"
 
-	"github.com/bigfleet-vm/provider/hypervisors"
-	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvuri"
 	"github.com/bigfleet-vm/provider/inventory"
+	"github.com/bigfleet-vm/provider/plugin"
 )
 
-// Backend names what the provider drives.
-const (
-	BackendFake    = "fake"
-	BackendLibvirt = "libvirt"
-	BackendProxmox = "proxmox"
-)
+// BackendFake names the built-in simulator as the backend; a real
+// backend is named by its hypervisor (Config.Hypervisor).
+const BackendFake = "fake"
+
+// Secret holds a credential that never prints (plugin.Secret).
+type Secret = plugin.Secret
 
 // Config is the validated configuration of one provider process.
 type Config struct {
-	Hypervisor hypervisors.Shape
-	// Backend is BackendFake, BackendLibvirt or BackendProxmox.
+	// Hypervisor is the registered name of the hypervisor served.
+	Hypervisor string
+	// Plugin is that hypervisor, resolved from its flags: its settings,
+	// planner, adapter and simulator.
+	Plugin plugin.Resolved
+	// Backend is BackendFake, or Hypervisor for the real backend.
 	Backend  string
 	Provider string
 	// InstallationID is the --installation-id given, or "" when the caller
@@ -64,9 +67,10 @@ type Config struct {
 	CapacityCheck      string
 	CapacityOvercommit float64
 	Timeouts           Timeouts
-	// Zones are the zones this process serves, in order: the --connect
-	// zones or --nodes on a real backend; on the fake backend the two
-	// synthetic zones followed by any other offering zones, sorted.
+	// Zones are the zones this process serves, in order: the real
+	// backend's (Plugin.Zones: --connect zones, --nodes); on the fake
+	// backend the two synthetic zones followed by any other offering
+	// zones, sorted.
 	Zones     []string
 	Catalog   inventory.Catalog
 	Offerings []inventory.Offering
@@ -77,17 +81,15 @@ type Config struct {
 	// pool: Delete is not offered).
 	BareMetal            bool
 	Fake                 Fake
-	Libvirt              Libvirt
-	Proxmox              Proxmox
 	NodeReadyExec        []string // nil: no readiness gate
 	MaxConcurrentPerZone int
 	ShutdownGrace        time.Duration
 	// Certs are the certificate chains the provider presents (server,
-	// etcd and libvirt client), checked valid at start; start-up logs
+	// etcd and the hypervisor's client certificates), checked valid at start; start-up logs
 	// CertWarnings and the expiry gauge reports them.
 	Certs []Cert
 	// CAWarnings are what CertWarnings says about the CA bundles the
-	// provider trusts (--tls-ca, --etcd-ca-file, --proxmox-ca-file).
+	// provider trusts (--tls-ca, --etcd-ca-file, the hypervisor's).
 	CAWarnings []string
 }
 
@@ -129,57 +131,16 @@ const (
 	CapacityRefuse = "refuse"
 )
 
-// ZoneURI maps one zone to the libvirt host that serves it.
-type ZoneURI = lvuri.ZoneURI
-
-// Libvirt holds the libvirt settings (zero for Proxmox).
-type Libvirt struct {
-	Connect     []ZoneURI
-	Image       string
-	StoragePool string
-	// ZonePools overrides StoragePool per zone (--storage-pool zone=pool,...).
-	ZonePools    map[string]string
-	Network      string
-	BaseUserData []byte
-	DomainType   string // "kvm" or "qemu"
-	Kernel       string
-	Initrd       string
-	Cmdline      string
-	// CallTimeout bounds one libvirt RPC (--libvirt-call-timeout).
-	CallTimeout time.Duration
-}
-
-// Proxmox holds the Proxmox settings (zero for libvirt).
-type Proxmox struct {
-	APIURL      string
-	TokenID     string
-	TokenSecret Secret
-	CAFile      string
-	// Fingerprint is the pinned SHA-256 of the API certificate as 64
-	// lowercase hex digits, or "".
-	Fingerprint   string
-	Pool          string
-	Nodes         []string
-	TemplateVMID  int
-	BootstrapPath string
-	BootstrapExec []string
-	// PollInterval is --proxmox-poll-interval: how often the cluster is
-	// listed for drift and node health (0: never).
-	PollInterval time.Duration
-}
-
-// String summarises the configuration for people. It never contains the
-// token secret or the base user data.
+// String summarises the configuration for people, the hypervisor's
+// settings last. It never contains a secret or the base user data.
 func (c *Config) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "hypervisor=%s backend=%s provider=%s installation=%q zones=%s offerings=%d slots=%d bare_metal=%t addr=%s metrics_addr=%q tls=%t mtls=%t state=%q",
 		c.Hypervisor, c.Backend, c.Provider, c.InstallationID, strings.Join(c.Zones, ","), len(c.Offerings), len(c.Slots), c.BareMetal,
 		c.Addr, c.MetricsAddr, c.TLS.Enabled(), c.TLS.Mutual(), c.StatePath)
-	switch c.Hypervisor {
-	case hypervisors.ShapeProxmox:
-		fmt.Fprintf(&b, " api_url=%s token_id=%s token_secret=%s nodes=%s", c.Proxmox.APIURL, c.Proxmox.TokenID, c.Proxmox.TokenSecret, strings.Join(c.Proxmox.Nodes, ","))
-	default:
-		fmt.Fprintf(&b, " image=%s storage_pool=%s network=%s", c.Libvirt.Image, c.Libvirt.StoragePool, c.Libvirt.Network)
+	if c.Plugin != nil {
+		text, _ := c.Plugin.Summary()
+		b.WriteString(text)
 	}
 	return b.String()
 }
@@ -187,7 +148,7 @@ func (c *Config) String() string {
 // LogValue implements slog.LogValuer with the same fields as String.
 func (c *Config) LogValue() slog.Value {
 	attrs := []slog.Attr{
-		slog.String("hypervisor", string(c.Hypervisor)),
+		slog.String("hypervisor", c.Hypervisor),
 		slog.String("backend", c.Backend),
 		slog.String("provider", c.Provider),
 		slog.String("installation", c.InstallationID),
@@ -201,17 +162,9 @@ func (c *Config) LogValue() slog.Value {
 		slog.Bool("mtls", c.TLS.Mutual()),
 		slog.String("state", c.StatePath),
 	}
-	if c.Hypervisor == hypervisors.ShapeProxmox {
-		attrs = append(attrs,
-			slog.String("api_url", c.Proxmox.APIURL),
-			slog.String("token_id", c.Proxmox.TokenID),
-			slog.Any("token_secret", c.Proxmox.TokenSecret),
-			slog.Any("nodes", c.Proxmox.Nodes))
-	} else {
-		attrs = append(attrs,
-			slog.String("image", c.Libvirt.Image),
-			slog.String("storage_pool", c.Libvirt.StoragePool),
-			slog.String("network", c.Libvirt.Network))
+	if c.Plugin != nil {
+		_, more := c.Plugin.Summary()
+		attrs = append(attrs, more...)
 	}
 	return slog.GroupValue(attrs...)
 }

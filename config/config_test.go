@@ -6,7 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvuri"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox"
 	"github.com/bigfleet-vm/provider/inventory"
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -49,8 +51,8 @@ var ignoreBulk = cmpopts.IgnoreFields(Config{}, "Catalog", "Offerings", "Slots",
 
 func TestSeedInvocations(t *testing.T) {
 	f := newFiles(t)
-	lvCatalog := inventory.Builtin(hypervisors.ShapeLibvirt, 0)
-	pxCatalog := inventory.Builtin(hypervisors.ShapeProxmox, 9000)
+	lvCatalog := inventory.Builtin(inventory.CatalogRules{Prefix: "kvm."})
+	pxCatalog := inventory.Builtin(inventory.CatalogRules{Prefix: "pve.", DefaultSource: 9000})
 	pricing := inventory.Pricing{PerVCPUHour: 0.0030, PerGiBHour: 0.0008}
 	tests := []struct {
 		name      string
@@ -63,7 +65,7 @@ func TestSeedInvocations(t *testing.T) {
 			name: "libvirt minimal production invocation",
 			args: f.expand(libvirtSeedArgs, f.lvOfferings),
 			want: &Config{
-				Hypervisor: hypervisors.ShapeLibvirt, Backend: BackendLibvirt, Provider: "libvirt-dc1",
+				Hypervisor: "libvirt", Backend: "libvirt", Provider: "libvirt-dc1",
 				Addr: ":9000", MetricsAddr: ":9090", Reflection: true,
 				TLS:       TLS{Cert: f.serverCert, Key: f.serverKey, CA: f.clientCA},
 				LogFormat: "text", LogLevel: slog.LevelInfo, StatePath: "/var/lib/bigfleet-libvirt/state.json",
@@ -71,10 +73,10 @@ func TestSeedInvocations(t *testing.T) {
 				Timeouts:          Timeouts{Create: 5 * time.Minute, Configure: 8 * time.Minute, Drain: 15 * time.Minute, Delete: 5 * time.Minute},
 				Zones:             []string{"rack1", "rack2"},
 				Pricing:           pricing,
-				Libvirt: Libvirt{
-					Connect: []ZoneURI{{Zone: "rack1", URI: rack1URI}, {Zone: "rack2", URI: rack2URI}},
+				Plugin: &libvirt.Settings{
+					Connect: []lvuri.ZoneURI{{Zone: "rack1", URI: rack1URI}, {Zone: "rack2", URI: rack2URI}},
 					Image:   "ubuntu-24.04.qcow2", StoragePool: "default", Network: "default", DomainType: "kvm",
-					CallTimeout: 10 * time.Second,
+					CallTimeout: 10 * time.Second, CapacityType: inventory.OnDemand,
 				},
 				MaxConcurrentPerZone: 8, ShutdownGrace: 30 * time.Second, RepairTimeout: 2 * time.Minute, RepairAttempts: 5,
 				HistoryEvents: 50, HistoryTotal: 500000, HistoryRetention: 24 * time.Hour,
@@ -87,7 +89,7 @@ func TestSeedInvocations(t *testing.T) {
 			name: "proxmox minimal production invocation",
 			args: f.expand(proxmoxSeedArgs, f.pxOfferings),
 			want: &Config{
-				Hypervisor: hypervisors.ShapeProxmox, Backend: BackendProxmox, Provider: "proxmox-dc1",
+				Hypervisor: "proxmox", Backend: "proxmox", Provider: "proxmox-dc1",
 				Addr: ":9000", MetricsAddr: ":9090", Reflection: true,
 				TLS:       TLS{Cert: f.serverCert, Key: f.serverKey, CA: f.clientCA},
 				LogFormat: "text", LogLevel: slog.LevelInfo, StatePath: "/var/lib/bigfleet-proxmox/state.json",
@@ -95,7 +97,7 @@ func TestSeedInvocations(t *testing.T) {
 				Timeouts:          Timeouts{Create: 8 * time.Minute, Configure: 8 * time.Minute, Drain: 15 * time.Minute, Delete: 5 * time.Minute},
 				Zones:             []string{"pve1", "pve2", "pve3"},
 				Pricing:           pricing,
-				Proxmox: Proxmox{
+				Plugin: &proxmox.Settings{
 					APIURL: "https://pve1.example.internal:8006/api2/json", TokenID: "bigfleet@pve!autoscaler",
 					TokenSecret: tokenSecret, CAFile: f.pveCA, Pool: "bigfleet", Nodes: []string{"pve1", "pve2", "pve3"},
 					TemplateVMID: 9000, BootstrapPath: "/run/bigfleet-bootstrap", BootstrapExec: []string{"/bin/sh"}, PollInterval: time.Second,
@@ -111,13 +113,13 @@ func TestSeedInvocations(t *testing.T) {
 			name: "deploy doc smoke test, with the fake requested explicitly",
 			args: []string{"--seed-count", "32", "--addr", ":9000", "--metrics-addr", ":9090", "--use-fake-backend"},
 			want: &Config{
-				Hypervisor: hypervisors.ShapeLibvirt, Backend: BackendFake, Provider: "libvirt",
+				Hypervisor: "libvirt", Backend: BackendFake, Provider: "libvirt",
 				Addr: ":9000", MetricsAddr: ":9090", MetricsAddrExplicit: true, Reflection: true,
 				LogFormat: "text", LogLevel: slog.LevelInfo, ReconcileInterval: 2 * time.Minute,
 				Timeouts:             Timeouts{Create: 5 * time.Minute, Configure: 8 * time.Minute, Drain: 15 * time.Minute, Delete: 5 * time.Minute},
 				Zones:                []string{"local-a", "local-b"},
 				Pricing:              pricing,
-				Libvirt:              Libvirt{StoragePool: "default", Network: "default", DomainType: "kvm", CallTimeout: 10 * time.Second},
+				Plugin:               &libvirt.Settings{StoragePool: "default", Network: "default", DomainType: "kvm", CallTimeout: 10 * time.Second, CapacityType: inventory.OnDemand},
 				MaxConcurrentPerZone: 8, ShutdownGrace: 30 * time.Second, RepairTimeout: 2 * time.Minute, RepairAttempts: 5,
 				HistoryEvents: 50, HistoryTotal: 500000, HistoryRetention: 24 * time.Hour,
 				CapacityCheck: "warn", CapacityOvercommit: 1,
@@ -129,13 +131,13 @@ func TestSeedInvocations(t *testing.T) {
 			name: "proxmox doc fake invocation",
 			args: []string{"--hypervisor", "proxmox", "--seed-count", "32", "--use-fake-backend"},
 			want: &Config{
-				Hypervisor: hypervisors.ShapeProxmox, Backend: BackendFake, Provider: "proxmox",
+				Hypervisor: "proxmox", Backend: BackendFake, Provider: "proxmox",
 				Addr: ":9000", MetricsAddr: ":9090", Reflection: true,
 				LogFormat: "text", LogLevel: slog.LevelInfo, ReconcileInterval: 2 * time.Minute,
 				Timeouts:             Timeouts{Create: 8 * time.Minute, Configure: 8 * time.Minute, Drain: 15 * time.Minute, Delete: 5 * time.Minute},
 				Zones:                []string{"pve-a", "pve-b"},
 				Pricing:              pricing,
-				Proxmox:              Proxmox{TemplateVMID: 9000, BootstrapPath: "/run/bigfleet-bootstrap", BootstrapExec: []string{"/bin/sh"}, PollInterval: time.Second},
+				Plugin:               &proxmox.Settings{TemplateVMID: 9000, BootstrapPath: "/run/bigfleet-bootstrap", BootstrapExec: []string{"/bin/sh"}, PollInterval: time.Second},
 				MaxConcurrentPerZone: 8, ShutdownGrace: 30 * time.Second, RepairTimeout: 2 * time.Minute, RepairAttempts: 5,
 				HistoryEvents: 50, HistoryTotal: 500000, HistoryRetention: 24 * time.Hour,
 				CapacityCheck: "warn", CapacityOvercommit: 1,
@@ -146,15 +148,15 @@ func TestSeedInvocations(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := Parse(tt.args, io.Discard)
+			got, err := parse(tt.args, io.Discard)
 			if err != nil {
 				t.Fatalf("Parse: %v", err)
 			}
-			if diff := cmp.Diff(tt.want, got, ignoreBulk); diff != "" {
+			if diff := cmp.Diff(tt.want, got, ignoreBulk, ignoreResolved); diff != "" {
 				t.Errorf("Config (-want +got):\n%s", diff)
 			}
 			wantCatalog := lvCatalog
-			if tt.want.Hypervisor == hypervisors.ShapeProxmox {
+			if tt.want.Hypervisor == "proxmox" {
 				wantCatalog = pxCatalog
 			}
 			if diff := cmp.Diff(wantCatalog, got.Catalog); diff != "" {
@@ -170,7 +172,7 @@ func TestSeedInvocations(t *testing.T) {
 func TestDefaultsPerHypervisor(t *testing.T) {
 	f := newFiles(t)
 	type summary struct {
-		Hypervisor  hypervisors.Shape
+		Hypervisor  string
 		Backend     string
 		Provider    string
 		Zones       []string
@@ -262,7 +264,7 @@ func TestDefaultsPerHypervisor(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := Parse(tt.args, io.Discard)
+			c, err := parse(tt.args, io.Discard)
 			if err != nil {
 				t.Fatalf("Parse: %v", err)
 			}
@@ -293,7 +295,7 @@ func TestInference(t *testing.T) {
 	f := newFiles(t)
 	tests := []struct {
 		args           []string
-		wantHypervisor hypervisors.Shape
+		wantHypervisor string
 		wantBackend    string
 	}{
 		{[]string{"--use-fake-backend"}, "libvirt", "fake"},
@@ -315,13 +317,13 @@ func TestInference(t *testing.T) {
 		{[]string{"--proxmox-backend", "proxmox", "--proxmox-api-url", "https://pve/api2/json", "--proxmox-token-id", "a@pve!b", "--proxmox-token-file", f.token, "--proxmox-ca-file", f.pveCA, "--nodes", "pve1"}, "proxmox", "proxmox"},
 	}
 	for _, tt := range tests {
-		c, err := Parse(tt.args, io.Discard)
+		c, err := parse(tt.args, io.Discard)
 		if err != nil {
-			t.Errorf("Parse(%q): %v", tt.args, err)
+			t.Errorf("parse(%q): %v", tt.args, err)
 			continue
 		}
 		if c.Hypervisor != tt.wantHypervisor || c.Backend != tt.wantBackend {
-			t.Errorf("Parse(%q) = %s/%s, want %s/%s", tt.args, c.Hypervisor, c.Backend, tt.wantHypervisor, tt.wantBackend)
+			t.Errorf("parse(%q) = %s/%s, want %s/%s", tt.args, c.Hypervisor, c.Backend, tt.wantHypervisor, tt.wantBackend)
 		}
 	}
 }

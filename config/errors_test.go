@@ -406,7 +406,7 @@ func TestErrors(t *testing.T) {
 			for i, a := range tt.args {
 				args[i] = strings.ReplaceAll(a, "$DIR", f.dir)
 			}
-			_, err := Parse(args, io.Discard)
+			_, err := parse(args, io.Discard)
 			if err == nil {
 				t.Fatal("Parse succeeded, want an error")
 			}
@@ -422,7 +422,7 @@ func TestErrors(t *testing.T) {
 }
 
 func TestBareConnectOnFakeWithBadDefaultZone(t *testing.T) {
-	_, err := Parse([]string{"--connect", "qemu:///system", "--use-fake-backend", "--default-zone", "a:b"}, io.Discard)
+	_, err := parse([]string{"--connect", "qemu:///system", "--use-fake-backend", "--default-zone", "a:b"}, io.Discard)
 	want := []string{`--connect: the bare URI goes to --default-zone, but zone "a:b" contains '/' or ':', which machine ids and host refs use as separators; rename it`}
 	if diff := cmp.Diff(want, lines(err)); diff != "" {
 		t.Errorf("problems (-want +got):\n%s", diff)
@@ -436,7 +436,7 @@ func TestStatePathAccepted(t *testing.T) {
 	f := newFiles(t)
 	for _, path := range []string{"", f.dir + "/state", f.empty, "./etcd:state", "./etcd:/x", "./-", "state:v2", "./a/b://c", "state", "/dev/shm/state"} {
 		t.Run(path, func(t *testing.T) {
-			c, err := Parse(append(append([]string{}, fakeArgs...), "--state", path), io.Discard)
+			c, err := parse(append(append([]string{}, fakeArgs...), "--state", path), io.Discard)
 			if err != nil {
 				t.Fatalf("Parse: %v", err)
 			}
@@ -445,7 +445,7 @@ func TestStatePathAccepted(t *testing.T) {
 			}
 		})
 	}
-	c, err := Parse(append(append([]string{}, fakeArgs...), "--state", f.dir+"/state", "--state-recover", "truncate"), io.Discard)
+	c, err := parse(append(append([]string{}, fakeArgs...), "--state", f.dir+"/state", "--state-recover", "truncate"), io.Discard)
 	if err != nil || !c.StateRecover {
 		t.Errorf("--state-recover truncate: %v, StateRecover %t", err, c != nil && c.StateRecover)
 	}

@@ -20,12 +20,12 @@ func parseWithin(t *testing.T, args []string) (*Config, error) {
 		err error
 	}
 	done := make(chan result, 1)
-	go func() { c, err := Parse(args, io.Discard); done <- result{c, err} }()
+	go func() { c, err := parse(args, io.Discard); done <- result{c, err} }()
 	select {
 	case r := <-done:
 		return r.c, r.err
 	case <-time.After(30 * time.Second):
-		t.Fatalf("Parse(%q) has not returned after 30s: it blocks on a file", args)
+		t.Fatalf("parse(%q) has not returned after 30s: it blocks on a file", args)
 		return nil, nil
 	}
 }

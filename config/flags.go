@@ -8,39 +8,34 @@ import (
 	"time"
 
 	"github.com/bigfleet-vm/provider/inventory"
+	"github.com/bigfleet-vm/provider/plugin"
 )
 
 // Flags holds the flag values registered on a FlagSet by RegisterFlags.
 // It is opaque: call Resolve after the set has been parsed.
 type Flags struct {
 	stateFlags
-	hypervisor, installationID                   *string
-	useFake                                      *bool
-	addr, provider, defaultZone, state           *string
-	metricsAddr                                  *string
-	reflection                                   *bool
-	tlsCert, tlsKey, tlsCA                       *string
-	logFormat, logLevel                          *string
-	reconcileInterval                            *time.Duration
-	createTimeout, configureTimeout              *time.Duration
-	drainTimeout, deleteTimeout                  *time.Duration
-	shutdownGrace                                *time.Duration
-	maxConcurrentPerZone                         *int
-	nodeReadyExec                                *string
-	offerings, instanceTypes, prices             *string
-	seedCount                                    *int
-	pricePerVCPU, pricePerGiB                    *float64
-	fakeLatency                                  *time.Duration
-	fakeFaults                                   *bool
-	libvirtBackend, connect, capacityType, image *string
-	storagePool, network, baseUserData           *string
-	domainType, kernel, initrd, kernelCmdline    *string
-	libvirtCallTimeout                           *time.Duration
-	proxmoxBackend, apiURL, tokenID              *string
-	tokenSecret, tokenFile, caFile, fingerprint  *string
-	pool, nodes, bootstrapPath, bootstrapExec    *string
-	templateVMID                                 *int
-	pollInterval                                 *time.Duration
+	hypervisor, installationID         *string
+	useFake                            *bool
+	addr, provider, defaultZone, state *string
+	metricsAddr                        *string
+	reflection                         *bool
+	tlsCert, tlsKey, tlsCA             *string
+	logFormat, logLevel                *string
+	reconcileInterval                  *time.Duration
+	createTimeout, configureTimeout    *time.Duration
+	drainTimeout, deleteTimeout        *time.Duration
+	shutdownGrace                      *time.Duration
+	maxConcurrentPerZone               *int
+	nodeReadyExec                      *string
+	offerings, instanceTypes, prices   *string
+	seedCount                          *int
+	pricePerVCPU, pricePerGiB          *float64
+	fakeLatency                        *time.Duration
+	fakeFaults                         *bool
+	// The hypervisors' own flags, one entry per registered plug-in.
+	reg     *plugin.Registry
+	plugins []pluginFlags
 	// Listener and drift-repair flags (config/listener.go).
 	metricsTLS, fakeAdmin *bool
 	driftRepairDelay      *time.Duration
@@ -58,66 +53,49 @@ type Flags struct {
 	leaderLease                              *time.Duration
 }
 
-// Flags that only make sense for one hypervisor; setting any of them
-// selects that hypervisor when --hypervisor is not given.
-var (
-	libvirtOnly = []string{
-		"libvirt-backend", "connect", "capacity-type", "image", "storage-pool", "network",
-		"base-user-data", "domain-type", "kernel", "initrd", "kernel-cmdline", "libvirt-call-timeout",
-	}
-	proxmoxOnly = []string{
-		"proxmox-backend", "proxmox-api-url", "proxmox-token-id", "proxmox-token-secret",
-		"proxmox-token-file", "proxmox-ca-file", "proxmox-tls-fingerprint", "proxmox-pool",
-		"nodes", "template-vmid", "bootstrap-path", "bootstrap-exec", "proxmox-poll-interval",
-	}
-)
+// pluginFlags are one plug-in's flags: setting any of them selects that
+// hypervisor when --hypervisor is not given.
+type pluginFlags struct {
+	p plugin.Plugin
+	f plugin.Flags
+}
 
-// RegisterFlags defines every provider flag on fs and returns the values
-// to hand to Resolve. Subcommands may add their own flags to the same set.
-// Flags whose default depends on the hypervisor (--provider,
-// --default-zone, the four timeouts) are registered empty and filled in by
-// Resolve.
-func RegisterFlags(fs *flag.FlagSet) *Flags {
-	f := &Flags{}
+// RegisterFlags defines every provider flag on fs, the flags of every
+// hypervisor in reg included, and returns the values to hand to Resolve.
+// Subcommands may add their own flags to the same set. Flags whose
+// default depends on the hypervisor (--provider, --default-zone, the four
+// timeouts) are registered empty and filled in by Resolve.
+func RegisterFlags(fs *flag.FlagSet, reg *plugin.Registry) *Flags {
+	f := &Flags{reg: reg}
 	// Core.
-	f.hypervisor = fs.String("hypervisor", "", "libvirt or proxmox. Empty: inferred from the flags set (libvirt-only or Proxmox-only flags), else libvirt.")
+	var names, only, zones, creates []string
+	for i, p := range reg.All() {
+		in := p.Info()
+		names, only = append(names, in.Name), append(only, in.Title+"-only")
+		if i == 0 {
+			zones = append(zones, in.DefaultZone)
+		} else {
+			zones = append(zones, fmt.Sprintf("or %s for %s", in.DefaultZone, in.Title))
+		}
+		creates = append(creates, shortDuration(in.CreateTimeout)+" for "+in.Title)
+	}
+	f.hypervisor = fs.String("hypervisor", "", fmt.Sprintf("%s. Empty: inferred from the flags set (%s flags), else %s.",
+		plugin.JoinTitles(names, "or"), plugin.JoinTitles(only, "or"), reg.Default().Info().Name))
 	f.addr = fs.String("addr", ":9000", "gRPC listen address (CapacityProvider + health + reflection).")
-	f.provider = fs.String("provider", "", "Provider label stamped on every HostRef, e.g. libvirt-dc1 (default libvirt or proxmox, per hypervisor). Never part of machine ids.")
+	f.provider = fs.String("provider", "", fmt.Sprintf("Provider label stamped on every HostRef, e.g. %s-dc1 (default %s, per hypervisor). Never part of machine ids.",
+		reg.Default().Info().Name, plugin.JoinTitles(names, "or")))
 	f.installationID = fs.String("installation-id", "", "Ownership namespace stamped on every VM (lowercase letters, digits, '-'). Empty: derived.")
 	f.useFake = fs.Bool("use-fake-backend", false, "Run on the built-in in-memory simulator instead of real hosts (dev and conformance only).")
-	f.defaultZone = fs.String("default-zone", "", "Zone label for a single bare --connect URI, and the seed of the fake backend's two zones <zone>-a, <zone>-b (default local, or pve for Proxmox).")
+	f.defaultZone = fs.String("default-zone", "", fmt.Sprintf("Zone label for a single bare --connect URI, and the seed of the fake backend's two zones <zone>-a, <zone>-b (default %s).",
+		strings.Join(zones, ", ")))
 	f.state = fs.String("state", "", "Durable state: a file path, or etcd://HOST:PORT[,HOST:PORT...]/PREFIX for replicas that share it and elect a leader. Empty: in-memory only (state is lost on restart).")
 	f.registerEtcd(fs.String, fs.Duration)
 	f.registerState(fs)
 
-	// libvirt.
-	f.libvirtBackend = fs.String("libvirt-backend", "auto", "libvirt, fake or auto (libvirt when --connect is set; otherwise refuse unless --use-fake-backend).")
-	f.connect = fs.String("connect", "", "A bare libvirt URI for --default-zone, or a comma-separated zone=uri list (one zone per host).")
-	f.image = fs.String("image", "", "Golden base-image volume the overlay disk backs onto (qcow2 or raw). Required for the libvirt backend.")
-	f.storagePool = fs.String("storage-pool", "default", "libvirt storage pool for the overlay and cloud-init volumes: one name, or zone=pool,... per host.")
-	f.network = fs.String("network", "default", "libvirt network the domain NIC attaches to.")
-	f.baseUserData = fs.String("base-user-data", "", "File with the generic pre-binding cloud-init baked into the NoCloud seed at define.")
-	f.capacityType = fs.String("capacity-type", "on_demand", "Capacity type of the default offerings: on_demand or bare_metal.")
-	f.domainType = fs.String("domain-type", "kvm", "libvirt domain type: kvm, or qemu (emulation, for hosts without KVM).")
-	f.kernel = fs.String("kernel", "", "Optional direct kernel boot: absolute kernel path on the libvirt host.")
-	f.initrd = fs.String("initrd", "", "Initrd path on the libvirt host (needs --kernel).")
-	f.kernelCmdline = fs.String("kernel-cmdline", "", "Kernel command line (needs --kernel).")
-	f.libvirtCallTimeout = fs.Duration("libvirt-call-timeout", 10*time.Second, "Deadline of one libvirt RPC (1s to 1m; keep it well below the 30s observe budget). A call that outlives it fails retryably and has its connection probed; a connection that stops answering is closed and redialled within seconds.")
-
-	// Proxmox.
-	f.proxmoxBackend = fs.String("proxmox-backend", "auto", "proxmox, fake or auto (proxmox when --proxmox-api-url is set; otherwise refuse unless --use-fake-backend).")
-	f.apiURL = fs.String("proxmox-api-url", "", "Proxmox API URL, e.g. https://host:8006/api2/json (https only). Required for the proxmox backend.")
-	f.tokenID = fs.String("proxmox-token-id", "", "API token id, USER@REALM!TOKENID.")
-	f.tokenSecret = fs.String("proxmox-token-secret", "", "API token secret (visible in the process list; prefer --proxmox-token-file).")
-	f.tokenFile = fs.String("proxmox-token-file", "", "File holding the API token secret. Wins over --proxmox-token-secret.")
-	f.caFile = fs.String("proxmox-ca-file", "", "PEM CA bundle verifying the Proxmox API certificate, e.g. /etc/pve/pve-root-ca.pem.")
-	f.fingerprint = fs.String("proxmox-tls-fingerprint", "", "Pinned SHA-256 fingerprint of the API certificate (alternative or addition to --proxmox-ca-file).")
-	f.pool = fs.String("proxmox-pool", "", "Resource pool clones are placed in (least-privilege scope).")
-	f.nodes = fs.String("nodes", "", "Comma list of cluster node names, each a zone. Required for the proxmox backend.")
-	f.templateVMID = fs.Int("template-vmid", 9000, "Source template VMID of the built-in catalog and of catalog entries without template_vmid.")
-	f.bootstrapPath = fs.String("bootstrap-path", "/run/bigfleet-bootstrap", "In-guest path the bootstrap blob is written to before it runs.")
-	f.bootstrapExec = fs.String("bootstrap-exec", "/bin/sh", "Comma-separated argv that runs the bootstrap; the path is appended as the final argument.")
-	f.pollInterval = fs.Duration("proxmox-poll-interval", time.Second, "How often the cluster is listed (one GET /cluster/resources) to see drift and node health within seconds; 0 = only the periodic pass. Between 250ms and 1m.")
+	// The hypervisors, in the registry's order.
+	for _, p := range reg.All() {
+		f.plugins = append(f.plugins, pluginFlags{p: p, f: p.RegisterFlags(fs)})
+	}
 
 	// Instance types and pricing.
 	f.instanceTypes = fs.String("instance-types", "", "JSON catalog name -> {vcpu, memory_mib[, template_vmid]} replacing the built-in kvm.* / pve.* types.")
@@ -130,7 +108,7 @@ func RegisterFlags(fs *flag.FlagSet) *Flags {
 	f.seedCount = fs.Int("seed-count", 32, "Number of Speculative slots in the default offerings (ignored with --offerings; must be > 0).")
 
 	// Lifecycle.
-	f.createTimeout = fs.Duration("create-timeout", 0, "Deadline for a Create (default 5m for libvirt, 8m for Proxmox).")
+	f.createTimeout = fs.Duration("create-timeout", 0, fmt.Sprintf("Deadline for a Create (default %s).", strings.Join(creates, ", ")))
 	f.configureTimeout = fs.Duration("configure-timeout", 0, "Deadline for a Configure (default 8m).")
 	f.drainTimeout = fs.Duration("drain-timeout", 0, "Deadline for a Drain (default 15m).")
 	f.deleteTimeout = fs.Duration("delete-timeout", 0, "Deadline for a Delete (default 5m).")
@@ -166,15 +144,32 @@ func RegisterFlags(fs *flag.FlagSet) *Flags {
 	return f
 }
 
-// usageGroups orders the flags for Usage, grouped as in the operator docs.
-var usageGroups = []struct {
+// shortDuration writes d as help texts do: 5m, not 5m0s.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+// usageGroup is one titled group of flags in the usage.
+type usageGroup struct {
 	title string
 	flags []string
-}{
+}
+
+// coreGroups order the core's flags for Usage, grouped as in the
+// operator docs; the hypervisors' groups come after the first
+// hypervisorGroupsAt of them.
+const hypervisorGroupsAt = 2
+
+var coreGroups = []usageGroup{
 	{"Core", []string{"hypervisor", "addr", "provider", "installation-id", "default-zone", "state", "state-recover", "use-fake-backend"}},
 	{"High availability (--state etcd://...)", []string{"etcd-ca-file", "etcd-cert-file", "etcd-key-file", "leader-lease", "advertise-addr"}},
-	{"libvirt connection and launch parameters", []string{"libvirt-backend", "connect", "image", "storage-pool", "network", "base-user-data", "capacity-type", "domain-type", "kernel", "initrd", "kernel-cmdline", "libvirt-call-timeout"}},
-	{"Proxmox connection and clone parameters", []string{"proxmox-backend", "proxmox-api-url", "proxmox-token-id", "proxmox-token-secret", "proxmox-token-file", "proxmox-ca-file", "proxmox-tls-fingerprint", "proxmox-pool", "nodes", "template-vmid", "bootstrap-path", "bootstrap-exec", "proxmox-poll-interval"}},
 	{"Instance types & pricing", []string{"instance-types", "prices", "price-per-vcpu-hour", "price-per-gib-hour"}},
 	{"Offerings", []string{"offerings", "seed-count", "capacity-check", "capacity-overcommit"}},
 	{"Lifecycle", []string{"create-timeout", "configure-timeout", "drain-timeout", "delete-timeout", "node-ready-exec", "max-concurrent-per-zone", "shutdown-grace", "reconcile-interval", "drift-repair-delay", "repair-timeout", "repair-attempts"}},
@@ -183,11 +178,21 @@ var usageGroups = []struct {
 	{"Fake backend (testing only)", []string{"fake-latency", "fake-faults", "fake-admin", "fake-host-cpus", "fake-host-memory-gib"}},
 }
 
+// usageGroups are the core's groups with each hypervisor's group (in the
+// registry's order) after the high-availability flags.
+func (f *Flags) usageGroups() []usageGroup {
+	groups := append([]usageGroup(nil), coreGroups[:hypervisorGroupsAt]...)
+	for _, pf := range f.plugins {
+		groups = append(groups, usageGroup{pf.p.Info().FlagGroup, pf.f.Usage()})
+	}
+	return append(groups, coreGroups[hypervisorGroupsAt:]...)
+}
+
 // Usage writes the flags of fs grouped as in the operator docs; flags a
 // subcommand added to fs are listed last under "Other".
-func Usage(w io.Writer, fs *flag.FlagSet) {
+func (f *Flags) Usage(w io.Writer, fs *flag.FlagSet) {
 	listed := map[string]bool{}
-	for _, g := range usageGroups {
+	for _, g := range f.usageGroups() {
 		fmt.Fprintf(w, "\n%s:\n", g.title)
 		for _, name := range g.flags {
 			if fl := fs.Lookup(name); fl != nil {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt"
 	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvuri"
 	"github.com/google/go-cmp/cmp"
 )
@@ -15,21 +16,21 @@ import (
 func TestParseConnect(t *testing.T) {
 	tests := []struct {
 		in   string
-		want []ZoneURI
+		want []lvuri.ZoneURI
 	}{
 		{"", nil},
-		{"qemu:///system", []ZoneURI{{Zone: "local", URI: "qemu:///system"}}},
-		{" qemu:///session ", []ZoneURI{{Zone: "local", URI: "qemu:///session"}}},
-		{"test:///default", []ZoneURI{{Zone: "local", URI: "test:///default"}}},
-		{"qemu+unix:///system?socket=/run/libvirt/libvirt-sock", []ZoneURI{{Zone: "local", URI: "qemu+unix:///system?socket=/run/libvirt/libvirt-sock"}}},
+		{"qemu:///system", []lvuri.ZoneURI{{Zone: "local", URI: "qemu:///system"}}},
+		{" qemu:///session ", []lvuri.ZoneURI{{Zone: "local", URI: "qemu:///session"}}},
+		{"test:///default", []lvuri.ZoneURI{{Zone: "local", URI: "test:///default"}}},
+		{"qemu+unix:///system?socket=/run/libvirt/libvirt-sock", []lvuri.ZoneURI{{Zone: "local", URI: "qemu+unix:///system?socket=/run/libvirt/libvirt-sock"}}},
 		// A bare URI whose query holds '=' (the text before it has ':').
 		{"qemu+libssh://u@h/system?keyfile=/k&known_hosts=/kh&known_hosts_verify=normal",
-			[]ZoneURI{{Zone: "local", URI: "qemu+libssh://u@h/system?keyfile=/k&known_hosts=/kh&known_hosts_verify=normal"}}},
-		{"qemu+ssh://u@h:2222/system?keyfile=/k&no_verify=0", []ZoneURI{{Zone: "local", URI: "qemu+ssh://u@h:2222/system?keyfile=/k&no_verify=0"}}},
-		{"qemu+tls://h/system?pkipath=/pki&no_verify=0", []ZoneURI{{Zone: "local", URI: "qemu+tls://h/system?pkipath=/pki&no_verify=0"}}},
-		{"qemu://h/system", []ZoneURI{{Zone: "local", URI: "qemu://h/system"}}},
-		{"rack1=qemu+libssh2://h1/system, rack2 = qemu+tls://h2/system,", []ZoneURI{{Zone: "rack1", URI: "qemu+libssh2://h1/system"}, {Zone: "rack2", URI: "qemu+tls://h2/system"}}},
-		{seedConnect, []ZoneURI{{Zone: "rack1", URI: rack1URI}, {Zone: "rack2", URI: rack2URI}}},
+			[]lvuri.ZoneURI{{Zone: "local", URI: "qemu+libssh://u@h/system?keyfile=/k&known_hosts=/kh&known_hosts_verify=normal"}}},
+		{"qemu+ssh://u@h:2222/system?keyfile=/k&no_verify=0", []lvuri.ZoneURI{{Zone: "local", URI: "qemu+ssh://u@h:2222/system?keyfile=/k&no_verify=0"}}},
+		{"qemu+tls://h/system?pkipath=/pki&no_verify=0", []lvuri.ZoneURI{{Zone: "local", URI: "qemu+tls://h/system?pkipath=/pki&no_verify=0"}}},
+		{"qemu://h/system", []lvuri.ZoneURI{{Zone: "local", URI: "qemu://h/system"}}},
+		{"rack1=qemu+libssh2://h1/system, rack2 = qemu+tls://h2/system,", []lvuri.ZoneURI{{Zone: "rack1", URI: "qemu+libssh2://h1/system"}, {Zone: "rack2", URI: "qemu+tls://h2/system"}}},
+		{seedConnect, []lvuri.ZoneURI{{Zone: "rack1", URI: rack1URI}, {Zone: "rack2", URI: rack2URI}}},
 	}
 	for _, tt := range tests {
 		got, err := lvuri.ParseConnect(tt.in, "local")
@@ -43,30 +44,10 @@ func TestParseConnect(t *testing.T) {
 	}
 }
 
-func TestNormaliseFingerprint(t *testing.T) {
-	want := strings.Repeat("ab", 32)
-	for _, in := range []string{
-		want,
-		strings.ToUpper(want),
-		strings.TrimSuffix(strings.Repeat("AB:", 32), ":"),
-		strings.TrimSuffix(strings.Repeat("ab ", 32), " "),
-	} {
-		got, err := normaliseFingerprint(in)
-		if err != nil || got != want {
-			t.Errorf("normaliseFingerprint(%q) = %q, %v; want %q", in, got, err, want)
-		}
-	}
-	for _, in := range []string{"", strings.Repeat("ab", 31), strings.Repeat("zz", 32), strings.Repeat("ab", 33)} {
-		if _, err := normaliseFingerprint(in); err == nil {
-			t.Errorf("normaliseFingerprint(%q) succeeded, want an error", in)
-		}
-	}
-}
-
 func TestResolveWithSubcommandFlags(t *testing.T) {
 	fs := flag.NewFlagSet("plan", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	f := RegisterFlags(fs)
+	f := RegisterFlags(fs, testReg)
 	asJSON := fs.Bool("json", false, "print the plan as JSON")
 	if err := fs.Parse([]string{"--use-fake-backend", "--json", "--log-format", "JSON", "--log-level", "debug"}); err != nil {
 		t.Fatal(err)
@@ -79,7 +60,7 @@ func TestResolveWithSubcommandFlags(t *testing.T) {
 		t.Errorf("json=%v format=%q level=%v; want true, json, DEBUG", *asJSON, c.LogFormat, c.LogLevel)
 	}
 	var buf bytes.Buffer
-	Usage(&buf, fs)
+	f.Usage(&buf, fs)
 	if !strings.Contains(buf.String(), "\nOther:\n  --json\n") {
 		t.Errorf("Usage does not list the subcommand's flag under Other:\n%s", buf.String())
 	}
@@ -87,9 +68,9 @@ func TestResolveWithSubcommandFlags(t *testing.T) {
 
 func TestUsage(t *testing.T) {
 	fs := flag.NewFlagSet("provider", flag.ContinueOnError)
-	RegisterFlags(fs)
+	f := RegisterFlags(fs, testReg)
 	var buf bytes.Buffer
-	Usage(&buf, fs)
+	f.Usage(&buf, fs)
 	text := buf.String()
 	// Every flag is listed exactly once, and only in a group.
 	fs.VisitAll(func(fl *flag.Flag) {
@@ -119,9 +100,9 @@ func TestUsage(t *testing.T) {
 
 func TestParseHelp(t *testing.T) {
 	var stderr bytes.Buffer
-	_, err := Parse([]string{"-h"}, &stderr)
+	_, err := parse([]string{"-h"}, &stderr)
 	if !errors.Is(err, flag.ErrHelp) {
-		t.Fatalf("Parse(-h) error = %v, want flag.ErrHelp", err)
+		t.Fatalf("parse(-h) error = %v, want flag.ErrHelp", err)
 	}
 	if !strings.HasPrefix(stderr.String(), "Usage: provider [flags]\n\nCore:\n") {
 		t.Errorf("help output starts %q", stderr.String()[:min(60, stderr.Len())])
@@ -129,15 +110,15 @@ func TestParseHelp(t *testing.T) {
 }
 
 func TestStoragePoolPerZone(t *testing.T) {
-	cfg, err := Parse([]string{"--connect", "a=qemu:///system,b=qemu:///system", "--image", "x", "--storage-pool", "a=pool-a, b=pool-b"}, io.Discard)
+	cfg, err := parse([]string{"--connect", "a=qemu:///system,b=qemu:///system", "--image", "x", "--storage-pool", "a=pool-a, b=pool-b"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(map[string]string{"a": "pool-a", "b": "pool-b"}, cfg.Libvirt.ZonePools); diff != "" {
+	if diff := cmp.Diff(map[string]string{"a": "pool-a", "b": "pool-b"}, cfg.Plugin.(*libvirt.Settings).ZonePools); diff != "" {
 		t.Errorf("zone pools (-want +got):\n%s", diff)
 	}
-	if cfg.Libvirt.StoragePool != "default" {
-		t.Errorf("pool for unnamed zones = %q", cfg.Libvirt.StoragePool)
+	if cfg.Plugin.(*libvirt.Settings).StoragePool != "default" {
+		t.Errorf("pool for unnamed zones = %q", cfg.Plugin.(*libvirt.Settings).StoragePool)
 	}
 }
 
@@ -145,12 +126,12 @@ func TestStoragePoolPerZone(t *testing.T) {
 // etcd://). ETCD:// used to pass the URL check here and then be opened as
 // a local file named after the URL; now it is a clear error.
 func TestStateEtcdSchemeOnlyLowerCase(t *testing.T) {
-	c, err := Parse([]string{"--use-fake-backend", "--state", "etcd://127.0.0.1:2379/bf"}, io.Discard)
+	c, err := parse([]string{"--use-fake-backend", "--state", "etcd://127.0.0.1:2379/bf"}, io.Discard)
 	if err != nil || c.Etcd == nil || c.Etcd.Prefix != "/bf" {
 		t.Fatalf("--state etcd://127.0.0.1:2379/bf: config %+v, err %v", c, err)
 	}
 	for _, state := range []string{"ETCD://127.0.0.1:2379/bf", "Etcd://127.0.0.1:2379/bf"} {
-		c, err := Parse([]string{"--use-fake-backend", "--state", state}, io.Discard)
+		c, err := parse([]string{"--use-fake-backend", "--state", state}, io.Discard)
 		if err == nil {
 			t.Errorf("--state %s: accepted (etcd %v, state path %q)", state, c.Etcd, c.StatePath)
 			continue

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"io"
 	"strings"
 	"testing"
 
@@ -25,7 +26,7 @@ func TestRedactNeverReturnsTheSecret(t *testing.T) {
 	if _, err := lvuri.ParseConnect("rack1=qemu+ssh://u:s3cret@h/%zz", "local"); err == nil || strings.Contains(err.Error(), "s3cret") {
 		t.Errorf("ParseConnect: %v, want an error without the password", err)
 	}
-	if err := checkAPIURL("https://root:s3cret@pve/%zz"); err == nil || strings.Contains(err.Error(), "s3cret") {
-		t.Errorf("checkAPIURL: %v, want an error without the password", err)
+	if _, err := parse([]string{"--use-fake-backend", "--proxmox-api-url", "https://root:s3cret@pve/%zz"}, io.Discard); err == nil || strings.Contains(err.Error(), "s3cret") {
+		t.Errorf("--proxmox-api-url: %v, want an error without the password", err)
 	}
 }

@@ -17,25 +17,25 @@ import (
 	"unicode"
 
 	"github.com/bigfleet-vm/provider/etcdstore"
-	"github.com/bigfleet-vm/provider/hypervisors"
-	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvuri"
 	"github.com/bigfleet-vm/provider/inventory"
+	"github.com/bigfleet-vm/provider/plugin"
 	"github.com/bigfleet-vm/provider/statefile"
 	"github.com/hashicorp/go-multierror"
 )
 
-// Parse parses args as the provider's flags and resolves them. Flag-syntax
-// errors and -h are reported by the flag package on stderr (with Usage);
-// -h yields an error wrapping flag.ErrHelp. Positional arguments are an
-// error.
-func Parse(args []string, stderr io.Writer) (*Config, error) {
+// Parse parses args as the provider's flags, the flags of every
+// hypervisor in reg included, and resolves them. Flag-syntax errors and -h
+// are reported by the flag package on stderr (with Usage); -h yields an
+// error wrapping flag.ErrHelp. Positional arguments are an error.
+func Parse(reg *plugin.Registry, args []string, stderr io.Writer) (*Config, error) {
 	fs := flag.NewFlagSet("provider", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	var f *Flags
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: provider [flags]\n")
-		Usage(stderr, fs)
+		f.Usage(stderr, fs)
 	}
-	f := RegisterFlags(fs)
+	f = RegisterFlags(fs, reg)
 	if err := fs.Parse(args); err != nil {
 		return nil, fmt.Errorf("parse flags: %w", err)
 	}
@@ -47,7 +47,37 @@ func Parse(args []string, stderr io.Writer) (*Config, error) {
 
 // problems collects configuration errors, one per line, each led by the
 // flag it concerns.
-type problems struct{ errs *multierror.Error }
+type problems struct {
+	errs *multierror.Error
+	// bounds are the hypervisors' bounded flags (the core's are in the
+	// package tables).
+	bounds plugin.Bounds
+}
+
+// pluginProblems is problems as a plug-in's resolution sees them.
+type pluginProblems struct {
+	p   *problems
+	c   *Config
+	now time.Time
+}
+
+func (pp pluginProblems) Add(flagName, format string, args ...any) {
+	pp.p.add(flagName, format, args...)
+}
+func (pp pluginProblems) AddErr(flagName string, err error) { pp.p.addErr(flagName, err) }
+func (pp pluginProblems) Duration(flagName string, d time.Duration) bool {
+	return pp.p.duration(flagName, d)
+}
+func (pp pluginProblems) Integer(flagName string, n int) bool { return pp.p.integer(flagName, n) }
+
+// CABundle checks a CA bundle the hypervisor trusts like the core's own.
+func (pp pluginProblems) CABundle(flagName, file string) {
+	warnings, err := checkCABundle(file, pp.now)
+	if err != nil {
+		pp.p.add(flagName, "%v", err)
+	}
+	pp.c.CAWarnings = append(pp.c.CAWarnings, warnings...)
+}
 
 func (p *problems) add(flagName, format string, args ...any) {
 	p.errs = multierror.Append(p.errs, fmt.Errorf("--%s: %s", flagName, fmt.Sprintf(format, args...)))
@@ -90,35 +120,32 @@ func (p *problems) err() error {
 func (f *Flags) Resolve(fs *flag.FlagSet) (*Config, error) {
 	set := map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
-	var p problems
+	p := problems{bounds: f.reg.Bounds()}
 	c := &Config{}
 
-	c.Hypervisor = f.resolveHypervisor(set, &p)
-	proxmox := c.Hypervisor == hypervisors.ShapeProxmox
+	hv := f.resolveHypervisor(set, &p)
+	info := hv.p.Info()
+	c.Hypervisor = info.Name
 
 	// Per-hypervisor defaults.
 	c.Provider = strings.TrimSpace(*f.provider)
 	if !set["provider"] {
-		c.Provider = string(c.Hypervisor)
+		c.Provider = info.Name
 	} else if c.Provider == "" || strings.ContainsFunc(c.Provider, unicode.IsSpace) {
 		p.add("provider", "%q must be a non-empty label without whitespace, e.g. %s-dc1", *f.provider, c.Hypervisor)
 	}
 	defaultZone := *f.defaultZone
 	if !set["default-zone"] {
-		defaultZone = "local"
-		if proxmox {
-			defaultZone = "pve"
-		}
+		defaultZone = info.DefaultZone
 	}
 	zoneOK := defaultZone != "" && inventory.ValidateZone(defaultZone+"-a") == nil
-	if !zoneOK && !(set["connect"] && lvuri.IsBare(*f.connect)) {
-		// (A bare --connect URI reports its own zone problem.)
+	if !zoneOK && !hv.f.ReportsDefaultZone(set) {
 		p.add("default-zone", "%q is not a usable zone name: it must be non-empty, at most 61 bytes, without '/', ':' or whitespace", defaultZone)
 	}
-	c.Timeouts = f.resolveTimeouts(set, proxmox, &p)
+	c.Timeouts = f.resolveTimeouts(set, info.CreateTimeout, &p)
 
 	f.resolveCommon(c, set, &p)
-	c.Backend = f.resolveBackend(c.Hypervisor, set, &p)
+	c.Backend = f.resolveBackend(hv, set, &p)
 	real := c.Backend != BackendFake
 	if !real {
 		c.Fake = Fake{Latency: *f.fakeLatency, Faults: *f.fakeFaults, Admin: *f.fakeAdmin,
@@ -131,35 +158,29 @@ func (f *Flags) Resolve(fs *flag.FlagSet) (*Config, error) {
 		}
 	}
 
-	// Hypervisor-specific settings; realZones is nil unless a real
+	// The hypervisor's own settings; realZones is nil unless a real
 	// backend's zones parsed cleanly.
-	var realZones []string
-	zonesFlag := "connect"
-	capacity := inventory.OnDemand
-	if proxmox {
-		zonesFlag = "nodes"
-		realZones = f.resolveProxmox(c, set, real, &p)
-	} else {
-		realZones, capacity = f.resolveLibvirt(c, real, defaultZone, &p)
-	}
 	now := time.Now()
+	c.Plugin = hv.f.Resolve(plugin.Env{Set: set, Real: real, DefaultZone: defaultZone, Now: now}, pluginProblems{p: &p, c: c, now: now})
+	realZones, zonesFlag := c.Plugin.Zones()
+	capacity := c.Plugin.Capacity()
 	resolveTLS(c, *f.tlsCert, *f.tlsKey, *f.tlsCA, now, &p)
-	if real && !proxmox {
-		checkLibvirtCerts(c, now, &p)
+	if real {
+		checkClientCerts(c, c.Plugin.Certs(), now, &p)
 	}
 	f.resolveListener(c, set, &p)
 
 	// Catalog, pricing, offerings, slots.
 	catalogOK := true
 	if *f.instanceTypes != "" {
-		cat, err := inventory.LoadCatalog(*f.instanceTypes, c.Hypervisor, c.Proxmox.TemplateVMID)
+		cat, err := inventory.LoadCatalog(*f.instanceTypes, c.Plugin.Catalog())
 		if err != nil {
 			catalogOK = false
 			p.addErr("instance-types", err)
 		}
 		c.Catalog = cat
 	} else {
-		c.Catalog = inventory.Builtin(c.Hypervisor, c.Proxmox.TemplateVMID)
+		c.Catalog = inventory.Builtin(c.Plugin.Catalog())
 	}
 	explicit, err := inventory.ParsePrices(*f.prices, c.Catalog)
 	if err != nil && catalogOK {
@@ -183,7 +204,7 @@ func (f *Flags) Resolve(fs *flag.FlagSet) (*Config, error) {
 		// Offerings name catalog types; checking them now would only
 		// repeat the catalog's problems.
 	case *f.offerings != "":
-		rules := inventory.Rules{Shape: c.Hypervisor, Catalog: c.Catalog, Zones: realZones, ZoneFlag: "--" + zonesFlag}
+		rules := inventory.Rules{Capacity: c.Plugin.CapacityRules(), Catalog: c.Catalog, Zones: realZones, ZoneFlag: "--" + zonesFlag}
 		offs, err := inventory.LoadOfferings(*f.offerings, rules)
 		if err != nil {
 			p.addErr("offerings", err)
@@ -194,13 +215,13 @@ func (f *Flags) Resolve(fs *flag.FlagSet) (*Config, error) {
 		if !real {
 			zones = []string{defaultZone + "-a", defaultZone + "-b"}
 		}
-		offs, err := inventory.DefaultOfferings(c.Hypervisor, c.Catalog, zones, *f.seedCount, capacity)
+		offs, err := inventory.DefaultOfferings(c.Plugin.Catalog().Prefix, c.Plugin.CapacityRules(), c.Catalog, zones, *f.seedCount, capacity)
 		if err != nil {
 			p.addErr("seed-count", err)
 		}
 		if !real && c.Fake.Faults {
 			// The conformance fault convention needs slots whose Create fails.
-			offs = append(offs, inventory.FaultOfferings(c.Hypervisor, c.Catalog, offs, capacity)...)
+			offs = append(offs, inventory.FaultOfferings(c.Catalog, offs, capacity)...)
 		}
 		c.Offerings = offs
 	}
@@ -234,50 +255,59 @@ func (f *Flags) Resolve(fs *flag.FlagSet) (*Config, error) {
 }
 
 // resolveHypervisor applies --hypervisor, or infers the hypervisor from
-// which hypervisor-specific flags were set.
-func (f *Flags) resolveHypervisor(set map[string]bool, p *problems) hypervisors.Shape {
-	var lv, px []string
-	for _, n := range libvirtOnly {
-		if set[n] {
-			lv = append(lv, "--"+n)
+// which hypervisor's flags were set; none set is the registry's default.
+func (f *Flags) resolveHypervisor(set map[string]bool, p *problems) pluginFlags {
+	given := make([][]string, len(f.plugins)) // the flags set, per plug-in
+	var chosen []int
+	for i, pf := range f.plugins {
+		for _, n := range pf.f.Names() {
+			if set[n] {
+				given[i] = append(given[i], "--"+n)
+			}
+		}
+		if len(given[i]) > 0 {
+			chosen = append(chosen, i)
 		}
 	}
-	for _, n := range proxmoxOnly {
-		if set[n] {
-			px = append(px, "--"+n)
+	if name := strings.ToLower(strings.TrimSpace(*f.hypervisor)); name != "" {
+		if want, ok := f.reg.Lookup(name); ok {
+			var picked pluginFlags
+			for _, pf := range f.plugins {
+				if pf.p == want {
+					picked = pf
+				}
+			}
+			in := picked.p.Info()
+			for j, other := range f.plugins {
+				if other.p != want && len(given[j]) > 0 {
+					o := other.p.Info()
+					p.add("hypervisor", "is %s, but %s-only flags are set (%s); drop them or use --hypervisor=%s", in.Name, o.Title, strings.Join(given[j], ", "), o.Name)
+				}
+			}
+			return picked
 		}
-	}
-	switch strings.ToLower(strings.TrimSpace(*f.hypervisor)) {
-	case "libvirt":
-		if len(px) > 0 {
-			p.add("hypervisor", "is libvirt, but Proxmox-only flags are set (%s); drop them or use --hypervisor=proxmox", strings.Join(px, ", "))
-		}
-		return hypervisors.ShapeLibvirt
-	case "proxmox":
-		if len(lv) > 0 {
-			p.add("hypervisor", "is proxmox, but libvirt-only flags are set (%s); drop them or use --hypervisor=libvirt", strings.Join(lv, ", "))
-		}
-		return hypervisors.ShapeProxmox
-	case "":
-	default:
-		p.add("hypervisor", "unknown hypervisor %q; use libvirt or proxmox (or omit it to infer from the flags)", *f.hypervisor)
+		p.add("hypervisor", "unknown hypervisor %q; use %s (or omit it to infer from the flags)", *f.hypervisor, plugin.JoinTitles(f.reg.Names(), "or"))
 	}
 	switch {
-	case len(lv) > 0 && len(px) > 0:
-		p.add("hypervisor", "cannot infer the hypervisor: libvirt-only flags (%s) and Proxmox-only flags (%s) are both set; run one process per hypervisor and drop one side's flags, or pass --hypervisor",
-			strings.Join(lv, ", "), strings.Join(px, ", "))
-		return hypervisors.ShapeLibvirt
-	case len(px) > 0:
-		return hypervisors.ShapeProxmox
+	case len(chosen) > 1:
+		var sides []string
+		for _, i := range chosen {
+			sides = append(sides, fmt.Sprintf("%s-only flags (%s)", f.plugins[i].p.Info().Title, strings.Join(given[i], ", ")))
+		}
+		both := "both"
+		if len(sides) > 2 {
+			both = "all"
+		}
+		p.add("hypervisor", "cannot infer the hypervisor: %s are %s set; run one process per hypervisor and drop one side's flags, or pass --hypervisor",
+			plugin.JoinTitles(sides, "and"), both)
+	case len(chosen) == 1:
+		return f.plugins[chosen[0]]
 	}
-	return hypervisors.ShapeLibvirt
+	return f.plugins[0]
 }
 
-func (f *Flags) resolveTimeouts(set map[string]bool, proxmox bool, p *problems) Timeouts {
-	t := Timeouts{Create: 5 * time.Minute, Configure: 8 * time.Minute, Drain: 15 * time.Minute, Delete: 5 * time.Minute}
-	if proxmox {
-		t.Create = 8 * time.Minute
-	}
+func (f *Flags) resolveTimeouts(set map[string]bool, create time.Duration, p *problems) Timeouts {
+	t := Timeouts{Create: create, Configure: 8 * time.Minute, Drain: 15 * time.Minute, Delete: 5 * time.Minute}
 	for _, d := range []struct {
 		name string
 		v    *time.Duration
@@ -373,7 +403,7 @@ func (f *Flags) resolveCommon(c *Config, set map[string]bool, p *problems) {
 	c.HistoryRetention = *f.historyRetention
 	p.duration("history-retention", c.HistoryRetention)
 	if *f.nodeReadyExec != "" {
-		argv, err := parseArgv(*f.nodeReadyExec)
+		argv, err := plugin.ParseArgv(*f.nodeReadyExec)
 		if err != nil {
 			p.add("node-ready-exec", "%v", err)
 		}
@@ -442,29 +472,16 @@ func clip(s string) string {
 	return s[:limit] + "..."
 }
 
-// parseArgv splits a comma-separated argv; empty elements are errors.
-func parseArgv(s string) ([]string, error) {
-	argv := strings.Split(s, ",")
-	for i, a := range argv {
-		if strings.TrimSpace(a) == "" {
-			return nil, fmt.Errorf("%q has an empty element at position %d; write the argv as program,arg1,arg2 (arguments cannot contain commas)", s, i)
-		}
-	}
-	return argv, nil
-}
-
-// resolveBackend picks the substrate from --libvirt-backend or
-// --proxmox-backend, --use-fake-backend and whether the real backend's
-// connection flag is set.
-func (f *Flags) resolveBackend(shape hypervisors.Shape, set map[string]bool, p *problems) string {
-	name, value, realName, conn := "libvirt-backend", *f.libvirtBackend, BackendLibvirt, "connect"
-	connSet := strings.TrimSpace(*f.connect) != ""
-	if shape == hypervisors.ShapeProxmox {
-		name, value, realName, conn = "proxmox-backend", *f.proxmoxBackend, BackendProxmox, "proxmox-api-url"
-		connSet = strings.TrimSpace(*f.apiURL) != ""
-	}
+// resolveBackend picks the substrate from the hypervisor's backend flag
+// (--libvirt-backend, --proxmox-backend), --use-fake-backend and whether
+// the real backend's connection flag is set.
+func (f *Flags) resolveBackend(hv pluginFlags, set map[string]bool, p *problems) string {
+	b := hv.p.Info().Backend
+	realName := hv.p.Info().Name
+	name, conn := b.Flag, b.ConnFlag
+	value, connSet := hv.f.Backend()
 	switch v := strings.ToLower(strings.TrimSpace(value)); v {
-	case "fake":
+	case BackendFake:
 		return BackendFake
 	case realName:
 		if *f.useFake {
@@ -480,7 +497,7 @@ func (f *Flags) resolveBackend(shape hypervisors.Shape, set map[string]bool, p *
 			return realName
 		}
 		p.add(name, "is auto but no --%s is set, so there is no real %s to manage: pass --%s to use real %s, or pass --use-fake-backend to run on the built-in simulator",
-			conn, map[string]string{BackendLibvirt: "libvirt host", BackendProxmox: "Proxmox cluster"}[realName], conn, map[string]string{BackendLibvirt: "hosts", BackendProxmox: "Proxmox"}[realName])
+			conn, b.RealNoun, conn, b.RealNouns)
 		return BackendFake
 	default:
 		p.add(name, "unknown backend %q; use %s, fake or auto", value, realName)

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox"
 )
 
 func TestSecretNeverInErrors(t *testing.T) {
@@ -23,9 +25,9 @@ func TestSecretNeverInErrors(t *testing.T) {
 		{"--proxmox-api-url", "https://pve/api2/json", "--proxmox-token-id", "bad", "--proxmox-token-file", f.token, "--nodes", "pve1", "--prices", "x=1"},
 	}
 	for _, args := range cases {
-		_, err := Parse(args, io.Discard)
+		_, err := parse(args, io.Discard)
 		if err == nil {
-			t.Fatalf("Parse(%q) succeeded, want errors", args)
+			t.Fatalf("parse(%q) succeeded, want errors", args)
 		}
 		for _, s := range []string{inline, tokenSecret} {
 			if strings.Contains(err.Error(), s) {
@@ -37,20 +39,20 @@ func TestSecretNeverInErrors(t *testing.T) {
 
 func TestSecretNeverPrinted(t *testing.T) {
 	f := newFiles(t)
-	c, err := Parse(f.expand(proxmoxSeedArgs, f.pxOfferings), io.Discard)
+	c, err := parse(f.expand(proxmoxSeedArgs, f.pxOfferings), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := c.Proxmox.TokenSecret.Reveal(); got != tokenSecret {
+	if got := c.Plugin.(*proxmox.Settings).TokenSecret.Reveal(); got != tokenSecret {
 		t.Fatalf("Reveal() = %q, want the trimmed file content %q", got, tokenSecret)
 	}
 	var out []string
 	for _, verb := range []string{"%v", "%+v", "%#v", "%s", "%q", "%x", "%d"} {
 		out = append(out,
-			fmt.Sprintf(verb, c), fmt.Sprintf(verb, *c), fmt.Sprintf(verb, c.Proxmox),
-			fmt.Sprintf(verb, c.Proxmox.TokenSecret), fmt.Sprintf(verb, &c.Proxmox))
+			fmt.Sprintf(verb, c), fmt.Sprintf(verb, *c), fmt.Sprintf(verb, *c.Plugin.(*proxmox.Settings)),
+			fmt.Sprintf(verb, c.Plugin.(*proxmox.Settings).TokenSecret), fmt.Sprintf(verb, c.Plugin))
 	}
-	out = append(out, c.String(), c.Proxmox.TokenSecret.String(), c.Proxmox.TokenSecret.GoString())
+	out = append(out, c.String(), c.Plugin.(*proxmox.Settings).TokenSecret.String(), c.Plugin.(*proxmox.Settings).TokenSecret.GoString())
 	js, err := json.Marshal(c)
 	if err != nil {
 		t.Fatal(err)
@@ -61,7 +63,7 @@ func TestSecretNeverPrinted(t *testing.T) {
 		func(w io.Writer) slog.Handler { return slog.NewTextHandler(w, nil) },
 	} {
 		var buf bytes.Buffer
-		slog.New(h(&buf)).Info("config", "config", c, "proxmox", c.Proxmox, "secret", c.Proxmox.TokenSecret)
+		slog.New(h(&buf)).Info("config", "config", c, "proxmox", c.Plugin, "secret", c.Plugin.(*proxmox.Settings).TokenSecret)
 		out = append(out, buf.String())
 	}
 	for _, s := range out {

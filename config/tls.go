@@ -6,15 +6,13 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
-	"os/user"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/bigfleet-vm/provider/conffile"
+	"github.com/bigfleet-vm/provider/plugin"
 )
 
 // CertExpiryWarning is how close to its expiry a certificate the
@@ -31,10 +29,8 @@ const (
 	CertServer = "server"
 	// CertEtcdClient is --etcd-cert-file.
 	CertEtcdClient = "etcd-client"
-	// CertLibvirtClient is the client certificate of a qemu+tls://
-	// --connect URI (clientcert.pem in its pkipath, or libvirt's default
-	// locations).
-	CertLibvirtClient = "libvirt-client"
+	// A hypervisor's client certificates have its own roles
+	// (plugin.CertFile.Role, e.g. libvirt-client).
 )
 
 // Cert is a certificate chain the provider presents, as checked at
@@ -255,65 +251,18 @@ func checkEtcdCerts(c *Config, e *Etcd, now time.Time, p *problems) {
 	}
 }
 
-// libvirtClientCert names the client certificate and key a qemu+tls://
-// URI presents, found where go-libvirt looks (its pkipath, else
-// ~/.pki/libvirt for a non-root user, then /etc/pki/libvirt), or "" when
-// none is there (the dial then reports it).
-func libvirtClientCert(u *url.URL) (cert, key string) {
-	if !isTLSURI(u) {
-		return "", ""
-	}
-	type dirs struct{ cert, key string }
-	var search []dirs
-	if pki := u.Query().Get("pkipath"); pki != "" {
-		search = []dirs{{pki, pki}}
-	} else {
-		if cur, err := user.Current(); err != nil || cur.Uid != "0" {
-			if cur != nil {
-				d := filepath.Join(cur.HomeDir, ".pki", "libvirt")
-				search = append(search, dirs{d, d})
-			}
-		}
-		search = append(search, dirs{"/etc/pki/libvirt", "/etc/pki/libvirt/private"})
-	}
-	for _, d := range search {
-		c := filepath.Join(d.cert, "clientcert.pem")
-		if _, err := os.Stat(c); err == nil {
-			return c, filepath.Join(d.key, "clientkey.pem")
-		}
-	}
-	return "", ""
-}
-
-// isTLSURI reports whether a libvirt URI dials over TLS (qemu+tls://, or
-// a bare remote qemu://host/...).
-func isTLSURI(u *url.URL) bool {
-	_, transport, _ := strings.Cut(strings.ToLower(u.Scheme), "+")
-	return transport == "tls" || transport == "" && u.Host != ""
-}
-
-// checkLibvirtCerts checks the client certificate of every qemu+tls://
-// zone that has one where go-libvirt will look.
-func checkLibvirtCerts(c *Config, now time.Time, p *problems) {
-	checked := map[string]bool{}
-	for _, zu := range c.Libvirt.Connect {
-		u, err := url.Parse(zu.URI)
+// checkClientCerts checks the client certificate chains the hypervisor's
+// real backend presents, like the provider's own.
+func checkClientCerts(c *Config, certs []plugin.CertFile, now time.Time, p *problems) {
+	for _, cf := range certs {
+		pair, err := loadKeypair(cf.Cert, cf.Key)
 		if err != nil {
+			p.add(cf.Flag, "%s: cannot load the %s keypair %s / %s: %v", cf.Context, cf.Noun, cf.Cert, cf.Key, keypairReason(err))
 			continue
 		}
-		cert, key := libvirtClientCert(u)
-		if cert == "" || checked[cert] {
-			continue
-		}
-		checked[cert] = true
-		pair, err := loadKeypair(cert, key)
+		ct, err := checkChain(cf.Role, cf.Cert, pair, x509.ExtKeyUsageClientAuth, now)
 		if err != nil {
-			p.add("connect", "zone %q: cannot load the libvirt TLS client keypair %s / %s: %v", zu.Zone, cert, key, keypairReason(err))
-			continue
-		}
-		ct, err := checkChain(CertLibvirtClient, cert, pair, x509.ExtKeyUsageClientAuth, now)
-		if err != nil {
-			p.add("connect", "zone %q: libvirt TLS client certificate %v", zu.Zone, err)
+			p.add(cf.Flag, "%s: %s certificate %v", cf.Context, cf.Noun, err)
 			continue
 		}
 		c.Certs = append(c.Certs, ct)

@@ -20,7 +20,7 @@ import (
 )
 
 // chartBound ties a chart value to the bounded provider flag it becomes
-// (config.DurationBounds, IntBounds, FloatBounds: the binary's one place
+// (config.Bounds of the shipped registry: the binary's one place
 // for the bounds).
 type chartBound struct {
 	value string   // dotted values path
@@ -216,9 +216,9 @@ func TestChartSchemaCarriesTheBinaryBounds(t *testing.T) {
 	}
 	for _, m := range renderedFlagRE.FindAllStringSubmatch(string(tpl), -1) {
 		flag, path := m[1], m[2]
-		_, d := config.DurationBounds[flag]
-		_, i := config.IntBounds[flag]
-		_, f := config.FloatBounds[flag]
+		_, d := durationBounds[flag]
+		_, i := intBounds[flag]
+		_, f := floatBounds[flag]
 		if (d || i || f) && listed[flag] != path {
 			t.Errorf("the chart renders %s into bounded --%s, which chartBounds does not list", path, flag)
 		}
@@ -226,13 +226,13 @@ func TestChartSchemaCarriesTheBinaryBounds(t *testing.T) {
 	schema := loadSchema(t)
 	for _, b := range chartBounds {
 		node := schemaNode(t, schema, b.value)
-		if db, ok := config.DurationBounds[b.flag]; ok {
+		if db, ok := durationBounds[b.flag]; ok {
 			if want := durationPattern(db); node["pattern"] != want {
 				t.Errorf("%s (--%s %s..%s): schema pattern\n  %v\nwant\n  %q", b.value, b.flag, db.Min, db.Max, node["pattern"], want)
 			}
 			continue
 		}
-		if ib, ok := config.IntBounds[b.flag]; ok {
+		if ib, ok := intBounds[b.flag]; ok {
 			lo := float64(ib.Min)
 			if b.zeroOmits {
 				lo = 0
@@ -242,7 +242,7 @@ func TestChartSchemaCarriesTheBinaryBounds(t *testing.T) {
 			}
 			continue
 		}
-		fb, ok := config.FloatBounds[b.flag]
+		fb, ok := floatBounds[b.flag]
 		if !ok {
 			t.Errorf("--%s has no bound in config", b.flag)
 			continue
@@ -274,7 +274,7 @@ type boundCase struct {
 func (b chartBound) cases(t *testing.T) []boundCase {
 	t.Helper()
 	str := func(s string) string { return strconv.Quote(s) }
-	if db, ok := config.DurationBounds[b.flag]; ok {
+	if db, ok := durationBounds[b.flag]; ok {
 		unit := durationUnits[0]
 		if db.Unit > 0 {
 			unit = durationUnits[slices.IndexFunc(durationUnits, func(u struct {
@@ -314,7 +314,7 @@ func (b chartBound) cases(t *testing.T) []boundCase {
 		}
 		return out
 	}
-	if ib, ok := config.IntBounds[b.flag]; ok {
+	if ib, ok := intBounds[b.flag]; ok {
 		out := []boundCase{
 			{json: fmt.Sprint(ib.Min), arg: fmt.Sprint(ib.Min), inside: true},
 			{json: fmt.Sprint(ib.Max), arg: fmt.Sprint(ib.Max), inside: true},
@@ -327,7 +327,7 @@ func (b chartBound) cases(t *testing.T) []boundCase {
 		}
 		return out
 	}
-	fb := config.FloatBounds[b.flag]
+	fb := floatBounds[b.flag]
 	return []boundCase{
 		{json: fmt.Sprint(fb.Min), arg: fmt.Sprint(fb.Min), inside: true},
 		{json: "1e+06", arg: "1e+06", inside: true},
@@ -359,7 +359,7 @@ func TestChartBoundaryRenders(t *testing.T) {
 				if !c.inside {
 					// The binary on the same flag value.
 					var stderr bytes.Buffer
-					_, perr := config.Parse(append(append([]string{"--use-fake-backend"}, b.parse...), "--"+b.flag+"="+c.arg), &stderr)
+					_, perr := config.Parse(registry, append(append([]string{"--use-fake-backend"}, b.parse...), "--"+b.flag+"="+c.arg), &stderr)
 					if err == nil {
 						t.Errorf("the chart renders %s=%s, outside the bounds of --%s", b.value, c.json, b.flag)
 					} else if !strings.Contains(err.Error(), "/"+strings.ReplaceAll(b.value, ".", "/")) {

@@ -35,7 +35,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/bigfleet-vm/provider/config"
-	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox"
 )
 
 const chartDir = "helm"
@@ -369,7 +370,7 @@ var notInPod = map[string]bool{
 // materialised arguments.
 func parseArgs(m materialised) (*config.Config, error) {
 	var stderr bytes.Buffer
-	cfg, err := config.Parse(m.args, &stderr)
+	cfg, err := config.Parse(registry, m.args, &stderr)
 	if err != nil {
 		return nil, fmt.Errorf("%w\n%s", err, stderr.String())
 	}
@@ -381,7 +382,11 @@ func parseArgs(m materialised) (*config.Config, error) {
 // config.Parse checks the URI's shape; the dialer reads the files later.
 func checkLibvirtFiles(t *testing.T, cfg *config.Config) {
 	t.Helper()
-	for _, zu := range cfg.Libvirt.Connect {
+	l, ok := cfg.Plugin.(*libvirt.Settings)
+	if !ok {
+		return // no --connect
+	}
+	for _, zu := range l.Connect {
 		u, err := url.Parse(zu.URI)
 		if err != nil {
 			t.Fatal(err)
@@ -605,14 +610,14 @@ func chartCases() []chartCase {
 				if len(r.configMaps) != 0 {
 					t.Errorf("ConfigMap rendered without content: %v", r.configMaps)
 				}
-				if cfg.Hypervisor != hypervisors.ShapeLibvirt || cfg.Backend != config.BackendLibvirt || cfg.Provider != "libvirt-dc1" {
+				if cfg.Hypervisor != "libvirt" || cfg.Backend != "libvirt" || cfg.Provider != "libvirt-dc1" {
 					t.Errorf("hypervisor %s backend %s provider %s", cfg.Hypervisor, cfg.Backend, cfg.Provider)
 				}
 				if diff := cmp.Diff([]string{"rack1", "rack2"}, cfg.Zones); diff != "" {
 					t.Errorf("zones (-want +got):\n%s", diff)
 				}
-				if cfg.Libvirt.Image != "ubuntu-24.04.qcow2" || cfg.Libvirt.StoragePool != "default" || cfg.Libvirt.Network != "default" {
-					t.Errorf("libvirt %+v", cfg.Libvirt)
+				if l := cfg.Plugin.(*libvirt.Settings); l.Image != "ubuntu-24.04.qcow2" || l.StoragePool != "default" || l.Network != "default" {
+					t.Errorf("libvirt %+v", l)
 				}
 				if m.writable["/var/lib/bigfleet"] != "pvc" || len(r.pvcs) != 1 {
 					t.Fatalf("state volume %q, %d PVCs; want a PVC", m.writable["/var/lib/bigfleet"], len(r.pvcs))
@@ -702,7 +707,7 @@ func chartCases() []chartCase {
 				if diff := cmp.Diff([]string{"lab1"}, cfg.Zones); diff != "" {
 					t.Errorf("zones (-want +got):\n%s", diff)
 				}
-				l := cfg.Libvirt
+				l := cfg.Plugin.(*libvirt.Settings)
 				if l.StoragePool != "vms" || l.Network != "br0" || l.DomainType != "qemu" || !cfg.BareMetal {
 					t.Errorf("libvirt %+v bare_metal %t", l, cfg.BareMetal)
 				}
@@ -787,8 +792,8 @@ func chartCases() []chartCase {
 		{name: "proxmox", release: "bigfleet-proxmox-dc1", files: []string{"proxmox.values.yaml"},
 			setFile: []string{"proxmox.ca.content={ca}"},
 			check: func(t *testing.T, r *rendered, m materialised, cfg *config.Config, fx *fixtures) {
-				x := cfg.Proxmox
-				if cfg.Hypervisor != hypervisors.ShapeProxmox || cfg.Backend != config.BackendProxmox || cfg.Provider != "proxmox-dc1" {
+				x := cfg.Plugin.(*proxmox.Settings)
+				if cfg.Hypervisor != "proxmox" || cfg.Backend != "proxmox" || cfg.Provider != "proxmox-dc1" {
 					t.Errorf("hypervisor %s backend %s provider %s", cfg.Hypervisor, cfg.Backend, cfg.Provider)
 				}
 				if x.TokenSecret.Reveal() != fx.token || x.TokenID != "bigfleet@pve!autoscaler" || x.Pool != "bigfleet" || x.TemplateVMID != 9000 {
@@ -815,7 +820,7 @@ func chartCases() []chartCase {
 			}},
 		{name: "proxmox with fingerprint, external CA, catalog and prices", release: "pve-lab", files: []string{"proxmox-fingerprint.values.yaml"},
 			check: func(t *testing.T, r *rendered, m materialised, cfg *config.Config, fx *fixtures) {
-				x := cfg.Proxmox
+				x := cfg.Plugin.(*proxmox.Settings)
 				if x.Fingerprint != strings.Repeat("abcdef0123456789", 4) {
 					t.Errorf("fingerprint %q", x.Fingerprint)
 				}

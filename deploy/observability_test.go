@@ -63,7 +63,7 @@ func gatherExported(t *testing.T) exported {
 			t.Fatal(err)
 		}
 	}
-	cfg, err := config.Parse([]string{"--use-fake-backend", "--installation-id", "obs", "--seed-count", "4",
+	cfg, err := config.Parse(registry, []string{"--use-fake-backend", "--installation-id", "obs", "--seed-count", "4",
 		"--state", filepath.Join(dir, "state"), "--addr", grpcAddr, "--metrics-addr", metricsAddr,
 		"--reconcile-interval", "1h", "--shutdown-grace", "2s", "--fake-admin", "--tls-cert", certFile, "--tls-key", keyFile,
 		"--fake-host-cpus", "2", "--fake-host-memory-gib", "4"}, io.Discard)

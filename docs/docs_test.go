@@ -23,8 +23,10 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/bigfleet-vm/provider/config"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox"
 	"github.com/bigfleet-vm/provider/internal/providertest"
+	"github.com/bigfleet-vm/provider/plugin"
 )
 
 // binDir holds the provider binary as "provider", for PATH.
@@ -243,7 +245,7 @@ func flagTables(t *testing.T, page string) []docRow {
 // on the hypervisor, as config resolves them.
 func resolved(t *testing.T, hypervisor string) map[string]string {
 	t.Helper()
-	cfg, err := config.Parse([]string{"--use-fake-backend", "--hypervisor=" + hypervisor}, io.Discard)
+	cfg, err := config.Parse(plugin.MustRegistry(libvirt.Plugin(), proxmox.Plugin()), []string{"--use-fake-backend", "--hypervisor=" + hypervisor}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

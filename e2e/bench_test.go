@@ -41,7 +41,7 @@ func benchServer(b *testing.B) *server {
 		benchDir = dir
 		benchSrv = startWith(b, providertest.Options{Detached: true},
 			[]string{"--seed-count", strconv.Itoa(benchMachines), "--state", filepath.Join(dir, "state")})
-		benchPool.ids = ids(providertest.ListAll(b, benchSrv.c, providertest.StSpeculative))
+		benchPool.ids = providertest.IDs(providertest.ListAll(b, benchSrv.c, providertest.StSpeculative))
 	})
 	if benchSrv == nil {
 		b.Fatal("bench server failed to start")
@@ -171,7 +171,7 @@ func BenchmarkListFull(b *testing.B) {
 	for range b.N {
 		var raw []byte
 		t0 := time.Now()
-		if err := s.Conn().Invoke(ctx(b), "/bigfleet.v1alpha1.CapacityProvider/List", &req, &raw, grpc.ForceCodec(rawCodec{})); err != nil {
+		if err := s.Conn().Invoke(ctx(b), "/bigfleet.v1alpha1.CapacityProvider/List", &req, &raw, grpc.ForceCodec(providertest.RawCodec{})); err != nil {
 			b.Fatal(err)
 		}
 		t1 := time.Now()

@@ -58,7 +58,7 @@ func TestReadmeDriftDemo(t *testing.T) {
 	const machine = "local-a/kvm.small/000" // the README's M
 	toIdle(t, s.c, machine)
 
-	s.admin(t, "stop?machine="+machine)
+	s.Admin("stop?machine=" + machine)
 	out, code := runRaw(t, "plan", "--server", s.MetricsURL(), "--no-color", "--detailed-exitcode")
 	if code != 2 || !regexp.MustCompile(`(?m)^  > local-a/\S+/start  \(drift:stopped\)$`).MatchString(out) ||
 		!strings.Contains(out, "1 to repair; 1 drift.") {

@@ -12,7 +12,10 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvespec"
 	"github.com/bigfleet-vm/provider/internal/providertest"
+	"github.com/bigfleet-vm/provider/internal/providertest/contract"
 )
 
 // binary is the provider built once by TestMain.
@@ -34,15 +37,38 @@ func buildAndRun(m *testing.M) int {
 	return m.Run()
 }
 
-// shape is one simulator shape every behaviour test runs against.
+// shape is one simulator shape: the contract suite runs against each,
+// and the few hypervisor-specific tests below compare them.
 type shape struct {
 	name string
 	args []string
+	// typePrefix and zone are the shape's instance types' prefix and
+	// its simulator's first zone.
+	typePrefix, zone string
+	// creates are the plan actions that create a VM.
+	creates []string
 }
 
 var shapes = []shape{
-	{name: "libvirt"},
-	{name: "proxmox", args: []string{"--hypervisor", "proxmox"}},
+	{name: "libvirt", typePrefix: "kvm.", zone: "local-a", creates: []string{lvspec.ActionDefine}},
+	{name: "proxmox", args: []string{"--hypervisor", "proxmox"}, typePrefix: "pve.", zone: "pve-a", creates: []string{pvespec.ActionClone}},
+}
+
+// TestContract runs the black-box contract suite against each shape, the
+// shapes in parallel (each shape's tests one after the other).
+func TestContract(t *testing.T) {
+	for _, sh := range shapes {
+		t.Run(sh.name, func(t *testing.T) {
+			t.Parallel()
+			contract.Run(t, contract.Harness{
+				Binary:        binary,
+				Args:          append([]string{"--use-fake-backend"}, sh.args...),
+				TypePrefix:    sh.typePrefix,
+				CreateActions: sh.creates,
+				Provider:      sh.name,
+			})
+		})
+	}
 }
 
 // eachShape runs f as a parallel subtest per simulator shape.
@@ -89,23 +115,14 @@ func ctx(t testing.TB) context.Context {
 
 func code(err error) codes.Code { return status.Code(err) }
 
-// Settled/transitional classification.
-func stable(st pb.MachineState) bool {
-	switch st {
-	case pb.MachineState_MACHINE_STATE_SPECULATIVE, pb.MachineState_MACHINE_STATE_IDLE,
-		pb.MachineState_MACHINE_STATE_CONFIGURED, pb.MachineState_MACHINE_STATE_FAILED:
-		return true
-	}
-	return false
-}
-
 // runExit runs `provider serve --use-fake-backend <args>` expecting it to
 // exit by itself (startup validation), and returns its combined output and
 // exit code. It fails the test if the process is still running (listening)
 // after a generous deadline.
 func runExit(t testing.TB, args ...string) (string, int) {
 	t.Helper()
-	all := append([]string{"serve", "--use-fake-backend", "--addr", providertest.FreeAddr(t), "--metrics-addr", providertest.FreeAddr(t)}, args...)
+	ports := providertest.FreeAddrs(t, 2)
+	all := append([]string{"serve", "--use-fake-backend", "--addr", ports[0], "--metrics-addr", ports[1]}, args...)
 	return runRaw(t, all...)
 }
 

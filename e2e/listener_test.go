@@ -150,7 +150,7 @@ func TestAdminNeedsOptIn(t *testing.T) {
 	}
 
 	on := start(t, "--seed-count", "2", "--fake-admin")
-	on.admin(t, "unreachable?zone=local-a")
+	on.Admin("unreachable?zone=local-a")
 	waitMetricBelow(t, on, "bigfleet_provider_zone_up", 1, `zone="local-a"`)
 	// A slot without a VM is named clearly, not with a simulator error.
 	ids := speculative(t, on.c, 1)

@@ -3,8 +3,6 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -13,162 +11,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
 	"github.com/bigfleet-vm/provider/internal/providertest"
 )
-
-type planJSON struct {
-	FormatVersion string `json:"format_version"`
-	Changes       []struct {
-		Machine string `json:"machine"`
-		Steps   []struct {
-			Action string `json:"action"`
-		} `json:"steps"`
-	} `json:"changes"`
-	Drift []struct {
-		Zone, Kind, Machine string
-	} `json:"drift"`
-}
-
-func (s *server) admin(t *testing.T, query string) {
-	t.Helper()
-	resp := s.httpPost("/admin/" + query)
-	if strings.TrimSpace(resp) != "ok" {
-		t.Fatalf("admin %s: %s", query, resp)
-	}
-}
-
-func hasDrift(p planJSON, zone, kind string) bool {
-	for _, d := range p.Drift {
-		if d.Zone == zone && d.Kind == kind {
-			return true
-		}
-	}
-	return false
-}
-
-// TestPlanAndDriftBlackBox induces drift through the simulator's admin
-// endpoints of a running provider and checks `provider plan` (offline and
-// live, text and JSON, exit codes) and the drift gauges on /metrics.
-func TestPlanAndDriftBlackBox(t *testing.T) {
-	state := filepath.Join(t.TempDir(), "state")
-	common := []string{"--use-fake-backend", "--seed-count", "8", "--state", state}
-	s := start(t, "--seed-count", "8", "--state", state, "--fake-latency", "300ms", "--reconcile-interval", "0", "--fake-admin")
-	ids := speculative(t, s.c, 8)
-	var a, b string
-	for _, id := range ids {
-		switch {
-		case a == "" && strings.HasPrefix(id, "local-a/"):
-			a = id
-		case b == "" && strings.HasPrefix(id, "local-b/"):
-			b = id
-		}
-	}
-	toIdle(t, s.c, a)
-	toIdle(t, s.c, b)
-
-	// A pending Create: the offline plan shows its steps and exits 2.
-	var pending string
-	for _, id := range ids {
-		if id != a && id != b && strings.HasPrefix(id, "local-a/") {
-			pending = id
-			break
-		}
-	}
-	providertest.Must(t, "create")(create(s.c, t, pending, tok{}))
-	out, code := runRaw(t, append([]string{"plan", "--detailed-exitcode", "--no-color"}, common...)...)
-	if code != 2 || !strings.Contains(out, "Create op-") || !strings.Contains(out, pending) || !strings.Contains(out, "to create") {
-		t.Fatalf("offline plan with a pending create: exit %d\n%s", code, out)
-	}
-	providertest.WaitState(t, s.c, pending, pb.MachineState_MACHINE_STATE_IDLE, pollDeadline)
-
-	// Report-only drift: a resized VM stays in the plan and on /metrics.
-	s.admin(t, "resize?machine="+a+"&vcpu=9&memory_mib=1536")
-	// An unreachable host: unknown, never empty.
-	s.admin(t, "unreachable?zone=local-b&on=true")
-	live := func() planJSON {
-		out, code := runRaw(t, "plan", "--server", s.MetricsURL(), "--json", "--detailed-exitcode")
-		if code == 1 {
-			t.Fatalf("live plan failed:\n%s", out)
-		}
-		var p planJSON
-		if err := json.Unmarshal([]byte(out), &p); err != nil {
-			t.Fatalf("live plan JSON: %v\n%s", err, out)
-		}
-		if p.FormatVersion == "" {
-			t.Fatalf("plan without format_version:\n%s", out)
-		}
-		return p
-	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		p := live()
-		if hasDrift(p, "local-a", "resized") && hasDrift(p, "local-b", "unknown-host") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("live plan never showed resized + unknown-host drift: %+v", p.Drift)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	// The gauges follow the loop's own passes (the admin calls triggered
-	// one), not the reads above.
-	waitMetricEquals(t, s, "bigfleet_provider_drift", 1, `zone="local-a"`, `kind="resized"`)
-	waitMetricEquals(t, s, "bigfleet_provider_drift", 1, `zone="local-b"`, `kind="unknown-host"`)
-	waitMetricEquals(t, s, "bigfleet_provider_zone_up", 0, `zone="local-b"`)
-	// Offline, the persisted world still shows the resize (report-only,
-	// so no changes: exit 0), in text and JSON.
-	out, code = runRaw(t, append([]string{"plan", "--detailed-exitcode", "--no-color"}, common...)...)
-	if code != 0 || !strings.Contains(out, "resized") {
-		t.Errorf("offline plan with report-only drift: exit %d\n%s", code, out)
-	}
-	out, _ = runRaw(t, append([]string{"plan", "--json"}, common...)...)
-	var off planJSON
-	if err := json.Unmarshal([]byte(out), &off); err != nil || !hasDrift(off, "local-a", "resized") {
-		t.Errorf("offline JSON plan: %v\n%s", err, out)
-	}
-
-	// A stopped VM is repaired (started again), the machine stays IDLE.
-	s.admin(t, "unreachable?zone=local-b&on=false")
-	s.admin(t, "stop?machine="+b)
-	waitMetric(t, s, "bigfleet_provider_executor_steps_total", 1, `action="start"`, `outcome="ok"`)
-	if st := providertest.Get(t, s.c, b).State; st != pb.MachineState_MACHINE_STATE_IDLE {
-		t.Errorf("repaired machine is %v", st)
-	}
-
-	// A vanished VM of an IDLE machine is surfaced as FAILED, never
-	// silently recreated.
-	s.admin(t, "delete?machine="+a)
-	m := providertest.WaitState(t, s.c, a, pb.MachineState_MACHINE_STATE_FAILED, pollDeadline)
-	if !strings.Contains(m.LastError, "vanished") {
-		t.Errorf("last_error %q", m.LastError)
-	}
-}
-
-// waitMetricEquals waits until the metric's value is want.
-func waitMetricEquals(t *testing.T, s *server, name string, want float64, labels ...string) {
-	t.Helper()
-	providertest.WaitMetric(t, fmt.Sprint(name, labels), func() float64 { return s.Metric(name, labels...) },
-		func(v float64) bool { return v == want }, 20*time.Second)
-}
-
-func waitMetric(t *testing.T, s *server, name string, min float64, labels ...string) {
-	t.Helper()
-	providertest.WaitMetric(t, fmt.Sprint(name, labels), func() float64 { return s.Metric(name, labels...) },
-		func(v float64) bool { return v >= min }, 20*time.Second)
-}
-
-// httpPost posts to a path on the metrics listener and returns the body.
-func (s *server) httpPost(path string) string {
-	s.T().Helper()
-	resp, err := http.Post(s.MetricsURL()+path, "text/plain", nil)
-	if err != nil {
-		s.T().Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return string(b)
-}
 
 // TestAdminAnswersOnceDurable: the simulator journals its world lazily,
 // so an admin change must be durable before the endpoint answers, as a
@@ -179,7 +23,7 @@ func TestAdminAnswersOnceDurable(t *testing.T) {
 	s := start(t, "--seed-count", "4", "--state", state, "--reconcile-interval", "0", "--fake-admin")
 	id := speculative(t, s.c, 1)[0]
 	toIdle(t, s.c, id)
-	s.admin(t, "resize?machine="+id+"&vcpu=9&memory_mib=1536")
+	s.Admin("resize?machine=" + id + "&vcpu=9&memory_mib=1536")
 	s.Kill()
 	out, _ := runRaw(t, "plan", "--json", "--use-fake-backend", "--seed-count", "4", "--state", state)
 	var p planJSON
@@ -247,4 +91,33 @@ func TestPlanTextEscapesClientStrings(t *testing.T) {
 	if len(p.Changes) != 1 || p.Changes[0].Intent == nil || p.Changes[0].Intent.Cluster != evil {
 		t.Errorf("JSON plan does not carry the exact cluster: %s", js)
 	}
+}
+
+type planJSON struct {
+	FormatVersion string `json:"format_version"`
+	Changes       []struct {
+		Machine string `json:"machine"`
+		Steps   []struct {
+			Action string `json:"action"`
+		} `json:"steps"`
+	} `json:"changes"`
+	Drift []struct {
+		Zone, Kind, Machine string
+	} `json:"drift"`
+}
+
+func hasDrift(p planJSON, zone, kind string) bool {
+	for _, d := range p.Drift {
+		if d.Zone == zone && d.Kind == kind {
+			return true
+		}
+	}
+	return false
+}
+
+// waitMetric waits until the metric is at least min.
+func waitMetric(t *testing.T, s *server, name string, min float64, labels ...string) {
+	t.Helper()
+	providertest.WaitMetric(t, fmt.Sprint(name, labels), func() float64 { return s.Metric(name, labels...) },
+		func(v float64) bool { return v >= min }, 20*time.Second)
 }

@@ -71,9 +71,9 @@ func TestRepairBudgetKeepsCreatesFlowing(t *testing.T) {
 	}
 	wg.Wait()
 
-	s.admin(t, "flaky?"+url.Values{"zone": {"local-a"}, "op": {"Start"}}.Encode())
+	s.Admin("flaky?" + url.Values{"zone": {"local-a"}, "op": {"Start"}}.Encode())
 	for _, id := range sick {
-		s.admin(t, "stop?"+url.Values{"machine": {id}}.Encode())
+		s.Admin("stop?" + url.Values{"machine": {id}}.Encode())
 	}
 	// Every drifted machine's repair has tried Start at least once: the
 	// workers are busy with them.
@@ -128,7 +128,7 @@ func TestRepairBudgetKeepsCreatesFlowing(t *testing.T) {
 	}
 
 	// The host recovers: every repair succeeds and leaves the list.
-	s.admin(t, "flaky?"+url.Values{"zone": {"local-a"}, "op": {"Start"}, "on": {"false"}}.Encode())
+	s.Admin("flaky?" + url.Values{"zone": {"local-a"}, "op": {"Start"}, "on": {"false"}}.Encode())
 	deadline = time.Now().Add(pollDeadline)
 	for s.repairs(t).Total > 0 {
 		if time.Now().After(deadline) {

@@ -89,7 +89,7 @@ func BenchmarkScale(b *testing.B) {
 				for range lists {
 					var raw []byte
 					t0 := time.Now()
-					if err := s.Conn().Invoke(ctx(b), "/bigfleet.v1alpha1.CapacityProvider/List", &req, &raw, grpc.ForceCodec(rawCodec{})); err != nil {
+					if err := s.Conn().Invoke(ctx(b), "/bigfleet.v1alpha1.CapacityProvider/List", &req, &raw, grpc.ForceCodec(providertest.RawCodec{})); err != nil {
 						b.Fatal(err)
 					}
 					var l pb.MachineList
@@ -103,7 +103,7 @@ func BenchmarkScale(b *testing.B) {
 				}
 				rssList = rssKiB(s.Pid()) / 1024
 
-				targets := ids(providertest.ListAll(b, s.c, providertest.StSpeculative))[:200]
+				targets := providertest.IDs(providertest.ListAll(b, s.c, providertest.StSpeculative))[:200]
 				_, lat := providertest.CreateAll(b, []pb.CapacityProviderClient{s.c}, targets)
 				p50 += pct(lat, 0.50)
 				p99 += pct(lat, 0.99)

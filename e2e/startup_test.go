@@ -1,110 +1,21 @@
 package e2e
 
 import (
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
-	"time"
-
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
-func TestStartupValidation(t *testing.T) {
+// Without --use-fake-backend and without a real backend's flags, the
+// provider refuses to start and names the flag: the simulator is never
+// chosen silently.
+func TestBareStartRefusesWithoutFakeBackend(t *testing.T) {
 	eachShape(t, func(t *testing.T, sh shape) {
-		badOfferings := filepath.Join(t.TempDir(), "bad.json")
-		os.WriteFile(badOfferings, []byte(`[
-			{"instance_type": "no.such.type", "zone": "z1", "count": 1},
-			{"instance_type": "x", "zone": "z1", "count": -3, "colour": "red"},
-			{"zone": "z2"}
-		]`), 0o644)
-		tests := []struct {
-			name string
-			args []string
-			want []string // every fragment must appear in the output
-		}{
-			{"several flag problems at once",
-				[]string{"--seed-count", "0", "--max-concurrent-per-zone", "0", "--log-level", "loud", "--price-per-vcpu-hour", "-1"},
-				[]string{"--seed-count", "--max-concurrent-per-zone", "--log-level", "--price-per-vcpu-hour"}},
-			{"bad offerings, every problem", []string{"--offerings", badOfferings},
-				[]string{"offerings[0]", "offerings[1]", "offerings[2]", "no.such.type", "colour", "count"}},
-			{"missing offerings file", []string{"--offerings", filepath.Join(t.TempDir(), "absent.json")}, []string{"offerings"}},
-			{"unknown flag", []string{"--no-such-flag"}, []string{"no-such-flag"}},
+		ports := providertest.FreeAddrs(t, 2)
+		out, code := runRaw(t, append([]string{"serve", "--addr", ports[0], "--metrics-addr", ports[1]}, sh.args...)...)
+		if code == 0 || !strings.Contains(out, "--use-fake-backend") {
+			t.Errorf("exit %d, want non-zero with a message naming --use-fake-backend; output:\n%s", code, out)
 		}
-		for _, tc := range tests {
-			t.Run(tc.name, func(t *testing.T) {
-				out, code := runExit(t, append(sh.args, tc.args...)...)
-				if code == 0 {
-					t.Fatalf("exit 0, want non-zero; output:\n%s", out)
-				}
-				for _, w := range tc.want {
-					if !strings.Contains(out, w) {
-						t.Errorf("output lacks %q:\n%s", w, out)
-					}
-				}
-			})
-		}
-		t.Run("bare start refuses without --use-fake-backend", func(t *testing.T) {
-			out, code := runRaw(t, append([]string{"serve", "--addr", providertest.FreeAddr(t), "--metrics-addr", providertest.FreeAddr(t)}, sh.args...)...)
-			if code == 0 || !strings.Contains(out, "--use-fake-backend") {
-				t.Errorf("exit %d, want non-zero with a message naming --use-fake-backend; output:\n%s", code, out)
-			}
-		})
-	})
-}
-
-func TestOfferingsShrink(t *testing.T) {
-	eachShape(t, func(t *testing.T, sh shape) {
-		dir := t.TempDir()
-		state := filepath.Join(dir, "state")
-		offerings := offeringsFile(t, sh, "on_demand", 4, nil)
-		s := start(t, append(sh.args, "--state", state, "--offerings", offerings)...)
-		all := ids(providertest.ListAll(t, s.c))
-		if len(all) != 4 {
-			t.Fatalf("want 4 slots, got %v", all)
-		}
-		kept, gone := all[3], all[2] // slots 003 (created) and 002 (speculative) fall off
-		toIdle(t, s.c, kept)
-		host := providertest.Get(t, s.c, kept).Host
-
-		b, _ := os.ReadFile(offerings)
-		os.WriteFile(offerings, []byte(strings.Replace(string(b), `"count":4`, `"count":2`, 1)), 0o644)
-		// Graceful: TestKill9RightAfterSettle covers the kill -9 window.
-		if code := s.Terminate(); code != 0 {
-			t.Fatalf("SIGTERM exit %d", code)
-		}
-		s.Launch()
-
-		got := ids(providertest.ListAll(t, s.c))
-		want := []string{all[0], all[1], kept}
-		if strings.Join(got, ",") != strings.Join(want, ",") {
-			t.Errorf("after shrink: %v, want %v", got, want)
-		}
-		m := providertest.Get(t, s.c, kept)
-		if m.State != providertest.StIdle || protoDiff(host, m.Host) != "" {
-			t.Errorf("slotless machine: %v host %v, want IDLE on %v", m.State, m.Host, host)
-		}
-		checkShape(t, m, providerOf(sh))
-		if _, err := s.c.Get(ctx(t), nil); err == nil {
-			t.Errorf("Get(nil) succeeded")
-		}
-		if _, err := get2(s, gone); status.Code(err) != codes.NotFound {
-			t.Errorf("removed SPECULATIVE slot %s: %v, want NotFound", gone, err)
-		}
-		providertest.Must(t, "delete slotless")(del(s.c, t, kept, tok{}))
-		for end := time.Now().Add(pollDeadline); ; sleepPoll() {
-			m, err := get2(s, kept)
-			if status.Code(err) == codes.NotFound || (err == nil && m.State == providertest.StSpeculative) {
-				t.Logf("slotless machine after Delete: %v %v", m.GetState(), err)
-				break
-			}
-			if err != nil || m.State == providertest.StFailed || time.Now().After(end) {
-				t.Fatalf("slotless machine Delete: %v %v", m, err)
-			}
-		}
-		waitConverged(t, s)
 	})
 }

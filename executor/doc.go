@@ -36,11 +36,14 @@
 //     without it (a leader that took over) runs the hook with the blob an
 //     earlier leader staged, waits up to Options.BlobGrace for a retry of
 //     the Configure to bring it back, or fails with BlobNeverDelivered.
-//   - A step of a shape the hypervisor lacks (hypervisors.LibvirtSteps,
-//     hypervisors.ProxmoxSteps, found through wrappers) fails with
-//     ErrUnsupported, terminal; it never reaches the hypervisor.
-//   - A destructive step re-reads the live VM immediately before acting and
-//     refuses unless it carries this installation's marker for the machine.
+//   - The executor never asks which hypervisor it drives: a step's
+//     ActionInfo (planner.Step.Info) says whether it is heavy (bounded per
+//     zone) and whether it needs an owner check; core actions call the
+//     Hypervisor's methods, a plug-in step goes to Hypervisor.Apply, which
+//     refuses params of another vocabulary with ErrUnsupported, terminal.
+//   - A step whose ActionInfo asks for an owner check re-reads the live VM
+//     immediately before acting and refuses unless it carries this
+//     installation's marker for the machine.
 //   - The bootstrap blob is read from memory at the moment it is written to
 //     the guest; it never reaches logs, errors or last_error (hook output is
 //     bounded and scrubbed of it, or withheld when the blob is not in

@@ -12,6 +12,8 @@ import (
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/fake"
 	"github.com/bigfleet-vm/provider/hypervisors/guest"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvespec"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
 )
@@ -74,7 +76,7 @@ type guestVM struct {
 	ready     planner.Step
 }
 
-func newGuestVM(t *testing.T, shape hypervisors.Shape, opts fake.Options) guestVM {
+func newGuestVM(t *testing.T, shape string, opts fake.Options) guestVM {
 	t.Helper()
 	ctx := context.Background()
 	opts.Zones = []string{"z"}
@@ -82,17 +84,17 @@ func newGuestVM(t *testing.T, shape hypervisors.Shape, opts fake.Options) guestV
 	var g guestVM
 	var tg hypervisors.Target
 	switch shape {
-	case hypervisors.ShapeLibvirt:
+	case "libvirt":
 		hv := fake.NewLibvirt(opts)
 		if err := hv.AddOwnedVM("z", "vm", mk, observed.PowerRunning); err != nil {
 			t.Fatal(err)
 		}
 		tg = hypervisors.Target{Zone: "z", Name: "vm"}
 		g = guestVM{hv: hv, setHook: hv.SetHook, guest: func() fake.GuestState { s, _ := hv.Guest(tg); return s }}
-		g.bootstrap = step(planner.ActionExecBootstrap, tg, planner.Params{Exec: []string{planner.LibvirtHook, "c-1"}, BlobPath: planner.LibvirtBlobPath})
-	case hypervisors.ShapeProxmox:
+		g.bootstrap = step(planner.ActionExecBootstrap, tg, planner.Params{Exec: []string{libvirt.HookPath, "c-1"}, BlobPath: libvirt.BlobPath})
+	case "proxmox":
 		hv := fake.NewProxmox(opts)
-		id, err := hv.CloneVM(ctx, "z", hypervisors.CloneSpec{Name: "vm", TemplateVMID: fake.DefaultTemplateVMID, Marker: mk})
+		id, err := hv.CloneVM(ctx, "z", pvespec.CloneSpec{Name: "vm", TemplateVMID: fake.DefaultTemplateVMID, Marker: mk})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -109,7 +111,7 @@ func newGuestVM(t *testing.T, shape hypervisors.Shape, opts fake.Options) guestV
 	return g
 }
 
-var shapes = []hypervisors.Shape{hypervisors.ShapeLibvirt, hypervisors.ShapeProxmox}
+var shapes = []string{"libvirt", "proxmox"}
 
 // A fault at every call of the bootstrap sequence, the simulated agent's
 // wire included (deliver the guest-op wrapper, stage the blob, run the
@@ -279,7 +281,7 @@ func TestBootstrapDeadlineIsUnknownOutcome(t *testing.T) {
 			if err := g.hv.SetMarker(context.Background(), g.bootstrap.Target, observed.Marker{Installation: inst, MachineID: "m", Cluster: fake.FaultTimeout}); err != nil {
 				t.Fatal(err)
 			}
-			if shape == hypervisors.ShapeLibvirt {
+			if shape == "libvirt" {
 				g.bootstrap.Params.Exec[1] = fake.FaultTimeout
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
@@ -345,7 +347,7 @@ func TestBlobStagedAsRunStarts(t *testing.T) {
 			})
 			mk := observed.Marker{Installation: inst, MachineID: "m", Cluster: "c-1"}
 			steps := chain(step(planner.ActionWaitAgent, tg, planner.Params{}), step(planner.ActionBind, tg, planner.Params{Marker: &mk}),
-				step(planner.ActionExecBootstrap, tg, planner.Params{Exec: []string{planner.LibvirtHook, "c-1"}, BlobPath: planner.LibvirtBlobPath}))
+				step(planner.ActionExecBootstrap, tg, planner.Params{Exec: []string{libvirt.HookPath, "c-1"}, BlobPath: libvirt.BlobPath}))
 			_, err := newExec(hv, []byte("secret")).Run(context.Background(), planner.Change{Machine: "m", Steps: steps}, "op-1")
 			if fail != (err != nil) || fail && !errors.Is(err, hypervisors.ErrPermission) {
 				t.Fatalf("err = %v", err)

@@ -36,7 +36,11 @@ type Observer interface {
 
 // Options configure an Executor.
 type Options struct {
-	Hypervisor   hypervisors.Hypervisor
+	Hypervisor hypervisors.Hypervisor
+	// Identity is how the hypervisor names a VM (the plug-in's
+	// Observation): by ID, a step's target is not known before the step
+	// that allocates its VMID has run.
+	Identity     planner.Identity
 	Installation string
 	// Blob returns the in-memory bootstrap blob of a Configure.
 	Blob func(machineID, opID string) ([]byte, bool)
@@ -371,18 +375,9 @@ func (e *Executor) zone(z string) chan struct{} {
 	return ch
 }
 
-// heavy reports whether an action loads the host (disk or CPU), so it is
-// bounded per zone; waits and guest execs are not.
-func heavy(a planner.Action) bool {
-	switch a {
-	case planner.ActionWaitAgent, planner.ActionExecBootstrap, planner.ActionExecReady, planner.ActionExecDrain:
-		return false
-	}
-	return true
-}
-
 func (e *Executor) runStep(ctx context.Context, machine, opID string, s planner.Step) (int, error) {
-	if heavy(s.Action) {
+	info := s.Info()
+	if info.Heavy {
 		sem := e.zone(s.Target.Zone)
 		select {
 		case sem <- struct{}{}:
@@ -408,43 +403,28 @@ func (e *Executor) runStep(ctx context.Context, machine, opID string, s planner.
 		policy.Attempts = e.o.RepairAttempts
 	}
 	return retry.Value(ctx, policy, hypervisors.Retryable, func(ctx context.Context) (int, error) {
-		return e.apply(ctx, machine, s)
+		return e.apply(ctx, machine, s, info)
 	})
 }
 
 // errNotReady marks a readiness probe that has not succeeded yet.
 var errNotReady = errors.New("node not ready yet")
 
-func (e *Executor) apply(ctx context.Context, machine string, s planner.Step) (int, error) {
+func (e *Executor) apply(ctx context.Context, machine string, s planner.Step, info hypervisors.ActionInfo) (int, error) {
 	hv := e.o.Hypervisor
 	t := s.Target
 	p := s.Params
-	if s.Action.Destructive() && s.Action != planner.ActionDeleteVolume {
+	if info.OwnerCheck {
 		gone, err := e.checkOwned(ctx, machine, t)
 		if err != nil || gone {
 			return 0, err
 		}
 	}
 	switch s.Action {
-	case planner.ActionCreateOverlay, planner.ActionCreateSeed, planner.ActionDefine,
-		planner.ActionUndefine, planner.ActionDeleteVolume:
-		lv, err := shapeSteps[hypervisors.LibvirtSteps](hv, s.Action)
-		if err != nil {
-			return 0, err
-		}
-		return 0, libvirtStep(ctx, lv, s)
-	case planner.ActionClone, planner.ActionConfigureVM, planner.ActionDeleteVM:
-		px, err := shapeSteps[hypervisors.ProxmoxSteps](hv, s.Action)
-		if err != nil {
-			return 0, err
-		}
-		return proxmoxStep(ctx, px, s)
 	case planner.ActionStart:
 		return 0, hv.Start(ctx, t)
 	case planner.ActionResume:
 		return 0, hv.Resume(ctx, t)
-	case planner.ActionAutostart:
-		return 0, hv.SetAutostart(ctx, t, p.Autostart)
 	case planner.ActionWaitAgent:
 		return 0, hv.AgentPing(ctx, t)
 	case planner.ActionBind, planner.ActionUnbind:
@@ -452,47 +432,10 @@ func (e *Executor) apply(ctx context.Context, machine string, s planner.Step) (i
 	case planner.ActionStop:
 		return 0, hv.Stop(ctx, t, time.Duration(p.Grace))
 	}
-	return 0, fmt.Errorf("%w: unknown action %q", hypervisors.ErrInvalid, s.Action)
-}
-
-// shapeSteps finds hv's steps of one shape (through any wrapper). This is
-// the one place a step of the other shape fails: ErrUnsupported, terminal.
-func shapeSteps[T any](hv hypervisors.Hypervisor, a planner.Action) (T, error) {
-	steps, ok := hypervisors.Find[T](hv)
-	if !ok {
-		return steps, fmt.Errorf("%s on a %s hypervisor: %w", a, hv.Shape(), hypervisors.ErrUnsupported)
+	if p.Plugin == nil || info.Name != string(s.Action) {
+		return 0, fmt.Errorf("%w: step %s has no parameters for its action %q", hypervisors.ErrInvalid, s.ID, s.Action)
 	}
-	return steps, nil
-}
-
-func libvirtStep(ctx context.Context, lv hypervisors.LibvirtSteps, s planner.Step) error {
-	t, p := s.Target, s.Params
-	switch s.Action {
-	case planner.ActionCreateOverlay:
-		return lv.CreateOverlay(ctx, t.Zone, *p.Overlay)
-	case planner.ActionCreateSeed:
-		return lv.CreateSeed(ctx, t.Zone, *p.Seed)
-	case planner.ActionDefine:
-		return lv.DefineDomain(ctx, t.Zone, *p.Domain)
-	case planner.ActionUndefine:
-		return lv.UndefineDomain(ctx, t)
-	case planner.ActionDeleteVolume:
-		return lv.DeleteVolume(ctx, t.Zone, p.Pool, p.Volume)
-	}
-	return fmt.Errorf("%w: %q is not a libvirt step", hypervisors.ErrInvalid, s.Action)
-}
-
-func proxmoxStep(ctx context.Context, px hypervisors.ProxmoxSteps, s planner.Step) (int, error) {
-	t, p := s.Target, s.Params
-	switch s.Action {
-	case planner.ActionClone:
-		return px.CloneVM(ctx, t.Zone, *p.Clone)
-	case planner.ActionConfigureVM:
-		return 0, px.ConfigureVM(ctx, t, *p.Size)
-	case planner.ActionDeleteVM:
-		return 0, px.DeleteVM(ctx, t)
-	}
-	return 0, fmt.Errorf("%w: %q is not a Proxmox step", hypervisors.ErrInvalid, s.Action)
+	return hv.Apply(ctx, t, p.Plugin)
 }
 
 // checkOwned re-reads the live VM before a destructive step. gone is true
@@ -621,7 +564,7 @@ func (e *Executor) prestage(ctx context.Context, c planner.Change, opID string) 
 			continue
 		}
 		blob, have := e.o.Blob(c.Machine, opID)
-		if !have || e.o.Hypervisor.Shape() == hypervisors.ShapeProxmox && s.Target.VMID == 0 {
+		if !have || e.o.Identity == planner.ByID && s.Target.VMID == 0 {
 			return nil
 		}
 		p := &prestaged{e: e, step: s, key: opKey(opID, s.Action), done: make(chan struct{})}

@@ -11,6 +11,9 @@ import (
 
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/fake"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvespec"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
 )
@@ -55,7 +58,7 @@ func TestDestructiveStepRefusesForeignVM(t *testing.T) {
 	}
 	tg := hypervisors.Target{Zone: "z", Name: "victim"}
 	_, err := newExec(hv, nil).Run(context.Background(), planner.Change{Machine: "m", Steps: chain(
-		step(planner.ActionStop, tg, planner.Params{}), step(planner.ActionUndefine, tg, planner.Params{}))}, "op-1")
+		step(planner.ActionStop, tg, planner.Params{}), step(planner.Action(lvspec.ActionUndefine), tg, planner.Params{Plugin: &lvspec.Undefine{}}))}, "op-1")
 	if !errors.Is(err, hypervisors.ErrNotOwned) {
 		t.Fatalf("err = %v, want ErrNotOwned", err)
 	}
@@ -68,7 +71,7 @@ func TestDestructiveStepOnMissingVMSucceeds(t *testing.T) {
 	hv := fake.NewLibvirt(fake.Options{Zones: []string{"z"}})
 	tg := hypervisors.Target{Zone: "z", Name: "gone"}
 	if _, err := newExec(hv, nil).Run(context.Background(), planner.Change{Machine: "m", Steps: chain(
-		step(planner.ActionStop, tg, planner.Params{}), step(planner.ActionUndefine, tg, planner.Params{}))}, "op"); err != nil {
+		step(planner.ActionStop, tg, planner.Params{}), step(planner.Action(lvspec.ActionUndefine), tg, planner.Params{Plugin: &lvspec.Undefine{}}))}, "op"); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -112,7 +115,7 @@ func TestBootstrapDeliversBlobAndRemovesIt(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, err := ex.Run(context.Background(), planner.Change{Machine: "m", Steps: []planner.Step{
-			step(planner.ActionExecBootstrap, tg, planner.Params{Exec: []string{planner.LibvirtHook, cluster}, BlobPath: planner.LibvirtBlobPath})}}, op)
+			step(planner.ActionExecBootstrap, tg, planner.Params{Exec: []string{libvirt.HookPath, cluster}, BlobPath: libvirt.BlobPath})}}, op)
 		return err
 	}
 	if err := run("c1", "op-1"); err != nil {
@@ -122,7 +125,7 @@ func TestBootstrapDeliversBlobAndRemovesIt(t *testing.T) {
 	if diff := cmp.Diff([]string{"c1", string(blob)}, []string{bs[0].Cluster, string(bs[0].Blob)}); diff != "" {
 		t.Errorf("delivered (-want +got):\n%s", diff)
 	}
-	if _, ok := hv.GuestFile(tg, planner.LibvirtBlobPath); ok {
+	if _, ok := hv.GuestFile(tg, libvirt.BlobPath); ok {
 		t.Error("blob left in the guest")
 	}
 	err := run("fault-error", "op-2")
@@ -134,7 +137,7 @@ func TestBootstrapDeliversBlobAndRemovesIt(t *testing.T) {
 	if strings.Contains(err.Error(), "invalid request") || hypervisors.Retryable(err) {
 		t.Errorf("failing hook reported as %q (retryable %v)", err, hypervisors.Retryable(err))
 	}
-	if _, ok := hv.GuestFile(tg, planner.LibvirtBlobPath); ok {
+	if _, ok := hv.GuestFile(tg, libvirt.BlobPath); ok {
 		t.Error("blob left in the guest after a failing hook")
 	}
 }
@@ -159,8 +162,8 @@ func TestCloneVMIDFlowsToLaterSteps(t *testing.T) {
 	mk := observed.Marker{Installation: inst, MachineID: "m"}
 	tg := hypervisors.Target{Zone: "z", Name: "vm"}
 	out, err := newExec(hv, nil).Run(context.Background(), planner.Change{Machine: "m", Steps: chain(
-		step(planner.ActionClone, tg, planner.Params{Clone: &hypervisors.CloneSpec{Name: "vm", TemplateVMID: 9000, Marker: mk}}),
-		step(planner.ActionConfigureVM, tg, planner.Params{Size: &hypervisors.SizeSpec{VCPU: 4, MemoryMiB: 4096, OnBoot: true, Marker: mk}}),
+		step(planner.Action(pvespec.ActionClone), tg, planner.Params{Plugin: &pvespec.CloneSpec{Name: "vm", TemplateVMID: 9000, Marker: mk}}),
+		step(planner.Action(pvespec.ActionConfigureVM), tg, planner.Params{Plugin: &pvespec.SizeSpec{VCPU: 4, MemoryMiB: 4096, OnBoot: true, Marker: mk}}),
 		step(planner.ActionStart, tg, planner.Params{}),
 		step(planner.ActionWaitAgent, tg, planner.Params{}),
 	)}, "op")
@@ -184,9 +187,9 @@ func (b bare) Unwrap() hypervisors.Hypervisor { return b.Hypervisor }
 func TestStepShape(t *testing.T) {
 	mk := observed.Marker{Installation: inst, MachineID: "m"}
 	tg := hypervisors.Target{Zone: "z", Name: "bf-vm"}
-	clone := step(planner.ActionClone, tg, planner.Params{Clone: &hypervisors.CloneSpec{Name: "bf-vm", TemplateVMID: fake.DefaultTemplateVMID, Marker: mk}})
-	overlay := step(planner.ActionCreateOverlay, tg, planner.Params{Overlay: &hypervisors.OverlaySpec{Pool: fake.DefaultPool, Name: "bf-vm-disk.qcow2", BaseImage: fake.DefaultImage}})
-	delVol := step(planner.ActionDeleteVolume, tg, planner.Params{Pool: fake.DefaultPool, Volume: "bf-vm-disk.qcow2"})
+	clone := step(planner.Action(pvespec.ActionClone), tg, planner.Params{Plugin: &pvespec.CloneSpec{Name: "bf-vm", TemplateVMID: fake.DefaultTemplateVMID, Marker: mk}})
+	overlay := step(planner.Action(lvspec.ActionCreateOverlay), tg, planner.Params{Plugin: &lvspec.OverlaySpec{Pool: fake.DefaultPool, Name: "bf-vm-disk.qcow2", BaseImage: fake.DefaultImage}})
+	delVol := step(planner.Action(lvspec.ActionDeleteVolume), tg, planner.Params{Plugin: &lvspec.DeleteVolume{Pool: fake.DefaultPool, Volume: "bf-vm-disk.qcow2"}})
 	opts := fake.Options{Zones: []string{"z"}}
 	tests := []struct {
 		name string
@@ -230,8 +233,8 @@ func TestStepShape(t *testing.T) {
 			if tc.want == nil {
 				return
 			}
-			if !strings.Contains(err.Error(), string(tc.step.Action)+" on a "+string(hv.Shape())+" hypervisor") {
-				t.Errorf("err = %v, want it to name the step and the shape", err)
+			if !strings.Contains(err.Error(), string(tc.step.Action)+" on ") {
+				t.Errorf("err = %v, want it to name the step and the hypervisor", err)
 			}
 			if d := cmp.Diff(map[string]int{}, calls()); d != "" {
 				t.Errorf("calls (-want +got):\n%s", d)

@@ -14,6 +14,8 @@ import (
 
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/fake"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvespec"
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
@@ -25,16 +27,16 @@ func libvirtCreate(name string) []planner.Step {
 	tg := hypervisors.Target{Zone: "z", Name: name}
 	mk := observed.Marker{Installation: inst, MachineID: "m-" + name}
 	overlay, seed := naming.OverlayVolume(name), naming.SeedVolume(name)
-	disk := planner.Step{ID: "z/" + name + "/create-overlay:disk", Action: planner.ActionCreateOverlay, Target: tg,
-		Params: planner.Params{Overlay: &hypervisors.OverlaySpec{Pool: fake.DefaultPool, Name: overlay, BaseImage: fake.DefaultImage}}}
-	cidata := planner.Step{ID: "z/" + name + "/create-seed:cidata", Action: planner.ActionCreateSeed, Target: tg,
-		Params: planner.Params{Seed: &hypervisors.SeedSpec{Pool: fake.DefaultPool, Name: seed, InstanceID: name, Hostname: name}}}
-	define := planner.Step{ID: "z/" + name + "/define", Action: planner.ActionDefine, Target: tg, DependsOn: []string{disk.ID, cidata.ID},
-		Params: planner.Params{Domain: &hypervisors.DomainSpec{Name: name, VCPU: 2, MemoryMiB: 2048, DomainType: "kvm",
+	disk := planner.Step{ID: "z/" + name + "/create-overlay:disk", Action: planner.Action(lvspec.ActionCreateOverlay), Target: tg,
+		Params: planner.Params{Plugin: &lvspec.OverlaySpec{Pool: fake.DefaultPool, Name: overlay, BaseImage: fake.DefaultImage}}}
+	cidata := planner.Step{ID: "z/" + name + "/create-seed:cidata", Action: planner.Action(lvspec.ActionCreateSeed), Target: tg,
+		Params: planner.Params{Plugin: &lvspec.SeedSpec{Pool: fake.DefaultPool, Name: seed, InstanceID: name, Hostname: name}}}
+	define := planner.Step{ID: "z/" + name + "/define", Action: planner.Action(lvspec.ActionDefine), Target: tg, DependsOn: []string{disk.ID, cidata.ID},
+		Params: planner.Params{Plugin: &lvspec.DomainSpec{Name: name, VCPU: 2, MemoryMiB: 2048, DomainType: "kvm",
 			Pool: fake.DefaultPool, Overlay: overlay, Seed: seed, Network: fake.DefaultNetwork, Marker: mk}}}
 	rest := chain(define,
 		step(planner.ActionStart, tg, planner.Params{}),
-		step(planner.ActionAutostart, tg, planner.Params{Autostart: true}),
+		step(planner.Action(lvspec.ActionAutostart), tg, planner.Params{Plugin: &lvspec.Autostart{On: true}}),
 		step(planner.ActionWaitAgent, tg, planner.Params{}))
 	return append([]planner.Step{disk, cidata}, rest...)
 }
@@ -107,8 +109,8 @@ func TestVMIDFlowsAlongDependencies(t *testing.T) {
 	mk := observed.Marker{Installation: inst, MachineID: "m"}
 	tg := hypervisors.Target{Zone: "z", Name: "vm"}
 	steps := chain(
-		step(planner.ActionClone, tg, planner.Params{Clone: &hypervisors.CloneSpec{Name: "vm", TemplateVMID: 9000, Marker: mk}}),
-		step(planner.ActionConfigureVM, tg, planner.Params{Size: &hypervisors.SizeSpec{VCPU: 4, MemoryMiB: 4096, OnBoot: true, Marker: mk}}),
+		step(planner.Action(pvespec.ActionClone), tg, planner.Params{Plugin: &pvespec.CloneSpec{Name: "vm", TemplateVMID: 9000, Marker: mk}}),
+		step(planner.Action(pvespec.ActionConfigureVM), tg, planner.Params{Plugin: &pvespec.SizeSpec{VCPU: 4, MemoryMiB: 4096, OnBoot: true, Marker: mk}}),
 		step(planner.ActionStart, tg, planner.Params{}),
 	)
 	steps[0], steps[2] = steps[2], steps[0]

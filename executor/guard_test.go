@@ -41,7 +41,7 @@ func TestGuardBeforeEveryAttempt(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			g := newGuestVM(t, hypervisors.ShapeLibvirt, fake.Options{})
+			g := newGuestVM(t, "libvirt", fake.Options{})
 			lv := g.hv.(*fake.Libvirt)
 			if err := lv.AddOwnedVM("z", "stopped", observed.Marker{Installation: inst, MachineID: "m"}, observed.PowerStopped); err != nil {
 				t.Fatal(err)

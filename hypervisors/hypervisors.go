@@ -8,17 +8,6 @@ import (
 	"github.com/bigfleet-vm/provider/observed"
 )
 
-// Shape names the family of steps a hypervisor understands. The planner
-// emits libvirt-shaped steps (volumes, define) or Proxmox-shaped steps
-// (clone, configure-vm) according to it; power and guest-agent steps are
-// common to both.
-type Shape string
-
-const (
-	ShapeLibvirt Shape = "libvirt"
-	ShapeProxmox Shape = "proxmox"
-)
-
 // Target names one VM: a libvirt domain by name, a Proxmox VM by VMID (and
 // name, for messages).
 type Target struct {
@@ -29,19 +18,19 @@ type Target struct {
 
 // Hypervisor is the narrow interface the executor and observers drive: the
 // operations common to both shapes. One value serves every zone of one
-// hypervisor installation. An adapter also implements the steps of its
-// shape (LibvirtSteps or ProxmoxSteps), which consumers reach with Find.
+// hypervisor installation. Apply performs the steps of the hypervisor's
+// own vocabulary (its plug-in's StepParams); optional parts are reached
+// with Find or CapabilitiesOf.
 //
 // Every method takes a context and must return when it is done; adapters
 // whose client takes no context wrap the call and treat a timed-out call
 // as a broken connection.
 //
-// Every mutating method (here and in the shape interfaces) is an ensure:
+// Every mutating method (here and in Apply) is an ensure:
 // calling it again after a crash at any point converges on the same VMs
 // and volumes instead of duplicating them, and it adopts an existing
 // object only if it carries our marker.
 type Hypervisor interface {
-	Shape() Shape
 	// Zones lists the configured zones (libvirt hosts, Proxmox nodes).
 	Zones() []string
 	// Observe lists one zone. An error means the zone is unknown.
@@ -55,7 +44,6 @@ type Hypervisor interface {
 	Start(ctx context.Context, t Target) error
 	Resume(ctx context.Context, t Target) error
 	Stop(ctx context.Context, t Target, grace time.Duration) error
-	SetAutostart(ctx context.Context, t Target, on bool) error
 	// SetMarker rewrites the ownership/binding marker on the VM.
 	SetMarker(ctx context.Context, t Target, m observed.Marker) error
 
@@ -78,26 +66,8 @@ type Hypervisor interface {
 	AgentRemoveFile(ctx context.Context, t Target, path string) error
 	AgentExec(ctx context.Context, t Target, argv []string) (ExecResult, error)
 
+	// Apply performs one step of the hypervisor's own vocabulary.
+	Applier
+
 	Close() error
-}
-
-// LibvirtSteps are the steps of ShapeLibvirt: a VM is an overlay volume
-// on the golden image, a cloud-init seed volume and a domain defined on
-// them. Every libvirt-shaped adapter implements it.
-type LibvirtSteps interface {
-	CreateOverlay(ctx context.Context, zone string, spec OverlaySpec) error
-	CreateSeed(ctx context.Context, zone string, spec SeedSpec) error
-	DefineDomain(ctx context.Context, zone string, spec DomainSpec) error
-	UndefineDomain(ctx context.Context, t Target) error
-	DeleteVolume(ctx context.Context, zone, pool, name string) error
-}
-
-// ProxmoxSteps are the steps of ShapeProxmox: a VM is a full clone of a
-// template, sized after cloning. Every Proxmox-shaped adapter implements
-// it.
-type ProxmoxSteps interface {
-	// CloneVM returns the VMID of the (new or adopted) clone.
-	CloneVM(ctx context.Context, zone string, spec CloneSpec) (int, error)
-	ConfigureVM(ctx context.Context, t Target, spec SizeSpec) error
-	DeleteVM(ctx context.Context, t Target) error
 }

@@ -54,16 +54,55 @@ type CapacityReader interface {
 // Capabilities are a hypervisor's optional parts, one field each; nil
 // means absent. A wrapper declares them (Capable) instead of being one
 // type per combination of the parts it wraps: it passes a part through,
-// or replaces it with its own (instrumentation counts the shape steps).
+// or replaces it with its own.
 type Capabilities struct {
-	Libvirt LibvirtSteps   // the libvirt shape's steps
-	Proxmox ProxmoxSteps   // the Proxmox shape's steps
 	Health  HealthReporter // per-zone connection health
 	Events  EventSource    // change events
 	Volumes VolumeReader   // direct volume reads
 	RPCs    RPCReporter    // per-RPC timings
 	// Capacity reads a zone's host capacity.
 	Capacity CapacityReader
+	// Simulator changes a simulated world out of band (simulators only).
+	Simulator Simulator
+}
+
+// Simulator is implemented by simulators: out-of-band changes to the
+// simulated world, which the provider's /admin/ endpoints drive
+// (--fake-admin). A VM is named by Target as the simulator names it
+// (zone and name, or zone and VMID).
+type Simulator interface {
+	StopVM(Target) error
+	PauseVM(Target) error
+	ResizeVM(t Target, vcpu, memoryMiB int) error
+	RemoveVM(Target) error
+	SetUnreachable(zone string, on bool)
+	SetFlaky(zone, op string, on bool) error
+	// SimGuest is what the VM's simulated guest ran (false: no such VM).
+	SimGuest(Target) (SimGuest, bool)
+	// AddForeign places a VM this installation does not own, named
+	// t.Name (t.VMID where the simulator numbers VMs; 0 allocates one).
+	AddForeign(t Target) error
+	// AddOwned places a running VM that carries m, named t.Name.
+	AddOwned(t Target, m observed.Marker) error
+}
+
+// SimGuest is what a simulated guest ran: never a file's content.
+type SimGuest struct {
+	Bootstraps []SimBootstrap `json:"bootstraps"`
+	Drains     int            `json:"drains"`
+	DrainKeys  []string       `json:"drain_keys"`
+	Cluster    string         `json:"cluster"`
+}
+
+// SimBootstrap is one bootstrap a simulated guest ran.
+type SimBootstrap struct {
+	Cluster string   `json:"cluster"`
+	Argv    []string `json:"argv"`
+	// Key is the guest-op key the hook ran under (its operation id).
+	Key        string    `json:"key,omitempty"`
+	BlobSHA256 string    `json:"blob_sha256"`
+	BlobSize   int       `json:"blob_size"`
+	At         time.Time `json:"at"`
 }
 
 // Capable is a hypervisor that declares its Capabilities (wrappers do).
@@ -81,21 +120,19 @@ func CapabilitiesOf(hv Hypervisor) Capabilities {
 		if cp, ok := hv.(Capable); ok {
 			got = cp.Capabilities()
 		} else {
-			got.Libvirt, _ = hv.(LibvirtSteps)
-			got.Proxmox, _ = hv.(ProxmoxSteps)
 			got.Health, _ = hv.(HealthReporter)
 			got.Events, _ = hv.(EventSource)
 			got.Volumes, _ = hv.(VolumeReader)
 			got.RPCs, _ = hv.(RPCReporter)
 			got.Capacity, _ = hv.(CapacityReader)
+			got.Simulator, _ = hv.(Simulator)
 		}
-		c.Libvirt = cmp.Or(c.Libvirt, got.Libvirt)
-		c.Proxmox = cmp.Or(c.Proxmox, got.Proxmox)
 		c.Health = cmp.Or(c.Health, got.Health)
 		c.Events = cmp.Or(c.Events, got.Events)
 		c.Volumes = cmp.Or(c.Volumes, got.Volumes)
 		c.RPCs = cmp.Or(c.RPCs, got.RPCs)
 		c.Capacity = cmp.Or(c.Capacity, got.Capacity)
+		c.Simulator = cmp.Or(c.Simulator, got.Simulator)
 		if _, ok := hv.(Capable); ok {
 			break
 		}
@@ -123,10 +160,6 @@ func Find[T any](hv Hypervisor) (T, bool) {
 	var zero T
 	var part any
 	switch any(&zero).(type) {
-	case *LibvirtSteps:
-		part = CapabilitiesOf(hv).Libvirt
-	case *ProxmoxSteps:
-		part = CapabilitiesOf(hv).Proxmox
 	case *HealthReporter:
 		part = CapabilitiesOf(hv).Health
 	case *EventSource:
@@ -137,6 +170,8 @@ func Find[T any](hv Hypervisor) (T, bool) {
 		part = CapabilitiesOf(hv).RPCs
 	case *CapacityReader:
 		part = CapabilitiesOf(hv).Capacity
+	case *Simulator:
+		part = CapabilitiesOf(hv).Simulator
 	default:
 		for hv != nil {
 			if t, ok := hv.(T); ok {

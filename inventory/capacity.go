@@ -3,13 +3,12 @@ package inventory
 import (
 	"fmt"
 	"strings"
-
-	"github.com/bigfleet-vm/provider/hypervisors"
 )
 
 // CapacityType is how a slot's capacity behaves. The closed set is
 // OnDemand (a churning pool: Delete destroys the VM) and BareMetal (a fixed
-// free pool priced at zero that is never deleted; libvirt only).
+// free pool priced at zero that is never deleted; where the hypervisor
+// offers it, CapacityRules.BareMetal).
 type CapacityType string
 
 const (
@@ -17,30 +16,40 @@ const (
 	BareMetal CapacityType = "bare_metal"
 )
 
+// CapacityRules is what a hypervisor says about the capacity types it
+// offers.
+type CapacityRules struct {
+	// Where names the hypervisor in a refusal: "a libvirt host".
+	Where string
+	// BareMetal is true when bare_metal can be offered; RefuseBareMetal,
+	// when it cannot, says why (given the spelling used).
+	BareMetal       bool
+	RefuseBareMetal func(spelling string) error
+}
+
 // ParseCapacityType maps a capacity_type spelling (case-insensitive,
-// surrounding space ignored) to its canonical value for a hypervisor
-// shape. on_demand, on-demand, ondemand and "" are OnDemand; on libvirt
-// bare_metal, bare-metal and metal are BareMetal. Everything else is an
-// error that says why the type cannot be offered.
-func ParseCapacityType(s string, shape hypervisors.Shape) (CapacityType, error) {
-	where := "a libvirt host"
-	if shape == hypervisors.ShapeProxmox {
-		where = "a self-hosted Proxmox cluster"
-	}
+// surrounding space ignored) to its canonical value under a hypervisor's
+// rules. on_demand, on-demand, ondemand and "" are OnDemand; where
+// r.BareMetal, bare_metal, bare-metal and metal are BareMetal. Everything
+// else is an error that says why the type cannot be offered.
+func ParseCapacityType(s string, r CapacityRules) (CapacityType, error) {
 	switch strings.ToLower(strings.TrimSpace(s)) {
 	case "", "on_demand", "on-demand", "ondemand":
 		return OnDemand, nil
 	case "bare_metal", "bare-metal", "metal":
-		if shape == hypervisors.ShapeProxmox {
-			return "", fmt.Errorf("capacity_type %q is not supported on Proxmox: its VMs are deletable clones, not a fixed free pool; use on_demand", s)
+		if !r.BareMetal {
+			if r.RefuseBareMetal != nil {
+				return "", r.RefuseBareMetal(s)
+			}
+			return "", fmt.Errorf("capacity_type %q is not supported on %s; use on_demand", s, r.Where)
 		}
 		return BareMetal, nil
 	case "spot":
-		return "", fmt.Errorf("capacity_type %q is not supported: %s has no preemption market; use on_demand", s, where)
+		return "", fmt.Errorf("capacity_type %q is not supported: %s has no preemption market; use on_demand", s, r.Where)
 	case "reserved":
-		return "", fmt.Errorf("capacity_type %q is not supported: %s has no reservation or commitment billing; use on_demand", s, where)
+		return "", fmt.Errorf("capacity_type %q is not supported: %s has no reservation or commitment billing; use on_demand", s, r.Where)
 	}
-	if shape == hypervisors.ShapeProxmox {
+	if !r.BareMetal {
 		return "", fmt.Errorf("unknown capacity_type %q; use on_demand", s)
 	}
 	return "", fmt.Errorf("unknown capacity_type %q; use on_demand or bare_metal", s)

@@ -10,12 +10,12 @@ import (
 	"strconv"
 
 	"github.com/bigfleet-vm/provider/conffile"
-	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/hashicorp/go-multierror"
 )
 
-// InstanceType is a named VM flavour. TemplateVMID is the Proxmox template
-// a clone of this type is made from; it is zero for libvirt types.
+// InstanceType is a named VM flavour. TemplateVMID is the hypervisor's
+// source of a clone of this type (a Proxmox template VMID); it is zero
+// for hypervisors that build VMs from an image.
 type InstanceType struct {
 	Name         string `json:"name"`
 	VCPU         int    `json:"vcpu"`
@@ -27,32 +27,33 @@ type InstanceType struct {
 // equals the value's Name.
 type Catalog map[string]InstanceType
 
-// Builtin returns the built-in catalog for a hypervisor shape: kvm.small,
-// kvm.medium, kvm.large and kvm.xlarge for libvirt, and the pve.* twins for
-// Proxmox, all cloning templateVMID. templateVMID is ignored for libvirt.
-func Builtin(shape hypervisors.Shape, templateVMID int) Catalog {
-	prefix := TypePrefix(shape)
-	if shape != hypervisors.ShapeProxmox {
-		templateVMID = 0
-	}
+// CatalogRules is what a hypervisor says about its instance types.
+type CatalogRules struct {
+	// Prefix starts the built-in types' names: Prefix+"small", "medium",
+	// "large" and "xlarge".
+	Prefix string
+	// DefaultSource is the TemplateVMID of the built-in types.
+	DefaultSource int
+	// Source reads an entry's optional template_vmid key (nil: absent)
+	// and returns the type's TemplateVMID, or why the key is refused.
+	Source func(v *int) (int, error)
+	// Keys lists the keys an entry allows, for the strict-decoding error
+	// ("vcpu, memory_mib").
+	Keys string
+}
+
+// Builtin returns the built-in catalog of a hypervisor: r.Prefix followed
+// by small, medium, large and xlarge, all with r.DefaultSource.
+func Builtin(r CatalogRules) Catalog {
 	c := Catalog{}
 	for _, s := range []struct {
 		size      string
 		vcpu, mib int
 	}{{"small", 2, 4096}, {"medium", 4, 8192}, {"large", 8, 16384}, {"xlarge", 16, 32768}} {
-		name := prefix + s.size
-		c[name] = InstanceType{Name: name, VCPU: s.vcpu, MemoryMiB: s.mib, TemplateVMID: templateVMID}
+		name := r.Prefix + s.size
+		c[name] = InstanceType{Name: name, VCPU: s.vcpu, MemoryMiB: s.mib, TemplateVMID: r.DefaultSource}
 	}
 	return c
-}
-
-// TypePrefix is the name prefix of the built-in types of a shape: "kvm."
-// for libvirt, "pve." for Proxmox.
-func TypePrefix(shape hypervisors.Shape) string {
-	if shape == hypervisors.ShapeProxmox {
-		return "pve."
-	}
-	return "kvm."
 }
 
 // Names returns the catalog's type names in byte-wise order.
@@ -80,21 +81,6 @@ func (c Catalog) BySize() []InstanceType {
 	return types
 }
 
-// Proxmox VMIDs live in [MinVMID, MaxVMID]; anything else is rejected by
-// the Proxmox API.
-const (
-	MinVMID = 100
-	MaxVMID = 999999999
-)
-
-// ValidateTemplateVMID reports why vmid cannot name a Proxmox template.
-func ValidateTemplateVMID(vmid int) error {
-	if vmid < MinVMID || vmid > MaxVMID {
-		return fmt.Errorf("template VMID %d is outside the Proxmox VMID range %d..%d", vmid, MinVMID, MaxVMID)
-	}
-	return nil
-}
-
 // catalogEntry is the JSON form of one catalog entry. Pointers tell an
 // omitted key from a zero value.
 type catalogEntry struct {
@@ -106,12 +92,12 @@ type catalogEntry struct {
 // LoadCatalog reads and parses a catalog file (see ParseCatalog): a
 // regular file of at most conffile.MaxJSONBytes. Every problem is reported
 // on its own, led by the file's path.
-func LoadCatalog(path string, shape hypervisors.Shape, templateVMID int) (Catalog, error) {
+func LoadCatalog(path string, r CatalogRules) (Catalog, error) {
 	data, err := conffile.Read(path, conffile.MaxJSONBytes)
 	if err != nil {
 		return nil, fmt.Errorf("read instance types: %w", err)
 	}
-	c, err := ParseCatalog(data, shape, templateVMID)
+	c, err := ParseCatalog(data, r)
 	if err != nil {
 		return nil, inFile(path, err)
 	}
@@ -123,9 +109,8 @@ func LoadCatalog(path string, shape hypervisors.Shape, templateVMID int) (Catalo
 // unknown keys, a key given twice in one object (a type name included),
 // trailing data and an empty object are errors. vcpu and memory_mib are
 // required, positive and at most MaxVCPU and MaxMemoryMiB. template_vmid
-// is accepted only for Proxmox, where zero or omitted means templateVMID.
-// Every problem found is reported.
-func ParseCatalog(data []byte, shape hypervisors.Shape, templateVMID int) (Catalog, error) {
+// is what r.Source makes of it. Every problem found is reported.
+func ParseCatalog(data []byte, r CatalogRules) (Catalog, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	if tok, err := dec.Token(); err != nil {
 		return nil, notJSON(err)
@@ -155,7 +140,7 @@ func ParseCatalog(data []byte, shape hypervisors.Shape, templateVMID int) (Catal
 		if err := ValidateTypeName(name); err != nil {
 			errs = multierror.Append(errs, err)
 		}
-		it, err := parseCatalogEntry(name, raw, shape, templateVMID)
+		it, err := parseCatalogEntry(name, raw, r)
 		if err != nil {
 			errs = multierror.Append(errs, err)
 			continue
@@ -177,17 +162,13 @@ func ParseCatalog(data []byte, shape hypervisors.Shape, templateVMID int) (Catal
 	return c, nil
 }
 
-func parseCatalogEntry(name string, raw json.RawMessage, shape hypervisors.Shape, templateVMID int) (InstanceType, error) {
+func parseCatalogEntry(name string, raw json.RawMessage, r CatalogRules) (InstanceType, error) {
 	var errs *multierror.Error
 	var e catalogEntry
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&e); err != nil {
-		keys := "vcpu, memory_mib"
-		if shape == hypervisors.ShapeProxmox {
-			keys += ", template_vmid"
-		}
-		return InstanceType{}, fmt.Errorf("instance type %q: %v (allowed keys: %s)", name, jsonError(err), keys)
+		return InstanceType{}, fmt.Errorf("instance type %q: %v (allowed keys: %s)", name, jsonError(err), r.Keys)
 	}
 	it := InstanceType{Name: name}
 	if e.VCPU == nil {
@@ -206,18 +187,14 @@ func parseCatalogEntry(name string, raw json.RawMessage, shape hypervisors.Shape
 			errs = multierror.Append(errs, err)
 		}
 	}
-	switch {
-	case shape != hypervisors.ShapeProxmox:
-		if e.TemplateVMID != nil {
-			errs = multierror.Append(errs, errors.New("template_vmid is a Proxmox setting; libvirt types boot from --image, remove the key"))
+	if r.Source != nil {
+		src, err := r.Source(e.TemplateVMID)
+		if err != nil {
+			errs = multierror.Append(errs, err)
 		}
-	case e.TemplateVMID == nil || *e.TemplateVMID == 0:
-		it.TemplateVMID = templateVMID
-	default:
-		it.TemplateVMID = *e.TemplateVMID
-		if err := ValidateTemplateVMID(it.TemplateVMID); err != nil {
-			errs = multierror.Append(errs, fmt.Errorf("template_vmid: %w", err))
-		}
+		it.TemplateVMID = src
+	} else if e.TemplateVMID != nil {
+		errs = multierror.Append(errs, errors.New("template_vmid is not a setting of this hypervisor; remove the key"))
 	}
 	if errs != nil {
 		return InstanceType{}, prefixed(fmt.Sprintf("instance type %q", name), errs.Errors)

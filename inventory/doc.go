@@ -16,8 +16,12 @@
 //   - Zone and instance-type names never contain '/', ':' or whitespace, so
 //     ParseMachineID recovers exactly what MachineID encoded.
 //   - Capacity types are canonical after validation (OnDemand or
-//     BareMetal); a libvirt process never mixes the two and a Proxmox
-//     process only ever holds OnDemand.
+//     BareMetal); a process never mixes the two, and one whose hypervisor
+//     cannot offer bare metal (CapacityRules) only ever holds OnDemand.
+//   - What differs between hypervisors (built-in type names, the
+//     template_vmid key, the capacity types offered and their wording)
+//     comes in CatalogRules and CapacityRules from the hypervisor's
+//     plug-in; inventory never asks which hypervisor it serves.
 //   - Slots returned by Slots are sorted by ID (byte-wise), so callers may
 //     binary-search them.
 package inventory

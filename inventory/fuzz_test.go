@@ -2,8 +2,6 @@ package inventory
 
 import (
 	"testing"
-
-	"github.com/bigfleet-vm/provider/hypervisors"
 )
 
 // The parsers of operator files never panic, never hang on huge counts,
@@ -15,9 +13,9 @@ func FuzzOfferings(f *testing.F) {
 	f.Add([]byte(`[{"instance_type":"kvm.small","zone":"a","count":1000000},{"instance_type":"kvm.large","zone":"a","count":1}]`))
 	f.Add([]byte(`[{"instance_type":"kvm.small","zone":"a","count":2,"labels":{"":"x"},"resources":{"cpu":"1"}}]`))
 	f.Add([]byte(`{}`))
-	c := Builtin(hypervisors.ShapeLibvirt, 0)
+	c := Builtin(lv.catalog(0))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		offs, err := ParseOfferings(data, Rules{Shape: hypervisors.ShapeLibvirt, Catalog: c})
+		offs, err := ParseOfferings(data, Rules{Capacity: lv.capacity(), Catalog: c})
 		if err != nil {
 			return
 		}
@@ -43,8 +41,8 @@ func FuzzCatalog(f *testing.F) {
 	f.Add([]byte(`{"pve.x":{"vcpu":9223372036854775807,"memory_mib":-1,"template_vmid":100}}`))
 	f.Add([]byte(`[]`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		for _, shape := range []hypervisors.Shape{hypervisors.ShapeLibvirt, hypervisors.ShapeProxmox} {
-			c, err := ParseCatalog(data, shape, 9000)
+		for _, shape := range []testShape{lv, px} {
+			c, err := ParseCatalog(data, shape.catalog(9000))
 			if err != nil {
 				continue
 			}
@@ -62,7 +60,7 @@ func FuzzPrices(f *testing.F) {
 	f.Add("kvm.small=0.05,kvm.large=1")
 	f.Add("kvm.small=NaN")
 	f.Add("=,=,kvm.small=-1e400")
-	c := Builtin(hypervisors.ShapeLibvirt, 0)
+	c := Builtin(lv.catalog(0))
 	f.Fuzz(func(t *testing.T, s string) {
 		prices, err := ParsePrices(s, c)
 		if err != nil {

@@ -13,15 +13,9 @@ import (
 	"time"
 
 	"github.com/bigfleet-vm/provider/conffile"
-	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/hashicorp/go-multierror"
-)
-
-const (
-	lv = hypervisors.ShapeLibvirt
-	px = hypervisors.ShapeProxmox
 )
 
 // problems splits an error into its one-line problems.
@@ -47,7 +41,7 @@ func TestBuiltin(t *testing.T) {
 		"pve.large":  {Name: "pve.large", VCPU: 8, MemoryMiB: 16384, TemplateVMID: 9001},
 		"pve.xlarge": {Name: "pve.xlarge", VCPU: 16, MemoryMiB: 32768, TemplateVMID: 9001},
 	}
-	if diff := cmp.Diff(want, Builtin(px, 9001)); diff != "" {
+	if diff := cmp.Diff(want, Builtin(px.catalog(9001))); diff != "" {
 		t.Errorf("Builtin(proxmox) (-want +got):\n%s", diff)
 	}
 	lvWant := Catalog{
@@ -56,7 +50,7 @@ func TestBuiltin(t *testing.T) {
 		"kvm.large":  {Name: "kvm.large", VCPU: 8, MemoryMiB: 16384},
 		"kvm.xlarge": {Name: "kvm.xlarge", VCPU: 16, MemoryMiB: 32768},
 	}
-	if diff := cmp.Diff(lvWant, Builtin(lv, 9000)); diff != "" {
+	if diff := cmp.Diff(lvWant, Builtin(lv.catalog(9000))); diff != "" {
 		t.Errorf("Builtin(libvirt) (-want +got):\n%s", diff)
 	}
 }
@@ -64,7 +58,7 @@ func TestBuiltin(t *testing.T) {
 func TestParseCatalog(t *testing.T) {
 	tests := []struct {
 		name    string
-		shape   hypervisors.Shape
+		shape   testShape
 		in      string
 		want    Catalog
 		wantErr []string
@@ -140,7 +134,7 @@ func TestParseCatalog(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := ParseCatalog([]byte(tt.in), tt.shape, 9000)
+			got, err := ParseCatalog([]byte(tt.in), tt.shape.catalog(9000))
 			if diff := cmp.Diff(tt.wantErr, problems(err)); diff != "" {
 				t.Errorf("errors (-want +got):\n%s", diff)
 			}
@@ -170,7 +164,7 @@ func TestAllocatable(t *testing.T) {
 func TestParseCapacityType(t *testing.T) {
 	tests := []struct {
 		in      string
-		shape   hypervisors.Shape
+		shape   testShape
 		want    CapacityType
 		wantErr string
 	}{
@@ -190,7 +184,7 @@ func TestParseCapacityType(t *testing.T) {
 		{"gpu", px, "", `unknown capacity_type "gpu"; use on_demand`},
 	}
 	for _, tt := range tests {
-		got, err := ParseCapacityType(tt.in, tt.shape)
+		got, err := ParseCapacityType(tt.in, tt.shape.capacity())
 		gotErr := ""
 		if err != nil {
 			gotErr = err.Error()
@@ -211,7 +205,7 @@ func manyEntries(n int) string {
 }
 
 func TestParseOfferings(t *testing.T) {
-	rules := Rules{Shape: lv, Catalog: Builtin(lv, 0), Zones: []string{"rack1", "rack2"}, ZoneFlag: "--connect"}
+	rules := Rules{Capacity: lv.capacity(), Catalog: Builtin(lv.catalog(0)), Zones: []string{"rack1", "rack2"}, ZoneFlag: "--connect"}
 	tests := []struct {
 		name    string
 		rules   Rules
@@ -233,7 +227,7 @@ func TestParseOfferings(t *testing.T) {
 		},
 		{
 			name:  "capacity spellings canonicalised; any zone without a zone set",
-			rules: Rules{Shape: lv, Catalog: Builtin(lv, 0)},
+			rules: Rules{Capacity: lv.capacity(), Catalog: Builtin(lv.catalog(0))},
 			in:    `[{"instance_type": "kvm.small", "zone": "anywhere", "count": 1}, {"instance_type": "kvm.large", "zone": "anywhere", "capacity_type": "On-Demand", "count": 2}]`,
 			want: []Offering{
 				{InstanceType: "kvm.small", Zone: "anywhere", CapacityType: OnDemand, Count: 1},
@@ -316,7 +310,7 @@ func TestParseOfferings(t *testing.T) {
 			},
 		},
 		{
-			name: "zone with colon", rules: Rules{Shape: lv, Catalog: Builtin(lv, 0)},
+			name: "zone with colon", rules: Rules{Capacity: lv.capacity(), Catalog: Builtin(lv.catalog(0))},
 			in:      `[{"instance_type": "kvm.small", "zone": "a:b", "count": 1}]`,
 			wantErr: []string{`offerings[0]: zone "a:b" contains '/' or ':', which machine ids and host refs use as separators; rename it`},
 		},
@@ -326,7 +320,7 @@ func TestParseOfferings(t *testing.T) {
 			wantErr: []string{"offerings mix on_demand (1) and bare_metal (1) capacity: a bare-metal pool is never deleted while an on-demand one is, so run one instance per capacity class"},
 		},
 		{
-			name: "proxmox rejects bare metal", rules: Rules{Shape: px, Catalog: Builtin(px, 9000), Zones: []string{"pve1"}, ZoneFlag: "--nodes"},
+			name: "proxmox rejects bare metal", rules: Rules{Capacity: px.capacity(), Catalog: Builtin(px.catalog(9000)), Zones: []string{"pve1"}, ZoneFlag: "--nodes"},
 			in: `[{"instance_type": "pve.small", "zone": "pve1", "capacity_type": "bare-metal", "count": 1}, {"instance_type": "pve.small", "zone": "pve2", "count": 1}]`,
 			wantErr: []string{
 				`offerings[0]: capacity_type "bare-metal" is not supported on Proxmox: its VMs are deletable clones, not a fixed free pool; use on_demand`,
@@ -351,7 +345,7 @@ func TestDefaultOfferings(t *testing.T) {
 	res := DefaultResources()
 	tests := []struct {
 		name    string
-		shape   hypervisors.Shape
+		shape   testShape
 		catalog Catalog
 		zones   []string
 		seed    int
@@ -360,7 +354,7 @@ func TestDefaultOfferings(t *testing.T) {
 		wantErr string
 	}{
 		{
-			name: "32 over two zones", shape: lv, catalog: Builtin(lv, 0), zones: []string{"local-a", "local-b"}, seed: 32, ct: OnDemand,
+			name: "32 over two zones", shape: lv, catalog: Builtin(lv.catalog(0)), zones: []string{"local-a", "local-b"}, seed: 32, ct: OnDemand,
 			want: []Offering{
 				{InstanceType: "kvm.small", Zone: "local-a", CapacityType: OnDemand, Count: 8, Resources: res},
 				{InstanceType: "kvm.large", Zone: "local-a", CapacityType: OnDemand, Count: 8, Resources: res},
@@ -369,7 +363,7 @@ func TestDefaultOfferings(t *testing.T) {
 			},
 		},
 		{
-			name: "remainder to the earliest, only first two zones", shape: px, catalog: Builtin(px, 9000), zones: []string{"pve1", "pve2", "pve3"}, seed: 6, ct: OnDemand,
+			name: "remainder to the earliest, only first two zones", shape: px, catalog: Builtin(px.catalog(9000)), zones: []string{"pve1", "pve2", "pve3"}, seed: 6, ct: OnDemand,
 			want: []Offering{
 				{InstanceType: "pve.small", Zone: "pve1", CapacityType: OnDemand, Count: 2, Resources: res},
 				{InstanceType: "pve.large", Zone: "pve1", CapacityType: OnDemand, Count: 2, Resources: res},
@@ -378,14 +372,14 @@ func TestDefaultOfferings(t *testing.T) {
 			},
 		},
 		{
-			name: "one zone merges buckets", shape: lv, catalog: Builtin(lv, 0), zones: []string{"local"}, seed: 32, ct: BareMetal,
+			name: "one zone merges buckets", shape: lv, catalog: Builtin(lv.catalog(0)), zones: []string{"local"}, seed: 32, ct: BareMetal,
 			want: []Offering{
 				{InstanceType: "kvm.small", Zone: "local", CapacityType: BareMetal, Count: 16, Resources: res},
 				{InstanceType: "kvm.large", Zone: "local", CapacityType: BareMetal, Count: 16, Resources: res},
 			},
 		},
 		{
-			name: "small seed drops empty buckets", shape: lv, catalog: Builtin(lv, 0), zones: []string{"a", "b"}, seed: 1, ct: OnDemand,
+			name: "small seed drops empty buckets", shape: lv, catalog: Builtin(lv.catalog(0)), zones: []string{"a", "b"}, seed: 1, ct: OnDemand,
 			want: []Offering{{InstanceType: "kvm.small", Zone: "a", CapacityType: OnDemand, Count: 1, Resources: res}},
 		},
 		{
@@ -410,14 +404,14 @@ func TestDefaultOfferings(t *testing.T) {
 			zones:   []string{"pve1"}, seed: 5, ct: OnDemand,
 			want: []Offering{{InstanceType: "only", Zone: "pve1", CapacityType: OnDemand, Count: 5, Resources: res}},
 		},
-		{name: "zero seed", shape: lv, catalog: Builtin(lv, 0), zones: []string{"a"}, seed: 0, wantErr: "seed count must be positive, got 0"},
-		{name: "negative seed", shape: lv, catalog: Builtin(lv, 0), zones: []string{"a"}, seed: -3, wantErr: "seed count must be positive, got -3"},
-		{name: "no zones", shape: lv, catalog: Builtin(lv, 0), seed: 3, wantErr: "no zones to place the default offerings on"},
+		{name: "zero seed", shape: lv, catalog: Builtin(lv.catalog(0)), zones: []string{"a"}, seed: 0, wantErr: "seed count must be positive, got 0"},
+		{name: "negative seed", shape: lv, catalog: Builtin(lv.catalog(0)), zones: []string{"a"}, seed: -3, wantErr: "seed count must be positive, got -3"},
+		{name: "no zones", shape: lv, catalog: Builtin(lv.catalog(0)), seed: 3, wantErr: "no zones to place the default offerings on"},
 		{name: "empty catalog", shape: lv, catalog: Catalog{}, zones: []string{"a"}, seed: 3, wantErr: "the instance-type catalog is empty"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := DefaultOfferings(tt.shape, tt.catalog, tt.zones, tt.seed, tt.ct)
+			got, err := DefaultOfferings(tt.shape.prefix(), tt.shape.capacity(), tt.catalog, tt.zones, tt.seed, tt.ct)
 			gotErr := ""
 			if err != nil {
 				gotErr = err.Error()
@@ -484,7 +478,7 @@ func TestPricing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := Builtin(lv, 0)
+	c := Builtin(lv.catalog(0))
 	got := map[string]float64{}
 	for _, n := range c.Names() {
 		got[n] = p.Price(c[n], OnDemand)
@@ -526,7 +520,7 @@ func TestNewPricingErrors(t *testing.T) {
 }
 
 func TestParsePrices(t *testing.T) {
-	c := Builtin(lv, 0)
+	c := Builtin(lv.catalog(0))
 	tests := []struct {
 		in      string
 		want    map[string]float64
@@ -564,7 +558,7 @@ func TestParsePrices(t *testing.T) {
 }
 
 func TestSlots(t *testing.T) {
-	c := Builtin(lv, 0)
+	c := Builtin(lv.catalog(0))
 	p, _ := NewPricing(DefaultPricePerVCPUHour, DefaultPricePerGiBHour, nil)
 	offs := []Offering{
 		{InstanceType: "kvm.large", Zone: "rack2", CapacityType: OnDemand, Count: 2, Labels: map[string]string{"team": "batch"}},
@@ -617,7 +611,7 @@ func ids(slots []Slot) []string {
 }
 
 func TestValidateEmpty(t *testing.T) {
-	if _, err := Validate(nil, Rules{Shape: lv, Catalog: Builtin(lv, 0)}); err == nil || err.Error() != "no offerings: add at least one" {
+	if _, err := Validate(nil, Rules{Capacity: lv.capacity(), Catalog: Builtin(lv.catalog(0))}); err == nil || err.Error() != "no offerings: add at least one" {
 		t.Errorf("err = %v", err)
 	}
 }
@@ -649,7 +643,7 @@ func TestLoadFiles(t *testing.T) {
 	if err := os.WriteFile(bad, []byte(`{"a": {"vcpu": 0, "memory_mib": 0}}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	_, err := LoadCatalog(bad, lv, 0)
+	_, err := LoadCatalog(bad, lv.catalog(0))
 	want := []string{
 		bad + `: instance type "a": vcpu must be positive, got 0`,
 		bad + `: instance type "a": memory_mib must be positive, got 0`,
@@ -660,7 +654,7 @@ func TestLoadFiles(t *testing.T) {
 	if err := os.WriteFile(bad, []byte(`[{"instance_type": "kvm.small", "zone": "a", "count": 1}]`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	offs, err := LoadOfferings(bad, Rules{Shape: lv, Catalog: Builtin(lv, 0)})
+	offs, err := LoadOfferings(bad, Rules{Capacity: lv.capacity(), Catalog: Builtin(lv.catalog(0))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -693,9 +687,9 @@ func TestLoadFilesRefusesWhatIsNotARegularFile(t *testing.T) {
 	} {
 		done := make(chan error, 2)
 		go func() {
-			_, err := LoadOfferings(tc.path, Rules{Shape: lv, Catalog: Builtin(lv, 0)})
+			_, err := LoadOfferings(tc.path, Rules{Capacity: lv.capacity(), Catalog: Builtin(lv.catalog(0))})
 			done <- err
-			_, err = LoadCatalog(tc.path, lv, 0)
+			_, err = LoadCatalog(tc.path, lv.catalog(0))
 			done <- err
 		}()
 		for _, what := range []string{"LoadOfferings", "LoadCatalog"} {
@@ -720,7 +714,7 @@ func TestZonesAndErrorText(t *testing.T) {
 	if diff := cmp.Diff([]string{"a", "b"}, Zones(offs)); diff != "" {
 		t.Errorf("Zones (-want +got):\n%s", diff)
 	}
-	_, err := ParsePrices("a,b", Builtin(lv, 0))
+	_, err := ParsePrices("a,b", Builtin(lv.catalog(0)))
 	want := "entry \"a\" must be type=usd, e.g. kvm.small=0.05\nentry \"b\" must be type=usd, e.g. kvm.small=0.05"
 	if err == nil || err.Error() != want {
 		t.Errorf("error text = %q, want one problem per line %q", err, want)

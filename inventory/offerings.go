@@ -11,7 +11,6 @@ import (
 	"strings"
 
 	"github.com/bigfleet-vm/provider/conffile"
-	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/hashicorp/go-multierror"
 )
 
@@ -29,8 +28,9 @@ type Offering struct {
 
 // Rules is what offerings are validated against.
 type Rules struct {
-	Shape   hypervisors.Shape
-	Catalog Catalog
+	// Capacity are the hypervisor's capacity types.
+	Capacity CapacityRules
+	Catalog  Catalog
 	// Zones, when non-nil, is the closed set of zones an offering may name
 	// (a real backend's --connect zones or --nodes). Nil admits any valid
 	// zone name (the fake backend).
@@ -135,9 +135,9 @@ func ParseOfferings(data []byte, r Rules) ([]Offering, error) {
 // Validate checks offerings against r and returns them with canonical
 // capacity types. It rejects: an empty list; an empty, invalid or
 // unconfigured zone; an instance type missing from the catalog; a capacity
-// type the shape cannot offer; a count below one; empty resource or label
+// type the hypervisor cannot offer; a count below one; empty resource or label
 // keys; two offerings for the same (zone, instance_type), which would mint
-// colliding machine ids; and on libvirt a mix of on_demand and bare_metal.
+// colliding machine ids; and a mix of on_demand and bare_metal.
 // Every problem found is reported.
 func Validate(offs []Offering, r Rules) ([]Offering, error) {
 	if len(offs) == 0 {
@@ -171,7 +171,7 @@ func validate(offs []Offering, pos []int, r Rules) ([]Offering, error) {
 		} else if _, ok := r.Catalog[o.InstanceType]; !ok {
 			add(fmt.Errorf("instance_type %q is not in the instance-type catalog (known: %s)", o.InstanceType, strings.Join(r.Catalog.Names(), ", ")))
 		}
-		ct, err := ParseCapacityType(string(o.CapacityType), r.Shape)
+		ct, err := ParseCapacityType(string(o.CapacityType), r.Capacity)
 		if err != nil {
 			add(err)
 		} else {
@@ -230,15 +230,15 @@ func DefaultResources() map[string]string {
 }
 
 // DefaultOfferings synthesises the dev/conformance mix used when no
-// offerings file is given. It takes two types, "<prefix>.small" and
-// "<prefix>.large" (or, if the catalog lacks either, its smallest and
+// offerings file is given. It takes two types, prefix+"small" and
+// prefix+"large" (the hypervisor's CatalogRules.Prefix; or, if the catalog lacks either, its smallest and
 // largest by vCPU then name), and the first two zones, and spreads
 // seedCount slots evenly over the four buckets (small, zone0), (large,
 // zone0), (small, zone1), (large, zone1), the remainder going to the
 // earliest. Buckets that land on the same (zone, type) — one zone given, or
 // a one-type catalog — are merged, never duplicated. Every offering gets
 // DefaultResources and the given capacity.
-func DefaultOfferings(shape hypervisors.Shape, c Catalog, zones []string, seedCount int, capacity CapacityType) ([]Offering, error) {
+func DefaultOfferings(prefix string, r CapacityRules, c Catalog, zones []string, seedCount int, capacity CapacityType) ([]Offering, error) {
 	if seedCount <= 0 {
 		return nil, fmt.Errorf("seed count must be positive, got %d", seedCount)
 	}
@@ -251,7 +251,7 @@ func DefaultOfferings(shape hypervisors.Shape, c Catalog, zones []string, seedCo
 	if len(zones) == 0 {
 		return nil, errors.New("no zones to place the default offerings on")
 	}
-	small, large := TypePrefix(shape)+"small", TypePrefix(shape)+"large"
+	small, large := prefix+"small", prefix+"large"
 	_, okS := c[small]
 	_, okL := c[large]
 	if !okS || !okL {
@@ -286,7 +286,7 @@ func DefaultOfferings(shape hypervisors.Shape, c Catalog, zones []string, seedCo
 	for _, b := range order {
 		offs = append(offs, Offering{InstanceType: b.typ, Zone: b.zone, CapacityType: capacity, Count: counts[b], Resources: DefaultResources()})
 	}
-	return Validate(offs, Rules{Shape: shape, Catalog: c})
+	return Validate(offs, Rules{Capacity: r, Catalog: c})
 }
 
 // CreateFaultLabel is the BigFleet conformance fault convention's
@@ -299,7 +299,7 @@ const CreateFaultLabel = "conformance.fault/create"
 // CreateFaultLabel=error, of a catalog type the default mix leaves unused
 // on that zone (so their machine ids never collide with it), or nil if the
 // catalog has no such type.
-func FaultOfferings(shape hypervisors.Shape, c Catalog, defaults []Offering, capacity CapacityType) []Offering {
+func FaultOfferings(c Catalog, defaults []Offering, capacity CapacityType) []Offering {
 	if len(defaults) == 0 {
 		return nil
 	}

@@ -67,3 +67,15 @@ func TestRenderUnknownActionOfNewerMinor(t *testing.T) {
 		t.Errorf("unknown action rendered as:\n%s", out)
 	}
 }
+
+// TestRenderPluginStep marks a plug-in action (format 1.2) with its ext
+// effect's glyph and shows its args, sorted and escaped.
+func TestRenderPluginStep(t *testing.T) {
+	p := &jsonplan.Plan{FormatVersion: "1.2", Hypervisor: "mem", Changes: []jsonplan.Change{{Machine: "m", Zone: "z", State: "CREATING",
+		Steps: []jsonplan.Step{{ID: "z/v/mem-create", Action: "mem-create", Reason: "missing",
+			Params: jsonplan.Params{Ext: &jsonplan.Ext{Effect: "create", Args: map[string]string{"vcpu": "2", "name": "v\x1b[31m"}}}}}}}}
+	out := render(t, p, false)
+	if !strings.Contains(out, `  + z/v/mem-create  name="v\x1b[31m" vcpu=2  (missing)`+"\n") {
+		t.Errorf("plug-in step rendered as:\n%s", out)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"time"
@@ -17,7 +18,17 @@ import (
 // ignore (a new optional field, a new value of an enumerated field) bumps
 // MINOR; anything that changes or removes what an existing field means
 // bumps MAJOR. docs/plan.schema.json describes exactly this version.
-const FormatVersion = "1.1"
+const FormatVersion = "1.2"
+
+// Version11 is format 1.1: the libvirt and Proxmox step vocabularies,
+// with their own params fields. Format 1.2 adds plug-in hypervisors (any
+// registered name, plug-in actions whose params are in Params.Ext). A
+// plan is written in the lowest version that expresses it (VersionFor),
+// so a libvirt or Proxmox plan is still 1.1, byte for byte.
+const Version11 = "1.1"
+
+// Hypervisors11 are the hypervisor names format 1.1 defines.
+var Hypervisors11 = []string{"libvirt", "proxmox"}
 
 // Plan is the document `provider plan --json` prints and /debug/plan
 // serves.
@@ -110,6 +121,46 @@ type Params struct {
 	Volume    string   `json:"volume,omitempty"`
 	Grace     string   `json:"grace,omitempty"` // a Go duration, e.g. "1m0s"
 	Autostart bool     `json:"autostart,omitempty"`
+	// Ext holds the parameters of a plug-in action format 1.1 does not
+	// define (format 1.2).
+	Ext *Ext `json:"ext,omitempty"`
+}
+
+// Ext is a plug-in step's published parameters: its effect (how the
+// human plan marks it) and its arguments, as strings so they round-trip
+// byte for byte.
+type Ext struct {
+	Effect string            `json:"effect"`
+	Args   map[string]string `json:"args,omitempty"`
+}
+
+// effectGlyphs are the human plan's marks of an Ext's effect.
+var effectGlyphs = map[string]string{"create": "+", "start": ">", "change": "~", "destroy": "-"}
+
+// VersionFor is the lowest format version that expresses p: 1.1 when p
+// names a 1.1 hypervisor and uses only 1.1 actions and no ext; else
+// FormatVersion.
+func VersionFor(p *Plan) string {
+	if uses12(p) {
+		return FormatVersion
+	}
+	return Version11
+}
+
+// uses12 reports whether p uses anything format 1.1 does not define.
+func uses12(p *Plan) bool {
+	if !slices.Contains(Hypervisors11, p.Hypervisor) {
+		return true
+	}
+	for i := range p.Changes {
+		for j := range p.Changes[i].Steps {
+			s := &p.Changes[i].Steps[j]
+			if _, ok := glyphs[s.Action]; !ok || s.Params.Ext != nil {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Overlay is a copy-on-write disk volume backed by the golden image.
@@ -225,7 +276,20 @@ func Glyph(action string) string {
 	return "?"
 }
 
-// Actions lists the step actions of format FormatVersion, sorted.
+// StepGlyph is the mark of one step: its action's, or for a plug-in
+// action its ext effect's; "?" when neither is known.
+func StepGlyph(s *Step) string {
+	if g := Glyph(s.Action); g != "?" || s.Params.Ext == nil {
+		return g
+	}
+	if g, ok := effectGlyphs[s.Params.Ext.Effect]; ok {
+		return g
+	}
+	return "?"
+}
+
+// Actions lists the step actions of format 1.1, sorted (format 1.2 adds
+// any plug-in action).
 func Actions() []string {
 	out := make([]string, 0, len(glyphs))
 	for a := range glyphs {
@@ -295,6 +359,10 @@ func Decode(planJSON []byte) (*Plan, error) {
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, errors.New("decode plan: data after the plan")
+	}
+	if minor <= 1 && uses12(&p) {
+		return nil, fmt.Errorf("decode plan: format_version %s is not what it claims to be: it uses a hypervisor, an action or params.ext of a later version",
+			*head.FormatVersion)
 	}
 	return &p, nil
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -193,7 +195,7 @@ func (r *textRenderer) change(c *Change) {
 		r.line("  waiting: %s", termtext.Escape(c.Wait))
 	}
 	for _, s := range c.Steps {
-		sym := Glyph(s.Action)
+		sym := StepGlyph(&s)
 		detail := stepDetail(&s)
 		if detail != "" {
 			detail = "  " + detail
@@ -236,6 +238,11 @@ func stepDetail(s *Step) string {
 		}
 	case p.Volume != "":
 		parts = append(parts, "volume="+termtext.Escape(p.Pool+"/"+p.Volume))
+	case p.Ext != nil:
+		keys := slices.Sorted(maps.Keys(p.Ext.Args))
+		for _, k := range keys {
+			parts = append(parts, termtext.Escape(k)+"="+termtext.Escape(p.Ext.Args[k]))
+		}
 	}
 	if s.Action == "autostart" {
 		parts = append(parts, "autostart="+strconv.FormatBool(p.Autostart))

@@ -11,7 +11,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt"
 	"github.com/bigfleet-vm/provider/jsonplan"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
@@ -55,7 +55,7 @@ func TestRenderSummaryLine(t *testing.T) {
 }
 
 func TestRenderNoChanges(t *testing.T) {
-	p := planner.Build(planner.Inputs{Config: planner.Config{Shape: hypervisors.ShapeLibvirt, Installation: "i"},
+	p := planner.Build(planner.Inputs{Config: planner.Config{Plugin: libvirt.Planner(libvirt.PlanSettings{}), Installation: "i"},
 		Observed: &observed.Snapshot{Zones: map[string]*observed.Zone{"a": {Name: "a", Status: observed.StatusOK, At: t0}}, At: t0}, Now: t0})
 	var b bytes.Buffer
 	if err := planner.WriteText(&b, p, planner.TextOptions{}); err != nil {

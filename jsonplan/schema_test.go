@@ -1,6 +1,7 @@
 package jsonplan_test
 
 import (
+	"encoding/json"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -60,6 +61,10 @@ func TestSchemaIsClosedAndStrict(t *testing.T) {
 		{"other version", `"format_version": "1.1"`, `"format_version": "1.0"`},
 		{"bad timestamp", `"planned_at": "2026-03-01T12:00:00Z"`, `"planned_at": "yesterday"`},
 		{"negative count", `"create": 1`, `"create": -1`},
+		// Format 1.1 cannot carry what 1.2 added.
+		{"ext in a 1.1 plan", `"params": {`, `"params": {"ext": {"effect": "create"},`},
+		{"another hypervisor in a 1.1 plan", `"hypervisor": "libvirt"`, `"hypervisor": "mem"`},
+		{"a plug-in action in a 1.1 plan", `"action": "define"`, `"action": "mem-create"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -105,7 +110,7 @@ func TestSchemaEnumsMatchTheCode(t *testing.T) {
 		name      string
 		want, got []string
 	}{
-		{"action", jsonplan.Actions(), enum(defs["action"])},
+		{"action", jsonplan.Actions(), enum(defs["action11"])},
 		{"drift kind", kinds, enum(prop("drift", "kind"))},
 		{"drift policy", policies, enum(prop("drift", "policy"))},
 	} {
@@ -113,8 +118,60 @@ func TestSchemaEnumsMatchTheCode(t *testing.T) {
 			t.Errorf("%s: code vs docs/plan.schema.json (-code +schema):\n%s", c.name, diff)
 		}
 	}
-	v := raw["properties"].(map[string]any)["format_version"].(map[string]any)["const"]
-	if v != jsonplan.FormatVersion {
-		t.Errorf("the schema describes format_version %v, this build writes %s", v, jsonplan.FormatVersion)
+	versions := enum(raw["properties"].(map[string]any)["format_version"])
+	if want := []string{jsonplan.Version11, jsonplan.FormatVersion}; !slices.Equal(versions, want) {
+		t.Errorf("the schema describes format_versions %v, this build writes %v", versions, want)
+	}
+}
+
+// TestSchemaOfFormat12 checks what format 1.2 adds: a plan of a plug-in
+// hypervisor with a plug-in action and its ext validates; a closed ext
+// refuses what it does not define.
+func TestSchemaOfFormat12(t *testing.T) {
+	var doc map[string]any
+	if err := json.Unmarshal(goldenPlans(t)["create-on-empty-host.txtar"], &doc); err != nil {
+		t.Fatal(err)
+	}
+	doc["format_version"], doc["hypervisor"] = "1.2", "mem"
+	for _, c := range doc["changes"].([]any) {
+		for _, st := range c.(map[string]any)["steps"].([]any) {
+			if st := st.(map[string]any); st["action"] == "define" {
+				st["action"] = "mem-create"
+				st["params"] = map[string]any{"ext": map[string]any{"effect": "create", "args": map[string]any{"name": "bf-x", "vcpu": "2"}}}
+			}
+		}
+	}
+	raw, _ := json.MarshalIndent(doc, "", "  ")
+	base := string(raw)
+	if err := planschema.Validate(raw); err != nil {
+		t.Fatalf("a 1.2 plan of a plug-in hypervisor: %v", err)
+	}
+	p, err := jsonplan.Decode(raw)
+	if err != nil {
+		t.Fatalf("Decode of a 1.2 plan: %v", err)
+	}
+	if got := jsonplan.VersionFor(p); got != "1.2" {
+		t.Errorf("VersionFor = %s, want 1.2", got)
+	}
+	if _, err := jsonplan.Decode([]byte(strings.Replace(base, `"format_version": "1.2"`, `"format_version": "1.1"`, 1))); err == nil ||
+		!strings.Contains(err.Error(), "not what it claims") {
+		t.Errorf("Decode of a 1.2 plan claiming 1.1: %v, want a refusal", err)
+	}
+	for _, tt := range []struct{ name, old, new string }{
+		{"unknown ext key", `"effect": "create"`, `"effect": "create", "extra": 1`},
+		{"unknown effect", `"effect": "create"`, `"effect": "teleport"`},
+		{"an arg that is a number", `"vcpu": "2"`, `"vcpu": 2`},
+		{"an arg name out of pattern", `"vcpu": "2"`, `"VCPU": "2"`},
+		{"another version", `"format_version": "1.2"`, `"format_version": "1.3"`},
+		{"the same plan claiming 1.1", `"format_version": "1.2"`, `"format_version": "1.1"`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if !strings.Contains(base, tt.old) {
+				t.Fatalf("fixture lacks %q", tt.old)
+			}
+			if err := planschema.Validate([]byte(strings.Replace(base, tt.old, tt.new, 1))); err == nil {
+				t.Error("the schema accepts it")
+			}
+		})
 	}
 }

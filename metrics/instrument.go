@@ -10,11 +10,11 @@ import (
 )
 
 // Instrument wraps a hypervisor so every call is counted and timed by
-// operation and outcome. It is one type whatever the adapter offers: its
-// Capabilities are the adapter's, with the shape steps (when the adapter
-// has them) replaced by counted ones, so hypervisors.Find reaches them
-// through the wrapper; health, events and volume reads pass through
-// uncounted; the adapter's RPC reports are subscribed to here, once.
+// operation and outcome. It is one type whatever the adapter offers: the
+// steps of the hypervisor's own vocabulary go through Apply and are
+// counted under their ActionInfo's op; its Capabilities are the
+// adapter's (health, events, volume and capacity reads pass through
+// uncounted); the adapter's RPC reports are subscribed to here, once.
 func Instrument(hv hypervisors.Hypervisor, m *Metrics) hypervisors.Hypervisor {
 	if m == nil {
 		return hv
@@ -24,40 +24,17 @@ func Instrument(hv hypervisors.Hypervisor, m *Metrics) hypervisors.Hypervisor {
 		i.caps.RPCs.ObserveRPCs(m.HypervisorRPC)
 		i.caps.RPCs = nil // taken: a second subscriber would replace this one
 	}
-	if i.caps.Libvirt != nil {
-		i.caps.Libvirt = libvirtSteps{i, i.caps.Libvirt}
-	}
-	if i.caps.Proxmox != nil {
-		i.caps.Proxmox = proxmoxSteps{i, i.caps.Proxmox}
-	}
 	return i
 }
 
-// instrumented counts the common operations and, through its
-// Capabilities, the shape steps.
+// instrumented counts every operation of the hypervisor it wraps.
 type instrumented struct {
 	hv   hypervisors.Hypervisor
 	m    *Metrics
 	caps hypervisors.Capabilities
 }
 
-var (
-	_ hypervisors.Capable      = (*instrumented)(nil)
-	_ hypervisors.LibvirtSteps = libvirtSteps{}
-	_ hypervisors.ProxmoxSteps = proxmoxSteps{}
-)
-
-// libvirtSteps and proxmoxSteps forward to the steps found behind the
-// wrapped hypervisor, counting them as i's calls.
-type libvirtSteps struct {
-	i  *instrumented
-	lv hypervisors.LibvirtSteps
-}
-
-type proxmoxSteps struct {
-	i  *instrumented
-	px hypervisors.ProxmoxSteps
-}
+var _ hypervisors.Capable = (*instrumented)(nil)
 
 func (i *instrumented) done(op, zone string, start time.Time, err error) {
 	i.m.HypervisorCall(op, zone, err, time.Since(start))
@@ -66,9 +43,8 @@ func (i *instrumented) done(op, zone string, start time.Time, err error) {
 // Capabilities implements hypervisors.Capable.
 func (i *instrumented) Capabilities() hypervisors.Capabilities { return i.caps }
 
-func (i *instrumented) Shape() hypervisors.Shape { return i.hv.Shape() }
-func (i *instrumented) Zones() []string          { return i.hv.Zones() }
-func (i *instrumented) Close() error             { return i.hv.Close() }
+func (i *instrumented) Zones() []string { return i.hv.Zones() }
+func (i *instrumented) Close() error    { return i.hv.Close() }
 
 func (i *instrumented) Observe(ctx context.Context, zone string) (z *observed.Zone, err error) {
 	start := time.Now()
@@ -98,12 +74,6 @@ func (i *instrumented) Stop(ctx context.Context, t hypervisors.Target, grace tim
 	start := time.Now()
 	defer func() { i.done("stop", t.Zone, start, err) }()
 	return i.hv.Stop(ctx, t, grace)
-}
-
-func (i *instrumented) SetAutostart(ctx context.Context, t hypervisors.Target, on bool) (err error) {
-	start := time.Now()
-	defer func() { i.done("set_autostart", t.Zone, start, err) }()
-	return i.hv.SetAutostart(ctx, t, on)
 }
 
 func (i *instrumented) SetMarker(ctx context.Context, t hypervisors.Target, mk observed.Marker) (err error) {
@@ -136,50 +106,8 @@ func (i *instrumented) AgentExec(ctx context.Context, t hypervisors.Target, argv
 	return i.hv.AgentExec(ctx, t, argv)
 }
 
-func (w libvirtSteps) CreateOverlay(ctx context.Context, zone string, s hypervisors.OverlaySpec) (err error) {
+func (i *instrumented) Apply(ctx context.Context, t hypervisors.Target, p hypervisors.StepParams) (vmid int, err error) {
 	start := time.Now()
-	defer func() { w.i.done("create_overlay", zone, start, err) }()
-	return w.lv.CreateOverlay(ctx, zone, s)
-}
-
-func (w libvirtSteps) CreateSeed(ctx context.Context, zone string, s hypervisors.SeedSpec) (err error) {
-	start := time.Now()
-	defer func() { w.i.done("create_seed", zone, start, err) }()
-	return w.lv.CreateSeed(ctx, zone, s)
-}
-
-func (w libvirtSteps) DefineDomain(ctx context.Context, zone string, s hypervisors.DomainSpec) (err error) {
-	start := time.Now()
-	defer func() { w.i.done("define_domain", zone, start, err) }()
-	return w.lv.DefineDomain(ctx, zone, s)
-}
-
-func (w libvirtSteps) UndefineDomain(ctx context.Context, t hypervisors.Target) (err error) {
-	start := time.Now()
-	defer func() { w.i.done("undefine_domain", t.Zone, start, err) }()
-	return w.lv.UndefineDomain(ctx, t)
-}
-
-func (w libvirtSteps) DeleteVolume(ctx context.Context, zone, pool, name string) (err error) {
-	start := time.Now()
-	defer func() { w.i.done("delete_volume", zone, start, err) }()
-	return w.lv.DeleteVolume(ctx, zone, pool, name)
-}
-
-func (w proxmoxSteps) CloneVM(ctx context.Context, zone string, s hypervisors.CloneSpec) (vmid int, err error) {
-	start := time.Now()
-	defer func() { w.i.done("clone_vm", zone, start, err) }()
-	return w.px.CloneVM(ctx, zone, s)
-}
-
-func (w proxmoxSteps) ConfigureVM(ctx context.Context, t hypervisors.Target, s hypervisors.SizeSpec) (err error) {
-	start := time.Now()
-	defer func() { w.i.done("configure_vm", t.Zone, start, err) }()
-	return w.px.ConfigureVM(ctx, t, s)
-}
-
-func (w proxmoxSteps) DeleteVM(ctx context.Context, t hypervisors.Target) (err error) {
-	start := time.Now()
-	defer func() { w.i.done("delete_vm", t.Zone, start, err) }()
-	return w.px.DeleteVM(ctx, t)
+	defer func() { i.done(p.Info().Op, t.Zone, start, err) }()
+	return i.hv.Apply(ctx, t, p)
 }

@@ -14,8 +14,10 @@ import (
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/fake"
 	"github.com/bigfleet-vm/provider/hypervisors/libvirt"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvesim"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvespec"
 )
 
 // hvCalls reads hypervisor_calls_total as "op outcome" -> count.
@@ -56,21 +58,13 @@ func newProxmox(t *testing.T) *proxmox.Adapter {
 	return a
 }
 
-// bothShapes offers the steps of both shapes (no adapter does today; the
-// wrapper must still forward both).
-type bothShapes struct {
-	*fake.Libvirt
-	hypervisors.ProxmoxSteps
-}
-
 // commonOnly offers only the common interface.
 type commonOnly struct{ hypervisors.Hypervisor }
 
 // An instrumented adapter offers, through its Capabilities and
-// hypervisors.Find, exactly the shape steps and optional interfaces the
-// adapter has, and its shape steps are counted: the executor finds them
-// on the wrapper, not behind it. One wrapper type serves every
-// combination.
+// hypervisors.Find, exactly the optional interfaces the adapter has, and
+// the steps of its vocabulary (Apply) are counted under each step's op.
+// One wrapper type serves every adapter.
 func TestInstrumentForwardsShapes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -80,16 +74,12 @@ func TestInstrumentForwardsShapes(t *testing.T) {
 	defer fakePx.Close()
 	deleteVolume := func(zone string) func(hypervisors.Hypervisor) {
 		return func(w hypervisors.Hypervisor) {
-			if s, ok := hypervisors.Find[hypervisors.LibvirtSteps](w); ok {
-				_ = s.DeleteVolume(ctx, zone, "default", "bf-gone")
-			}
+			_, _ = w.Apply(ctx, hypervisors.Target{Zone: zone}, &lvspec.DeleteVolume{Pool: "default", Volume: "bf-gone"})
 		}
 	}
 	deleteVM := func(zone string) func(hypervisors.Hypervisor) {
 		return func(w hypervisors.Hypervisor) {
-			if s, ok := hypervisors.Find[hypervisors.ProxmoxSteps](w); ok {
-				_ = s.DeleteVM(ctx, hypervisors.Target{Zone: zone, VMID: 4242})
-			}
+			_, _ = w.Apply(ctx, hypervisors.Target{Zone: zone, VMID: 4242}, &pvespec.DeleteVM{})
 		}
 	}
 	tests := []struct {
@@ -101,20 +91,22 @@ func TestInstrumentForwardsShapes(t *testing.T) {
 		counted []string
 	}{
 		{"libvirt adapter", lv,
-			map[string]bool{"libvirt": true, "events": true, "volumes": true, "health": true},
+			map[string]bool{"events": true, "volumes": true, "health": true},
 			[]func(hypervisors.Hypervisor){deleteVolume("dead")}, []string{"delete_volume"}},
 		{"proxmox adapter", px,
-			map[string]bool{"proxmox": true, "events": true, "health": true},
+			map[string]bool{"events": true, "health": true},
 			[]func(hypervisors.Hypervisor){deleteVM("pve1")}, []string{"delete_vm"}},
 		{"libvirt simulator", fakeLv,
-			map[string]bool{"libvirt": true, "volumes": true, "health": true},
+			map[string]bool{"volumes": true, "health": true},
 			[]func(hypervisors.Hypervisor){deleteVolume("fake-a")}, []string{"delete_volume"}},
 		{"proxmox simulator", fakePx,
-			map[string]bool{"proxmox": true, "health": true},
+			map[string]bool{"health": true},
 			[]func(hypervisors.Hypervisor){deleteVM("fake-a")}, []string{"delete_vm"}},
-		{"both shapes", bothShapes{fakeLv, fakePx},
-			map[string]bool{"libvirt": true, "proxmox": true, "volumes": true, "health": true},
-			[]func(hypervisors.Hypervisor){deleteVolume("fake-a"), deleteVM("fake-a")}, []string{"delete_volume", "delete_vm"}},
+		// A step of another vocabulary is refused by the adapter, and
+		// still counted (as an error) under its op.
+		{"proxmox step on libvirt", fakeLv,
+			map[string]bool{"volumes": true, "health": true},
+			[]func(hypervisors.Hypervisor){deleteVM("fake-a")}, []string{"delete_vm"}},
 		// The wrapper offers no part the adapter lacks.
 		{"common interface only", commonOnly{fakeLv}, map[string]bool{}, nil, nil},
 	}
@@ -124,8 +116,6 @@ func TestInstrumentForwardsShapes(t *testing.T) {
 			w := Instrument(tc.hv, m)
 			offers := map[string]bool{}
 			for name, ok := range map[string]bool{
-				"libvirt": found[hypervisors.LibvirtSteps](w),
-				"proxmox": found[hypervisors.ProxmoxSteps](w),
 				"events":  found[hypervisors.EventSource](w),
 				"volumes": found[hypervisors.VolumeReader](w),
 				"health":  found[hypervisors.HealthReporter](w),
@@ -139,8 +129,7 @@ func TestInstrumentForwardsShapes(t *testing.T) {
 			}
 			caps := hypervisors.CapabilitiesOf(w)
 			declared := map[string]bool{}
-			for name, part := range map[string]any{"libvirt": caps.Libvirt, "proxmox": caps.Proxmox,
-				"events": caps.Events, "volumes": caps.Volumes, "health": caps.Health} {
+			for name, part := range map[string]any{"events": caps.Events, "volumes": caps.Volumes, "health": caps.Health} {
 				if part != nil {
 					declared[name] = true
 				}
@@ -234,8 +223,7 @@ func TestCallDurationsByZoneAndProcedure(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	lv, _ := hypervisors.Find[hypervisors.LibvirtSteps](w)
-	_ = lv.DeleteVolume(ctx, zones[1], "default", "bf-gone")
+	_, _ = w.Apply(ctx, hypervisors.Target{Zone: zones[1]}, &lvspec.DeleteVolume{Pool: "default", Volume: "bf-gone"})
 	r.f(zones[0], "DomainGetXMLDesc", 3*time.Millisecond, nil)
 	r.f(zones[1], "DomainGetXMLDesc", 4*time.Millisecond, nil)
 	r.f(zones[1], "", time.Millisecond, nil)

@@ -24,8 +24,11 @@ import (
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
 	"github.com/bigfleet-vm/provider/config"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox"
 	"github.com/bigfleet-vm/provider/internal/providertest"
 	"github.com/bigfleet-vm/provider/naming"
+	"github.com/bigfleet-vm/provider/plugin"
 	"github.com/bigfleet-vm/provider/server"
 )
 
@@ -51,7 +54,7 @@ type harness struct {
 func start(t *testing.T) (*harness, *config.Config) {
 	t.Helper()
 	grpcAddr, metricsAddr := freePort(t), freePort(t)
-	cfg, err := config.Parse([]string{"--use-fake-backend", "--installation-id", "mt", "--seed-count", "6",
+	cfg, err := config.Parse(plugin.MustRegistry(libvirt.Plugin(), proxmox.Plugin()), []string{"--use-fake-backend", "--installation-id", "mt", "--seed-count", "6",
 		"--state", filepath.Join(t.TempDir(), "state"), "--addr", grpcAddr, "--metrics-addr", metricsAddr,
 		"--reconcile-interval", "0", "--shutdown-grace", "2s", "--fake-admin",
 		// Drift is reported until the machine's own reconcile acts on it (a
@@ -330,7 +333,7 @@ func TestDriftMetrics(t *testing.T) {
 // 1,338 times, at 2 82 times, from a Reset() then Inc()s).
 func TestScrapeConsistency(t *testing.T) {
 	grpcAddr, metricsAddr := freePort(t), freePort(t)
-	cfg, err := config.Parse([]string{"--use-fake-backend", "--installation-id", "sc", "--seed-count", "12",
+	cfg, err := config.Parse(plugin.MustRegistry(libvirt.Plugin(), proxmox.Plugin()), []string{"--use-fake-backend", "--installation-id", "sc", "--seed-count", "12",
 		"--state", filepath.Join(t.TempDir(), "state"), "--addr", grpcAddr, "--metrics-addr", metricsAddr,
 		"--reconcile-interval", "500ms", "--drift-repair-delay", "1h", "--shutdown-grace", "2s", "--fake-admin"}, io.Discard)
 	if err != nil {

@@ -189,8 +189,15 @@ func (c *termCollector) Collect(ch chan<- prometheus.Metric) {
 				gauge(driftDesc, float64(n), k.Zone, string(k.Kind))
 			}
 		}
-		for _, a := range planner.Actions {
+		listed := make(map[planner.Action]bool, len(p.Actions))
+		for _, a := range p.Actions {
+			listed[a] = true
 			gauge(pendingDesc, float64(p.Pending[a]), string(a))
+		}
+		for a, n := range p.Pending {
+			if !listed[a] {
+				gauge(pendingDesc, float64(n), string(a))
+			}
 		}
 		gauge(planStepsDesc, float64(p.Steps))
 		if !p.PlannedAt.IsZero() {

@@ -45,8 +45,6 @@ type VM struct {
 	MemoryMiB int     `json:"memory_mib,omitempty" yaml:"memory_mib,omitempty"`
 	// Template marks a Proxmox template (never a candidate for anything).
 	Template bool `json:"template,omitempty" yaml:"template,omitempty"`
-	// Tags are the Proxmox tags (sorted); empty on libvirt.
-	Tags []string `json:"tags,omitempty" yaml:"tags,omitempty"`
 	// Autostart is libvirt autostart / Proxmox onboot.
 	Autostart bool `json:"autostart,omitempty" yaml:"autostart,omitempty"`
 	// Volumes lists the names of the volumes the domain's disks point at
@@ -78,7 +76,7 @@ type Volume struct {
 	// BackingFormat is the declared format of the backing store, if any.
 	BackingFormat string `json:"backing_format,omitempty" yaml:"backing_format,omitempty"`
 	// Identity is the content identity a seed volume carries
-	// (hypervisors.SeedIdentity of what it was built from), read from the
+	// (lvspec.SeedIdentity of what it was built from), read from the
 	// volume itself; empty when it carries none, e.g. a volume created
 	// but never (or only partly) uploaded. Empty for other volumes.
 	Identity string `json:"identity,omitempty" yaml:"identity,omitempty"`

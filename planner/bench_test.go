@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/bigfleet-vm/provider/desired"
-	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt"
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
@@ -16,8 +16,8 @@ import (
 // the rest IDLE with a running VM; 1% of those VMs are stopped (drift).
 func fleet(n int) ([]*desired.Machine, *observed.Snapshot, planner.Config) {
 	const inst = "bench"
-	cfg := planner.Config{Shape: hypervisors.ShapeLibvirt, Installation: inst, Pool: "default", Image: "golden.qcow2",
-		Network: "default", DomainType: "kvm", StopGrace: time.Minute, ReapFailed: true}
+	cfg := planner.Config{Plugin: libvirt.Planner(libvirt.PlanSettings{Pool: "default", Image: "golden.qcow2", Network: "default",
+		DomainType: "kvm"}), Installation: inst, StopGrace: time.Minute, ReapFailed: true}
 	snap := &observed.Snapshot{Zones: map[string]*observed.Zone{}, At: t0}
 	for z := range 50 {
 		name := fmt.Sprintf("host-%02d", z)

@@ -2,13 +2,11 @@ package planner
 
 import (
 	"io"
-	"maps"
 	"slices"
 	"time"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/jsonplan"
-	"github.com/bigfleet-vm/provider/observed"
 )
 
 // TextOptions shape the human plan.
@@ -34,17 +32,17 @@ func WriteText(w io.Writer, p *Plan, opts TextOptions) error {
 // it is added here and to jsonplan (with a format_version bump).
 func (p *Plan) JSON() *jsonplan.Plan {
 	out := &jsonplan.Plan{
-		FormatVersion: jsonplan.FormatVersion,
-		Hypervisor:    p.Hypervisor,
-		Installation:  p.Installation,
-		Lineage:       p.Lineage,
-		Serial:        p.Serial,
-		ObservedAt:    p.ObservedAt,
-		PlannedAt:     p.PlannedAt,
-		Zones:         make([]jsonplan.Zone, 0, len(p.Zones)),
-		Changes:       make([]jsonplan.Change, 0, len(p.Changes)),
-		Drift:         make([]jsonplan.Drift, 0, len(p.Drift)),
-		Summary:       jsonplan.Summary(p.Summary),
+
+		Hypervisor:   p.Hypervisor,
+		Installation: p.Installation,
+		Lineage:      p.Lineage,
+		Serial:       p.Serial,
+		ObservedAt:   p.ObservedAt,
+		PlannedAt:    p.PlannedAt,
+		Zones:        make([]jsonplan.Zone, 0, len(p.Zones)),
+		Changes:      make([]jsonplan.Change, 0, len(p.Changes)),
+		Drift:        make([]jsonplan.Drift, 0, len(p.Drift)),
+		Summary:      jsonplan.Summary(p.Summary),
 	}
 	for _, z := range p.Zones {
 		out.Zones = append(out.Zones, jsonplan.Zone(z))
@@ -56,6 +54,7 @@ func (p *Plan) JSON() *jsonplan.Plan {
 		out.Drift = append(out.Drift, jsonplan.Drift{Machine: d.Machine, Zone: d.Zone, VM: d.VM, Kind: string(d.Kind),
 			Policy: string(d.Policy), Detail: d.Detail})
 	}
+	out.FormatVersion = jsonplan.VersionFor(out)
 	return out
 }
 
@@ -82,30 +81,15 @@ func (c *Change) json() jsonplan.Change {
 }
 
 func (p *Params) json() jsonplan.Params {
-	out := jsonplan.Params{Exec: slices.Clone(p.Exec), BlobPath: p.BlobPath, Pool: p.Pool, Volume: p.Volume, Autostart: p.Autostart}
+	out := jsonplan.Params{Exec: slices.Clone(p.Exec), BlobPath: p.BlobPath}
 	if p.Grace != 0 {
 		out.Grace = time.Duration(p.Grace).String()
 	}
-	if o := p.Overlay; o != nil {
-		out.Overlay = &jsonplan.Overlay{Pool: o.Pool, Name: o.Name, BaseImage: o.BaseImage, MinCapacityGiB: o.MinCapacityGiB}
-	}
-	if s := p.Seed; s != nil {
-		out.Seed = &jsonplan.Seed{Pool: s.Pool, Name: s.Name, InstanceID: s.InstanceID, Hostname: s.Hostname, UserData: s.UserData}
-	}
-	if d := p.Domain; d != nil {
-		out.Domain = &jsonplan.Domain{Name: d.Name, VCPU: d.VCPU, MemoryMiB: d.MemoryMiB, DomainType: d.DomainType, Pool: d.Pool,
-			Overlay: d.Overlay, Seed: d.Seed, Network: d.Network, Kernel: d.Kernel, Initrd: d.Initrd, Cmdline: d.Cmdline,
-			Marker: marker(d.Marker), Labels: maps.Clone(d.Labels)}
-	}
-	if c := p.Clone; c != nil {
-		out.Clone = &jsonplan.Clone{Name: c.Name, TemplateVMID: c.TemplateVMID, Pool: c.Pool, Marker: marker(c.Marker),
-			Labels: maps.Clone(c.Labels)}
-	}
-	if s := p.Size; s != nil {
-		out.Size = &jsonplan.Size{VCPU: s.VCPU, MemoryMiB: s.MemoryMiB, OnBoot: s.OnBoot, Marker: marker(s.Marker)}
+	if p.Plugin != nil {
+		p.Plugin.PlanJSON(&out)
 	}
 	if p.Marker != nil {
-		m := marker(*p.Marker)
+		m := hypervisors.JSONMarker(*p.Marker)
 		out.Marker = &m
 	}
 	return out
@@ -113,9 +97,4 @@ func (p *Params) json() jsonplan.Params {
 
 func target(t hypervisors.Target) jsonplan.Target {
 	return jsonplan.Target{Zone: t.Zone, Name: t.Name, VMID: t.VMID}
-}
-
-func marker(m observed.Marker) jsonplan.Marker {
-	return jsonplan.Marker{Installation: m.Installation, MachineID: m.MachineID, OpID: m.OpID, InstanceType: m.InstanceType,
-		Cluster: m.Cluster}
 }

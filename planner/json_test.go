@@ -14,6 +14,10 @@ import (
 
 	"github.com/bigfleet-vm/provider/desired"
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvespec"
 	"github.com/bigfleet-vm/provider/jsonplan"
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
@@ -30,34 +34,46 @@ func TestActionProperties(t *testing.T) {
 		Symbol      string
 		Destructive bool
 	}
-	want := map[planner.Action]props{
-		planner.ActionCreateOverlay: {"+", false}, planner.ActionCreateSeed: {"+", false},
-		planner.ActionDefine: {"+", false}, planner.ActionClone: {"+", false},
-		planner.ActionStart: {">", false}, planner.ActionResume: {">", false},
-		planner.ActionConfigureVM: {"~", false}, planner.ActionAutostart: {"~", false}, planner.ActionWaitAgent: {"~", false},
-		planner.ActionBind: {"~", false}, planner.ActionUnbind: {"~", false}, planner.ActionExecBootstrap: {"~", false},
-		planner.ActionExecReady: {"~", false}, planner.ActionExecDrain: {"~", false},
-		planner.ActionStop: {"-", true}, planner.ActionUndefine: {"-", true},
-		planner.ActionDeleteVolume: {"-", true}, planner.ActionDeleteVM: {"-", true},
+	want := map[string]props{
+		"create-overlay": {"+", false}, "create-seed": {"+", false},
+		"define": {"+", false}, "clone": {"+", false},
+		"start": {">", false}, "resume": {">", false},
+		"configure-vm": {"~", false}, "autostart": {"~", false}, "wait-agent": {"~", false},
+		"bind": {"~", false}, "unbind": {"~", false}, "exec-bootstrap": {"~", false},
+		"exec-ready": {"~", false}, "exec-drain": {"~", false},
+		"stop": {"-", true}, "undefine": {"-", true},
+		"delete-volume": {"-", true}, "delete-vm": {"-", true},
 	}
-	got := map[planner.Action]props{}
-	for _, a := range planner.Actions {
-		got[a] = props{a.Symbol(), a.Destructive()}
+	glyph := map[hypervisors.Effect]string{hypervisors.EffectCreate: "+", hypervisors.EffectStart: ">",
+		hypervisors.EffectChange: "~", hypervisors.EffectDestroy: "-"}
+	got := map[string]props{}
+	for _, a := range shippedActions() {
+		got[a.Name] = props{planner.Action(a.Name).Symbol(), a.Destructive}
+		if g := glyph[a.Effect]; g != planner.Action(a.Name).Symbol() {
+			t.Errorf("%s: effect %s is %q in the human plan, but format 1.1 marks it %q", a.Name, a.Effect, g, planner.Action(a.Name).Symbol())
+		}
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("action properties (-want +got):\n%s", diff)
 	}
-	if planner.Action("no-such-action").Destructive() {
-		t.Error("an unknown action is destructive")
+	unknown := planner.Step{Action: "no-such-action"}
+	if !unknown.Info().OwnerCheck || !unknown.Info().Heavy {
+		t.Error("a step of an unknown action is neither owner-checked nor bounded per zone")
 	}
+}
+
+// shippedActions are the core actions and the libvirt and Proxmox
+// plug-ins' (format 1.1 knows exactly these).
+func shippedActions() []hypervisors.ActionInfo {
+	return slices.Concat(planner.CoreActions, lvspec.Actions, pvespec.Actions)
 }
 
 // TestActionsMatchTheJSONFormat keeps the planner's closed set of actions
 // and the JSON format's in step: a new action is a format change.
 func TestActionsMatchTheJSONFormat(t *testing.T) {
 	var mine []string
-	for _, a := range planner.Actions {
-		mine = append(mine, string(a))
+	for _, a := range shippedActions() {
+		mine = append(mine, a.Name)
 	}
 	slices.Sort(mine)
 	if diff := cmp.Diff(jsonplan.Actions(), mine); diff != "" {
@@ -87,12 +103,12 @@ func TestJSONDecidesEveryAdapterField(t *testing.T) {
 		"size":   {"VCPU": "vcpu", "MemoryMiB": "memory_mib", "OnBoot": "onboot", "Marker": "marker"},
 		"marker": {"Installation": "installation", "MachineID": "machine_id", "OpID": "op_id", "InstanceType": "instance_type", "Cluster": "cluster"},
 	}
-	params := planner.Params{Overlay: &hypervisors.OverlaySpec{}, Seed: &hypervisors.SeedSpec{}, Domain: &hypervisors.DomainSpec{},
-		Clone: &hypervisors.CloneSpec{}, Size: &hypervisors.SizeSpec{}, Marker: &observed.Marker{}}
-	specs := map[string]reflect.Value{
-		"overlay": reflect.ValueOf(params.Overlay).Elem(), "seed": reflect.ValueOf(params.Seed).Elem(),
-		"domain": reflect.ValueOf(params.Domain).Elem(), "clone": reflect.ValueOf(params.Clone).Elem(),
-		"size": reflect.ValueOf(params.Size).Elem(), "marker": reflect.ValueOf(params.Marker).Elem(),
+	stepParams := map[string]hypervisors.StepParams{"overlay": &lvspec.OverlaySpec{}, "seed": &lvspec.SeedSpec{},
+		"domain": &lvspec.DomainSpec{}, "clone": &pvespec.CloneSpec{}, "size": &pvespec.SizeSpec{}}
+	marker := &observed.Marker{}
+	specs := map[string]reflect.Value{"marker": reflect.ValueOf(marker).Elem()}
+	for name, sp := range stepParams {
+		specs[name] = reflect.ValueOf(sp).Elem()
 	}
 	for name, v := range specs {
 		fill(t, v)
@@ -103,7 +119,14 @@ func TestJSONDecidesEveryAdapterField(t *testing.T) {
 			}
 		}
 	}
-	p := &planner.Plan{Changes: []planner.Change{{Machine: "m", Steps: []planner.Step{{ID: "s", Action: planner.ActionDefine, Params: params}}}}}
+	order := []string{"overlay", "seed", "domain", "clone", "size"}
+	var steps []planner.Step
+	for _, name := range order {
+		sp := stepParams[name]
+		steps = append(steps, planner.Step{ID: name, Action: planner.Action(sp.Info().Name), Params: planner.Params{Plugin: sp}})
+	}
+	steps = append(steps, planner.Step{ID: "marker", Action: planner.ActionBind, Params: planner.Params{Marker: marker}})
+	p := &planner.Plan{Changes: []planner.Change{{Machine: "m", Steps: steps}}}
 	js, err := planner.MarshalJSON(p)
 	if err != nil {
 		t.Fatal(err)
@@ -118,7 +141,12 @@ func TestJSONDecidesEveryAdapterField(t *testing.T) {
 	if err := json.Unmarshal(js, &doc); err != nil {
 		t.Fatal(err)
 	}
-	got := doc.Changes[0].Steps[0].Params
+	got := map[string]map[string]any{}
+	for _, s := range doc.Changes[0].Steps {
+		for k, v := range s.Params {
+			got[k] = v
+		}
+	}
 	for name, fields := range decisions {
 		for field, key := range fields {
 			if _, present := got[name][key]; key != "" && !present {
@@ -170,8 +198,9 @@ func fill(t *testing.T, v reflect.Value) {
 func TestConfigurePlanNeverCarriesTheBlob(t *testing.T) {
 	ctx := context.Background()
 	secret := "#!/bin/sh\nkubeadm join --token s3cr3t.abcdef0123456789 10.0.0.1:6443\n"
-	for _, shape := range []hypervisors.Shape{hypervisors.ShapeLibvirt, hypervisors.ShapeProxmox} {
-		t.Run(string(shape), func(t *testing.T) {
+	for _, pl := range []planner.Plugin{libvirt.Planner(libvirt.PlanSettings{}),
+		proxmox.Planner(proxmox.PlanSettings{BootstrapPath: "/run/bigfleet-bootstrap", BootstrapExec: []string{"/bin/sh"}})} {
+		t.Run(pl.Name(), func(t *testing.T) {
 			now := func() time.Time { return t0 }
 			doc, _, err := desired.Open(ctx, desired.Options{Store: desired.NewMemoryStore(nil), Installation: "inst", DeleteSupported: true, Now: now, VMName: naming.VMName},
 				[]desired.Slot{{ID: "m1", Zone: "a", InstanceType: "t", Capacity: desired.OnDemand, VCPU: 2, MemoryMiB: 2048}})
@@ -193,7 +222,7 @@ func TestConfigurePlanNeverCarriesTheBlob(t *testing.T) {
 			vm := &observed.VM{Zone: "a", Name: m.VMName, Power: observed.PowerRunning, VCPU: 2, MemoryMiB: 2048, Autostart: true,
 				Marker: &observed.Marker{Installation: "inst", MachineID: "m1"}}
 			snap := &observed.Snapshot{At: t0, Zones: map[string]*observed.Zone{"a": {Name: "a", Status: observed.StatusOK, At: t0, VMs: []*observed.VM{vm}}}}
-			cfg := planner.Config{Shape: shape, Installation: "inst", BootstrapPath: "/run/bigfleet-bootstrap", BootstrapExec: []string{"/bin/sh"}}
+			cfg := planner.Config{Plugin: pl, Installation: "inst"}
 			p := planner.Build(planner.Inputs{Config: cfg, Machines: doc.All(), Observed: snap, Now: t0})
 			if p.Summary.Configure != 1 {
 				t.Fatalf("want a Configure, got %+v", p.Summary)

@@ -8,18 +8,15 @@ import (
 	"github.com/bigfleet-vm/provider/observed"
 )
 
-// Action is a step kind from a closed set.
+// Action is a step kind: one of the core actions below, or an action of
+// the hypervisor plug-in's vocabulary (Params.Plugin).
 type Action string
 
+// The core actions: power, guest agent and binding, the same whichever
+// hypervisor runs the VM.
 const (
-	ActionCreateOverlay Action = "create-overlay"
-	ActionCreateSeed    Action = "create-seed"
-	ActionDefine        Action = "define"
-	ActionClone         Action = "clone"
-	ActionConfigureVM   Action = "configure-vm"
 	ActionStart         Action = "start"
 	ActionResume        Action = "resume"
-	ActionAutostart     Action = "autostart"
 	ActionWaitAgent     Action = "wait-agent"
 	ActionBind          Action = "bind"
 	ActionExecBootstrap Action = "exec-bootstrap"
@@ -27,58 +24,78 @@ const (
 	ActionExecDrain     Action = "exec-drain"
 	ActionUnbind        Action = "unbind"
 	ActionStop          Action = "stop"
-	ActionUndefine      Action = "undefine"
-	ActionDeleteVolume  Action = "delete-volume"
-	ActionDeleteVM      Action = "delete-vm"
 )
 
-// Actions is the closed set of step kinds, in declaration order.
-var Actions = []Action{
-	ActionCreateOverlay, ActionCreateSeed, ActionDefine, ActionClone, ActionConfigureVM, ActionStart, ActionResume,
-	ActionAutostart, ActionWaitAgent, ActionBind, ActionExecBootstrap, ActionExecReady, ActionExecDrain, ActionUnbind,
-	ActionStop, ActionUndefine, ActionDeleteVolume, ActionDeleteVM,
+// CoreActions describes the core actions. Power and marker changes load
+// the host (bounded per zone); waits and guest commands do not. Stop is
+// the one destructive core action, re-checked against the live marker.
+var CoreActions = []hypervisors.ActionInfo{
+	{Name: string(ActionStart), Effect: hypervisors.EffectStart, Heavy: true, Op: "start"},
+	{Name: string(ActionResume), Effect: hypervisors.EffectStart, Heavy: true, Op: "resume"},
+	{Name: string(ActionWaitAgent), Effect: hypervisors.EffectChange, Op: "agent_ping"},
+	{Name: string(ActionBind), Effect: hypervisors.EffectChange, Heavy: true, Op: "set_marker"},
+	{Name: string(ActionExecBootstrap), Effect: hypervisors.EffectChange, Op: "agent_exec"},
+	{Name: string(ActionExecReady), Effect: hypervisors.EffectChange, Op: "agent_exec"},
+	{Name: string(ActionExecDrain), Effect: hypervisors.EffectChange, Op: "agent_exec"},
+	{Name: string(ActionUnbind), Effect: hypervisors.EffectChange, Heavy: true, Op: "set_marker"},
+	{Name: string(ActionStop), Effect: hypervisors.EffectDestroy, Destructive: true, OwnerCheck: true, Heavy: true, Op: "stop"},
 }
 
-// destructive are the actions that destroy something a VM had: its power
-// state, its definition or its disks. Whether an action destroys is a
-// fact about the action, decided here; how the human plan marks it is the
-// renderer's business (jsonplan.Glyph).
-var destructive = map[Action]bool{
-	ActionStop: true, ActionUndefine: true, ActionDeleteVolume: true, ActionDeleteVM: true,
-}
+var coreInfo = func() map[Action]hypervisors.ActionInfo {
+	m := make(map[Action]hypervisors.ActionInfo, len(CoreActions))
+	for _, a := range CoreActions {
+		m[Action(a.Name)] = a
+	}
+	return m
+}()
 
-// Destructive reports whether the action destroys something; the executor
-// re-checks ownership on the live VM right before such a step.
-func (a Action) Destructive() bool { return destructive[a] }
+// Actions lists every action a plug-in's plans use: the core actions,
+// then the plug-in's.
+func Actions(pl Plugin) []Action {
+	out := make([]Action, 0, len(CoreActions)+len(pl.Actions()))
+	for _, a := range CoreActions {
+		out = append(out, Action(a.Name))
+	}
+	for _, a := range pl.Actions() {
+		out = append(out, Action(a.Name))
+	}
+	return out
+}
 
 // Symbol is the one-character marker of an action in the human plan:
 // + create/define/clone, > start, ~ change or exec, - destroy.
 func (a Action) Symbol() string { return jsonplan.Glyph(string(a)) }
 
-// Params holds the parameters of exactly one action; the others are nil.
+// Params holds a step's parameters: the core actions' fields, or the
+// plug-in's typed parameters for a step of its vocabulary.
 type Params struct {
-	Overlay *hypervisors.OverlaySpec
-	Seed    *hypervisors.SeedSpec
-	Domain  *hypervisors.DomainSpec
-	Clone   *hypervisors.CloneSpec
-	Size    *hypervisors.SizeSpec
-	Marker  *observed.Marker
+	Marker *observed.Marker
 	// Exec is the argv run in the guest; for exec-bootstrap the blob is
 	// written to BlobPath first and removed after (the blob itself is never
 	// part of a plan).
 	Exec     []string
 	BlobPath string
-	// Pool and Volume name a volume to delete.
-	Pool   string
-	Volume string
 	// Grace bounds a graceful shutdown before a power-off.
 	Grace Duration
-	// Autostart value for the autostart step.
-	Autostart bool
+	// Plugin is the parameters of a plug-in step (nil for a core action).
+	Plugin hypervisors.StepParams
 }
 
 // Duration is a step's time parameter.
 type Duration time.Duration
+
+// Info describes the step's action: a core action's, or its plug-in
+// parameters'. A step with neither has the zero ActionInfo (heavy and
+// guarded: the executor refuses it).
+func (s *Step) Info() hypervisors.ActionInfo {
+	if s.Params.Plugin != nil {
+		return s.Params.Plugin.Info()
+	}
+	if i, ok := coreInfo[s.Action]; ok {
+		return i
+	}
+	return hypervisors.ActionInfo{Name: string(s.Action), Heavy: true, OwnerCheck: true}
+}
 
 // Step is one ensure-style hypervisor operation.
 type Step struct {

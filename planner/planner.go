@@ -9,31 +9,16 @@ import (
 
 	"github.com/bigfleet-vm/provider/desired"
 	"github.com/bigfleet-vm/provider/hypervisors"
-	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvemarker"
-	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
-)
-
-// Libvirt in-guest paths of the image hook contract.
-const (
-	LibvirtBlobPath = "/opt/bigfleet/bootstrap.blob"
-	LibvirtHook     = "/opt/bigfleet/bootstrap"
 )
 
 // Config is everything besides desired and observed state that shapes a
 // plan. It is plain data.
 type Config struct {
-	Shape        hypervisors.Shape
+	// Plugin plans what is particular to the hypervisor: its VMs' creation
+	// and teardown, and its bootstrap hook.
+	Plugin       Plugin
 	Installation string
-	// libvirt
-	Pool, Image, Network, DomainType, UserData string
-	// ZonePools overrides Pool per zone.
-	ZonePools               map[string]string
-	Kernel, Initrd, Cmdline string
-	// Proxmox
-	ProxmoxPool   string
-	BootstrapPath string
-	BootstrapExec []string
 	// NodeReadyExec, when set, gates CONFIGURED on a command succeeding in
 	// the guest.
 	NodeReadyExec []string
@@ -64,7 +49,7 @@ func Build(in Inputs) *Plan {
 		ix = observed.NewIndex(in.Observed, in.Config.Installation)
 	}
 	p := &Plan{
-		Hypervisor:   string(in.Config.Shape),
+		Hypervisor:   in.Config.Plugin.Name(),
 		Installation: in.Config.Installation,
 		Lineage:      in.Lineage,
 		Serial:       in.Serial,
@@ -84,9 +69,13 @@ func Build(in Inputs) *Plan {
 		}
 	}
 	known := make(map[string]bool, len(in.Machines))
+	// One planner serves every machine: it escapes to the heap (the
+	// plug-in receives it as a Builder), so it is allocated once a pass,
+	// not once a machine.
+	pl := &machinePlanner{cfg: in.Config, ix: ix, now: in.Now}
 	for _, m := range in.Machines {
 		known[m.ID] = true
-		c, drift := Machine(in.Config, m, ix, in.Now)
+		c, drift := pl.machine(m)
 		p.Drift = append(p.Drift, drift...)
 		if !c.Empty() || c.Wait != "" {
 			p.Changes = append(p.Changes, c)
@@ -157,8 +146,14 @@ func adoptOf(vm *observed.VM) *Adopt {
 // Machine plans one machine. It costs O(1) index lookups, so a single
 // machine can be re-planned in microseconds.
 func Machine(cfg Config, m *desired.Machine, ix *observed.Index, now time.Time) (Change, []Drift) {
-	pl := machinePlanner{cfg: cfg, m: m, ix: ix, now: now}
-	return pl.plan()
+	pl := &machinePlanner{cfg: cfg, ix: ix, now: now}
+	return pl.machine(m)
+}
+
+// machine plans m, starting afresh.
+func (p *machinePlanner) machine(m *desired.Machine) (Change, []Drift) {
+	p.m, p.c, p.drift, p.last = m, Change{}, nil, ""
+	return p.plan()
 }
 
 type machinePlanner struct {
@@ -213,7 +208,8 @@ func (p *machinePlanner) plan() (Change, []Drift) {
 			p.waitAgent(vm, "intent:configure")
 			mk := p.marker(m.Cluster)
 			p.add(ActionBind, vm, "", Params{Marker: &mk}, "intent:configure")
-			p.add(ActionExecBootstrap, vm, "", Params{Exec: p.bootstrapArgv(), BlobPath: p.blobPath()}, "intent:configure")
+			argv, blob := p.cfg.Plugin.Bootstrap(m)
+			p.add(ActionExecBootstrap, vm, "", Params{Exec: argv, BlobPath: blob}, "intent:configure")
 			if len(p.cfg.NodeReadyExec) > 0 {
 				p.add(ActionExecReady, vm, "", Params{Exec: p.cfg.NodeReadyExec}, "intent:configure")
 			}
@@ -229,11 +225,11 @@ func (p *machinePlanner) plan() (Change, []Drift) {
 			p.c.Finish = desired.Idle.String()
 		}
 	case desired.Deleting:
-		p.destroy(vm, z, "intent:delete")
+		p.destroy(vm, "intent:delete", false)
 		p.c.Finish = desired.Speculative.String()
 	case desired.Failed:
 		if p.cfg.ReapFailed && m.Capacity != desired.BareMetal {
-			p.destroyFailed(vm, z)
+			p.destroy(vm, "gc:failed", true)
 		}
 	}
 	return p.c, p.drift
@@ -291,81 +287,12 @@ func (p *machinePlanner) speculative(vm *observed.VM, z *observed.Zone) {
 }
 
 func (p *machinePlanner) creating(vm *observed.VM) {
-	m := p.m
-	if p.cfg.Shape == hypervisors.ShapeProxmox {
-		mk := p.marker("")
-		size := &hypervisors.SizeSpec{VCPU: m.VCPU, MemoryMiB: m.MemoryMiB, OnBoot: true, Marker: mk}
-		t := hypervisors.Target{Zone: m.Zone, Name: m.VMName}
-		if vm == nil {
-			p.addStep(ActionClone, t, "", Params{Clone: &hypervisors.CloneSpec{Name: m.VMName, TemplateVMID: m.TemplateVMID,
-				Pool: p.cfg.ProxmoxPool, Marker: mk, Labels: m.Labels}}, "missing")
-			p.addStep(ActionConfigureVM, t, "", Params{Size: size}, "intent:create")
-			p.addStep(ActionStart, t, "", Params{}, "intent:create")
-		} else {
-			if !sized(vm, size, p.cfg.Installation) {
-				p.add(ActionConfigureVM, vm, "", Params{Size: size}, "adopt:resize")
-			}
-			p.ensureRunning(vm, "intent:create")
-		}
-		p.waitAgent(vm, "intent:create")
-		p.c.Finish = desired.Idle.String()
+	p.cfg.Plugin.Create(p.builder(), vm)
+	if p.c.Fail != "" {
 		return
-	}
-	// libvirt
-	if vm == nil {
-		if len(p.ix.ByName(m.Zone, m.VMName)) > 0 {
-			p.addDrift(DriftNameCollision, PolicyFail, m.VMName, "domain name "+m.VMName+" is taken by a domain this installation does not own")
-			p.c.Fail = "cannot create: domain name " + m.VMName + " on " + m.Zone + " is taken by a domain this provider does not own"
-			return
-		}
-		overlay, seed := naming.OverlayVolume(m.VMName), naming.SeedVolume(m.VMName)
-		t := hypervisors.Target{Zone: m.Zone, Name: m.VMName}
-		var deps []string
-		if p.ix.Volume(m.Zone, overlay) == nil {
-			p.addStep(ActionCreateOverlay, t, "disk", Params{Overlay: &hypervisors.OverlaySpec{Pool: p.pool(), Name: overlay, BaseImage: p.cfg.Image}}, "missing")
-			deps = append(deps, p.last)
-		}
-		// A seed is trusted by its content identity, not its name: a
-		// volume left by a crash between create and upload, or built from
-		// other inputs, is rebuilt before the domain that boots from it is
-		// defined.
-		want := hypervisors.SeedSpec{Pool: p.pool(), Name: seed, InstanceID: m.ID, Hostname: m.VMName, UserData: p.cfg.UserData}
-		switch sv := p.ix.Volume(m.Zone, seed); {
-		case sv == nil:
-			p.addStep(ActionCreateSeed, t, "cidata", Params{Seed: &want}, "missing")
-			deps = append(deps, p.last)
-		case sv.Identity != hypervisors.SeedIdentity(want):
-			detail := "seed volume " + seed + " carries no content identity (created but never fully uploaded); rebuilding it"
-			if sv.Identity != "" {
-				detail = "seed volume " + seed + " was built from other inputs (" + sv.Identity + "); rebuilding it"
-			}
-			p.addDrift(DriftSeedMismatch, PolicyRepair, m.VMName, detail)
-			p.addStep(ActionCreateSeed, t, "cidata", Params{Seed: &want}, "drift:seed-mismatch")
-			deps = append(deps, p.last)
-		}
-		p.addStepDeps(ActionDefine, t, "", Params{Domain: &hypervisors.DomainSpec{Name: m.VMName, VCPU: m.VCPU, MemoryMiB: m.MemoryMiB,
-			DomainType: p.cfg.DomainType, Pool: p.pool(), Overlay: overlay, Seed: seed, Network: p.cfg.Network,
-			Kernel: p.cfg.Kernel, Initrd: p.cfg.Initrd, Cmdline: p.cfg.Cmdline, Marker: p.marker(""), Labels: m.Labels}}, "missing", deps)
-		p.addStep(ActionStart, t, "", Params{}, "intent:create")
-		p.addStep(ActionAutostart, t, "", Params{Autostart: true}, "intent:create")
-	} else {
-		p.ensureRunning(vm, "intent:create")
-		if !vm.Autostart {
-			p.add(ActionAutostart, vm, "", Params{Autostart: true}, "intent:create")
-		}
 	}
 	p.waitAgent(vm, "intent:create")
 	p.c.Finish = desired.Idle.String()
-}
-
-func sized(vm *observed.VM, s *hypervisors.SizeSpec, installation string) bool {
-	if vm.VCPU != s.VCPU || vm.MemoryMiB != s.MemoryMiB || vm.Autostart != s.OnBoot {
-		return false
-	}
-	if vm.Marker == nil || vm.Marker.OpID != s.Marker.OpID {
-		return false
-	}
-	return pvemarker.HasOwnershipTags(vm.Tags, installation)
 }
 
 // stable checks an IDLE or CONFIGURED machine's VM against what it should be.
@@ -425,64 +352,15 @@ func (p *machinePlanner) waitAgent(vm *observed.VM, reason string) {
 	p.add(ActionWaitAgent, vm, "", Params{}, reason)
 }
 
-// destroy plans the teardown of a machine's VM and volumes.
-func (p *machinePlanner) destroy(vm *observed.VM, z *observed.Zone, reason string) {
-	m := p.m
-	if vm != nil {
-		if vm.Power != observed.PowerStopped {
-			p.add(ActionStop, vm, "", Params{Grace: Duration(p.cfg.StopGrace)}, reason)
-		}
-		if p.cfg.Shape == hypervisors.ShapeProxmox {
-			p.add(ActionDeleteVM, vm, "", Params{}, reason)
-		} else {
-			p.add(ActionUndefine, vm, "", Params{}, reason)
-		}
+// destroy plans the teardown of a machine's VM and what it owns: the core
+// stops the VM, the plug-in destroys it. leftovers (reaping a FAILED
+// machine, which has no intent whose start could make an absence
+// unreliable): only what the observation shows.
+func (p *machinePlanner) destroy(vm *observed.VM, reason string, leftovers bool) {
+	if vm != nil && vm.Power != observed.PowerStopped {
+		p.add(ActionStop, vm, "", Params{Grace: Duration(p.cfg.StopGrace)}, reason)
 	}
-	if p.cfg.Shape != hypervisors.ShapeLibvirt || m.VMName == "" {
-		return
-	}
-	// Volumes: deleted when observed, and also when the listing is older
-	// than the intent (a volume created since could be missing from it).
-	started := m.Since
-	if m.Intent != nil {
-		started = m.Intent.Started
-	}
-	authoritative := !z.VolumesAt.IsZero() && !z.VolumesAt.Before(started)
-	t := hypervisors.Target{Zone: m.Zone, Name: m.VMName}
-	for _, vol := range []struct{ name, tag string }{{naming.OverlayVolume(m.VMName), "disk"}, {naming.SeedVolume(m.VMName), "cidata"}} {
-		if p.ix.Volume(m.Zone, vol.name) != nil || !authoritative {
-			p.addStep(ActionDeleteVolume, t, vol.tag, Params{Pool: p.pool(), Volume: vol.name}, reason)
-		}
-	}
-}
-
-func (p *machinePlanner) destroyFailed(vm *observed.VM, z *observed.Zone) {
-	if vm == nil && (p.cfg.Shape != hypervisors.ShapeLibvirt ||
-		p.ix.Volume(p.m.Zone, naming.OverlayVolume(p.m.VMName)) == nil && p.ix.Volume(p.m.Zone, naming.SeedVolume(p.m.VMName)) == nil) {
-		return
-	}
-	// Only act on what the listing shows: a FAILED machine has no intent
-	// whose start could make absence unreliable.
-	m := *p.m
-	m.Since = time.Time{}
-	p.m = &m
-	p.destroy(vm, z, "gc:failed")
-	// Keep only steps whose object was observed.
-	kept := p.c.Steps[:0]
-	for _, s := range p.c.Steps {
-		if s.Action == ActionDeleteVolume && p.ix.Volume(s.Target.Zone, s.Params.Volume) == nil {
-			continue
-		}
-		kept = append(kept, s)
-	}
-	p.c.Steps = kept
-}
-
-func (p *machinePlanner) pool() string {
-	if pool := p.cfg.ZonePools[p.m.Zone]; pool != "" {
-		return pool
-	}
-	return p.cfg.Pool
+	p.cfg.Plugin.Destroy(p.builder(), vm, reason, leftovers)
 }
 
 func (p *machinePlanner) marker(cluster string) observed.Marker {
@@ -492,20 +370,6 @@ func (p *machinePlanner) marker(cluster string) observed.Marker {
 	}
 	return observed.Marker{Installation: p.cfg.Installation, MachineID: p.m.ID, OpID: op,
 		InstanceType: p.m.InstanceType, Cluster: cluster}
-}
-
-func (p *machinePlanner) blobPath() string {
-	if p.cfg.Shape == hypervisors.ShapeProxmox {
-		return p.cfg.BootstrapPath
-	}
-	return LibvirtBlobPath
-}
-
-func (p *machinePlanner) bootstrapArgv() []string {
-	if p.cfg.Shape == hypervisors.ShapeProxmox {
-		return append(append([]string(nil), p.cfg.BootstrapExec...), p.cfg.BootstrapPath)
-	}
-	return []string{LibvirtHook, p.m.Cluster}
 }
 
 // DrainArgv is the in-guest drain: cordon, then drain honouring the grace
@@ -549,9 +413,6 @@ func (p *machinePlanner) addStepDeps(a Action, t hypervisors.Target, detail stri
 	id := t.Zone + "/" + name + "/" + string(a)
 	if detail != "" {
 		id += ":" + detail
-	}
-	if a == ActionCreateSeed || a == ActionCreateOverlay {
-		deps = nil // independent of each other
 	}
 	p.c.Steps = append(p.c.Steps, Step{ID: id, Action: a, Target: t, DependsOn: deps, Params: params, Reason: reason})
 	p.last = id

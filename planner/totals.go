@@ -9,7 +9,8 @@ type DriftKey struct {
 }
 
 // Totals are the counts the metrics publish of the plans: drift findings
-// by zone and kind, pending steps by action, the zones the last full plan
+// by zone and kind, pending steps by action (every action, zeros
+// included), the zones the last full plan
 // saw (every kind is reported there, zeros included) and when it was
 // planned. A Totals is immutable once published: whoever changes the
 // counts builds a new one, so a reader (a scrape) sees one consistent set.
@@ -18,7 +19,10 @@ type Totals struct {
 	Zones     []string
 	Drift     map[DriftKey]int
 	Pending   map[Action]int
-	Steps     int
+	// Actions are every action the plans may use (the pending gauge
+	// reports each, zeros included).
+	Actions []Action
+	Steps   int
 }
 
 // Contribution is what one machine (or, under the empty id, no machine:

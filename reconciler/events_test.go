@@ -13,6 +13,7 @@ import (
 	"github.com/bigfleet-vm/provider/executor"
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/fake"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt"
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/planner"
 )
@@ -32,8 +33,8 @@ func quietRig(t *testing.T, hv hypervisors.Hypervisor, tune ...func(*Options)) *
 	if err != nil {
 		t.Fatal(err)
 	}
-	pc := planner.Config{Shape: hypervisors.ShapeLibvirt, Installation: "inst", StopGrace: time.Second, ReapFailed: true,
-		Pool: "default", Image: "golden.qcow2", Network: "default", DomainType: "kvm"}
+	pc := planner.Config{Installation: "inst", StopGrace: time.Second, ReapFailed: true,
+		Plugin: libvirt.Planner(libvirt.PlanSettings{Pool: "default", Image: "golden.qcow2", Network: "default", DomainType: "kvm"})}
 	ex := executor.New(executor.Options{Hypervisor: hv, Installation: "inst", Blob: doc.Blob, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
 	o := Options{Doc: doc, Hypervisor: hv, Executor: ex, Planner: pc, Workers: 2}
 	for _, f := range tune {

@@ -8,7 +8,6 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/bigfleet-vm/provider/desired"
-	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/fake"
 )
 
@@ -75,7 +74,7 @@ func (p *queueProbe) snapshot() ([]time.Time, float64) {
 func TestQueueBacksOffPerMachineAndReports(t *testing.T) {
 	probe := &queueProbe{}
 	const retryMin = 10 * time.Millisecond
-	r := newRig(t, hypervisors.ShapeLibvirt, desired.NewMemoryStore(nil), fake.Options{}, func(o *Options) {
+	r := newRig(t, "libvirt", desired.NewMemoryStore(nil), fake.Options{}, func(o *Options) {
 		o.QueueMetrics, o.RetryMin, o.RetryMax, o.Interval = probe, retryMin, time.Minute, 0
 	})
 	r.hv.(*fake.Libvirt).SetUnreachable("z1", true)

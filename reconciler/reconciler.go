@@ -16,7 +16,6 @@ import (
 	"github.com/bigfleet-vm/provider/desired"
 	"github.com/bigfleet-vm/provider/executor"
 	"github.com/bigfleet-vm/provider/hypervisors"
-	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
 )
@@ -138,7 +137,7 @@ func New(o Options) *Reconciler {
 	if o.Metrics != nil {
 		publish = o.Metrics.PlanTotals
 	}
-	r.totals = newTally(publish)
+	r.totals = newTally(publish, planner.Actions(o.Planner.Plugin))
 	return r
 }
 
@@ -297,7 +296,7 @@ func (r *Reconciler) observeAll(ctx context.Context, record bool) *observed.Snap
 				obs = observed.Unknown(z, err, at)
 			} else {
 				obs.At = at
-				if hv.Shape() == hypervisors.ShapeLibvirt {
+				if r.o.Planner.Plugin.Observation().Volumes {
 					obs.VolumesAt = at
 				}
 			}
@@ -405,8 +404,9 @@ func (r *Reconciler) view(ctx context.Context, m *desired.Machine) *observed.Sna
 	defer cancel()
 	var prev *observed.VM // the owned VM the last full listing showed
 	direct := false
-	if vr, ok := hypervisors.Find[hypervisors.VolumeReader](r.o.Hypervisor); ok && r.needsVolumes(m) {
-		vols, err := vr.ReadVolumes(lctx, m.Zone, r.pool(m.Zone), []string{naming.OverlayVolume(m.VMName), naming.SeedVolume(m.VMName)})
+	pool, names := r.o.Planner.Plugin.Volumes(m)
+	if vr, ok := hypervisors.Find[hypervisors.VolumeReader](r.o.Hypervisor); ok && len(names) > 0 && needsVolumes(m) {
+		vols, err := vr.ReadVolumes(lctx, m.Zone, pool, names)
 		if err != nil {
 			snap.Zones[m.Zone] = observed.Unknown(m.Zone, err, now)
 			return snap
@@ -414,8 +414,8 @@ func (r *Reconciler) view(ctx context.Context, m *desired.Machine) *observed.Sna
 		z.Volumes, z.VolumesAt, direct = vols, now, true
 	}
 	if last != nil {
-		if lz := last.snap.Zones[m.Zone]; !direct && lz != nil && !lz.VolumesAt.IsZero() && m.VMName != "" {
-			for _, name := range []string{naming.OverlayVolume(m.VMName), naming.SeedVolume(m.VMName)} {
+		if lz := last.snap.Zones[m.Zone]; !direct && lz != nil && !lz.VolumesAt.IsZero() && len(names) > 0 {
+			for _, name := range names {
 				if v := last.ix.Volume(m.Zone, name); v != nil {
 					z.Volumes = append(z.Volumes, v)
 				}
@@ -447,10 +447,7 @@ func (r *Reconciler) view(ctx context.Context, m *desired.Machine) *observed.Sna
 // needsVolumes reports whether a machine's plan depends on its volumes: a
 // Create builds them, a Delete and the reaping of a FAILED machine remove
 // them.
-func (r *Reconciler) needsVolumes(m *desired.Machine) bool {
-	if r.o.Hypervisor.Shape() != hypervisors.ShapeLibvirt || m.VMName == "" {
-		return false
-	}
+func needsVolumes(m *desired.Machine) bool {
 	switch m.State {
 	case desired.Creating, desired.Deleting, desired.Failed:
 		return true
@@ -458,18 +455,11 @@ func (r *Reconciler) needsVolumes(m *desired.Machine) bool {
 	return false
 }
 
-// pool is the storage pool of a zone's volumes (as the planner uses it).
-func (r *Reconciler) pool(zone string) string {
-	if p := r.o.Planner.ZonePools[zone]; p != "" {
-		return p
-	}
-	return r.o.Planner.Pool
-}
-
-// target says where a machine's VM is, if anywhere: by name on libvirt,
-// by VMID on Proxmox (recorded, or from the last full listing).
+// target says where a machine's VM is, if anywhere: by its name, or by
+// its VMID (recorded, or from the last full listing), as the plug-in's
+// Observation says.
 func (r *Reconciler) target(m *desired.Machine, prev *observed.VM) (hypervisors.Target, bool) {
-	if r.o.Hypervisor.Shape() == hypervisors.ShapeLibvirt {
+	if r.o.Planner.Plugin.Observation().Identity == planner.ByName {
 		return hypervisors.Target{Zone: m.Zone, Name: m.VMName}, m.VMName != ""
 	}
 	if m.VMID != 0 {

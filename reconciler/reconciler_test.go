@@ -11,6 +11,8 @@ import (
 	"github.com/bigfleet-vm/provider/executor"
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/fake"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox"
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/planner"
 )
@@ -22,17 +24,17 @@ type rig struct {
 	stop func()
 }
 
-func newRig(t *testing.T, shape hypervisors.Shape, mem *desired.MemoryStore, fo fake.Options, tune ...func(*Options)) *rig {
+func newRig(t *testing.T, shape string, mem *desired.MemoryStore, fo fake.Options, tune ...func(*Options)) *rig {
 	t.Helper()
 	fo.Zones = []string{"z1"}
 	var hv hypervisors.Hypervisor
-	pc := planner.Config{Shape: shape, Installation: "inst", StopGrace: time.Second, ReapFailed: true}
-	if shape == hypervisors.ShapeLibvirt {
+	pc := planner.Config{Installation: "inst", StopGrace: time.Second, ReapFailed: true}
+	if shape == "libvirt" {
 		hv = fake.NewLibvirt(fo)
-		pc.Pool, pc.Image, pc.Network, pc.DomainType = "default", "golden.qcow2", "default", "kvm"
+		pc.Plugin = libvirt.Planner(libvirt.PlanSettings{Pool: "default", Image: "golden.qcow2", Network: "default", DomainType: "kvm"})
 	} else {
 		hv = fake.NewProxmox(fo)
-		pc.BootstrapPath, pc.BootstrapExec = "/run/bigfleet-bootstrap", []string{"/bin/sh"}
+		pc.Plugin = proxmox.Planner(proxmox.PlanSettings{BootstrapPath: "/run/bigfleet-bootstrap", BootstrapExec: []string{"/bin/sh"}})
 	}
 	var slots []desired.Slot
 	for i := 0; i < 4; i++ {
@@ -86,7 +88,7 @@ func (r *rig) await(t *testing.T, id string, want desired.State) *desired.Machin
 }
 
 func TestLifecycleBothShapes(t *testing.T) {
-	for _, shape := range []hypervisors.Shape{hypervisors.ShapeLibvirt, hypervisors.ShapeProxmox} {
+	for _, shape := range []string{"libvirt", "proxmox"} {
 		t.Run(string(shape), func(t *testing.T) {
 			r := newRig(t, shape, desired.NewMemoryStore(nil), fake.Options{})
 			id := "z1/t/000"
@@ -117,7 +119,7 @@ func TestLifecycleBothShapes(t *testing.T) {
 }
 
 func TestHookFailureIsScrubbedAndSticky(t *testing.T) {
-	r := newRig(t, hypervisors.ShapeLibvirt, desired.NewMemoryStore(nil), fake.Options{Faults: true})
+	r := newRig(t, "libvirt", desired.NewMemoryStore(nil), fake.Options{Faults: true})
 	id := "z1/t/001"
 	r.mutate(t, desired.Request{Kind: desired.KindCreate, MachineID: id})
 	r.await(t, id, desired.Idle)
@@ -129,7 +131,7 @@ func TestHookFailureIsScrubbedAndSticky(t *testing.T) {
 }
 
 func TestVanishedVMFailsAndStoppedVMIsRestarted(t *testing.T) {
-	r := newRig(t, hypervisors.ShapeLibvirt, desired.NewMemoryStore(nil), fake.Options{})
+	r := newRig(t, "libvirt", desired.NewMemoryStore(nil), fake.Options{})
 	sim := r.hv.(*fake.Libvirt)
 	a, b := "z1/t/000", "z1/t/001"
 	r.mutate(t, desired.Request{Kind: desired.KindCreate, MachineID: a})
@@ -162,7 +164,7 @@ func TestVanishedVMFailsAndStoppedVMIsRestarted(t *testing.T) {
 // does), not only when a full pass finds it.
 func TestRepairDelayHoldsEveryRepair(t *testing.T) {
 	const delay = 400 * time.Millisecond
-	r := newRig(t, hypervisors.ShapeLibvirt, desired.NewMemoryStore(nil), fake.Options{}, func(o *Options) {
+	r := newRig(t, "libvirt", desired.NewMemoryStore(nil), fake.Options{}, func(o *Options) {
 		o.RepairDelay, o.Interval = delay, time.Hour
 	})
 	sim := r.hv.(*fake.Libvirt)
@@ -200,11 +202,11 @@ func TestRestartRedrivesCreate(t *testing.T) {
 	mem := desired.NewMemoryStore(nil)
 	// The first provider accepts a Create but its hypervisor is slow; it
 	// stops before the transition finishes.
-	r := newRig(t, hypervisors.ShapeProxmox, mem, fake.Options{Latency: time.Hour})
+	r := newRig(t, "proxmox", mem, fake.Options{Latency: time.Hour})
 	id := "z1/t/002"
 	op := r.mutate(t, desired.Request{Kind: desired.KindCreate, MachineID: id}).OpID
 	r.stop()
-	r2 := newRig(t, hypervisors.ShapeProxmox, desired.NewMemoryStore(snapshot(t, mem)), fake.Options{})
+	r2 := newRig(t, "proxmox", desired.NewMemoryStore(snapshot(t, mem)), fake.Options{})
 	m := r2.await(t, id, desired.Idle)
 	if m.Ops[desired.KindCreate].ID != op {
 		t.Fatalf("op %s, want %s", m.Ops[desired.KindCreate].ID, op)

@@ -95,7 +95,7 @@ func (s *sink) await(t *testing.T, what string, ok func(*planner.Totals) bool) (
 // stayed at 1 until the next pass, 95 s later).
 func TestTotalsFollowTheMachinesReconcile(t *testing.T) {
 	s := &sink{}
-	r := newRig(t, hypervisors.ShapeLibvirt, desired.NewMemoryStore(nil), fake.Options{}, func(o *Options) {
+	r := newRig(t, "libvirt", desired.NewMemoryStore(nil), fake.Options{}, func(o *Options) {
 		o.Metrics, o.Interval = s, 0
 		// The repair is held long enough for the pending state to be seen.
 		o.RepairDelay = 300 * time.Millisecond
@@ -118,7 +118,7 @@ func TestTotalsFollowTheMachinesReconcile(t *testing.T) {
 // not bring back what that reconcile cleared.
 func TestTallyKeepsNewerContributions(t *testing.T) {
 	var got *planner.Totals
-	tl := newTally(func(t *planner.Totals) { got = t })
+	tl := newTally(func(t *planner.Totals) { got = t }, nil)
 	t0 := time.Unix(100, 0)
 	stale := &planner.Plan{PlannedAt: t0, Zones: []planner.Zone{{Name: "z1"}},
 		Drift:   []planner.Drift{{Machine: "m", Zone: "z1", Kind: planner.DriftStopped}},
@@ -143,7 +143,7 @@ func TestTallyKeepsNewerContributions(t *testing.T) {
 // refreshed the drift gauges).
 func TestPlanIsARead(t *testing.T) {
 	s := &sink{}
-	r := newRig(t, hypervisors.ShapeLibvirt, desired.NewMemoryStore(nil), fake.Options{}, func(o *Options) {
+	r := newRig(t, "libvirt", desired.NewMemoryStore(nil), fake.Options{}, func(o *Options) {
 		o.Metrics, o.Interval = s, 0
 		o.RepairDelay = time.Hour
 	})
@@ -194,7 +194,7 @@ func TestRepairBudget(t *testing.T) {
 				}
 				return nil
 			}
-			r := newRig(t, hypervisors.ShapeLibvirt, desired.NewMemoryStore(nil), fake.Options{}, func(o *Options) {
+			r := newRig(t, "libvirt", desired.NewMemoryStore(nil), fake.Options{}, func(o *Options) {
 				o.Metrics, o.Interval = s, 0
 				o.RetryMin, o.RetryMax = 10*time.Millisecond, 50*time.Millisecond
 				o.RepairTimeout = tc.timeout

@@ -54,7 +54,7 @@ func TestAdminInputValidatedLikeTheWire(t *testing.T) {
 			args := append([]string{"--use-fake-backend", "--fake-admin", "--seed-count", "2", "--state", state,
 				"--addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0", "--reconcile-interval", "0"}, shape.args...)
 			build := func() *Provider {
-				cfg, err := config.Parse(args, io.Discard)
+				cfg, err := config.Parse(testReg, args, io.Discard)
 				if err != nil {
 					t.Fatal(err)
 				}

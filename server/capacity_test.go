@@ -64,7 +64,7 @@ func fullPasses(t *testing.T, p *Provider) float64 {
 
 func buildWith(t *testing.T, log io.Writer, args ...string) (*Provider, error) {
 	t.Helper()
-	cfg, err := config.Parse(append([]string{"--use-fake-backend", "--seed-count", "4", "--metrics-addr", ""}, args...), io.Discard)
+	cfg, err := config.Parse(testReg, append([]string{"--use-fake-backend", "--seed-count", "4", "--metrics-addr", ""}, args...), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,7 @@ import (
 // certificates reaches the log (close to expiry) and the expiry gauge,
 // the earliest expiry per role.
 func TestBuildPublishesCertificateExpiry(t *testing.T) {
-	cfg, err := config.Parse([]string{"--use-fake-backend", "--seed-count", "1", "--metrics-addr", ""}, io.Discard)
+	cfg, err := config.Parse(testReg, []string{"--use-fake-backend", "--seed-count", "1", "--metrics-addr", ""}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,10 @@
 //     service MetricsHealthService, and gRPC serves on. An explicit
 //     --metrics-addr that cannot be bound fails the start.
 //   - The /admin/ endpoints change the simulated world only on the
-//     simulator with --fake-admin.
+//     simulator with --fake-admin, through the hypervisors.Simulator
+//     capability.
+//   - server opens the hypervisor the configuration resolved
+//     (config.Config.Plugin) and imports no hypervisor implementation.
 //   - What a gRPC client can hold is bounded (limits.go): connections
 //     (one beyond MaxConnections is closed on accept), streams per
 //     connection, request headers, keepalive; a closed connection gives

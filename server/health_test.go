@@ -39,7 +39,7 @@ func gauge(t *testing.T, p *Provider, name string) float64 {
 // commit is unhealthy (issue 18: replicas that could not serve for a store
 // reason reported state_healthy 1).
 func TestHealthAndServingFollowTheTerm(t *testing.T) {
-	cfg, err := config.Parse([]string{"--use-fake-backend", "--seed-count", "2", "--metrics-addr", ""}, io.Discard)
+	cfg, err := config.Parse(testReg, []string{"--use-fake-backend", "--seed-count", "2", "--metrics-addr", ""}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

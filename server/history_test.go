@@ -19,7 +19,7 @@ import (
 func TestGracefulStopCommitsHistories(t *testing.T) {
 	ctx := context.Background()
 	state := filepath.Join(t.TempDir(), "state")
-	cfg, err := config.Parse([]string{"--use-fake-backend", "--state", state, "--seed-count", "4", "--addr", "127.0.0.1:0", "--metrics-addr", ""}, io.Discard)
+	cfg, err := config.Parse(testReg, []string{"--use-fake-backend", "--state", state, "--seed-count", "4", "--addr", "127.0.0.1:0", "--metrics-addr", ""}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,7 +26,6 @@ import (
 	"github.com/bigfleet-vm/provider/config"
 	"github.com/bigfleet-vm/provider/desired"
 	"github.com/bigfleet-vm/provider/hypervisors"
-	"github.com/bigfleet-vm/provider/hypervisors/fake"
 	"github.com/bigfleet-vm/provider/jsonplan"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
@@ -332,29 +331,10 @@ func (c *planCache) invalidate() {
 	c.mu.Unlock()
 }
 
-// simulator is what the admin endpoints drive; both fake shapes have it.
-type simulator interface {
-	StopVM(hypervisors.Target) error
-	PauseVM(hypervisors.Target) error
-	ResizeVM(hypervisors.Target, int, int) error
-	RemoveVM(hypervisors.Target) error
-	SetUnreachable(zone string, on bool)
-	SetFlaky(zone, op string, on bool) error
-	Guest(hypervisors.Target) (fake.GuestState, bool)
-}
-
-// guestView is what GET /admin/guest shows of a VM's simulated guest:
-// which guest commands ran, never a file's content.
-type guestView struct {
-	Bootstraps []fake.Bootstrap `json:"bootstraps"`
-	Drains     int              `json:"drains"`
-	DrainKeys  []string         `json:"drain_keys"`
-	Cluster    string           `json:"cluster"`
-}
-
 // admin serves POST /admin/{stop,pause,resize,delete,add-foreign,add-owned,unreachable,flaky}
-// and GET /admin/guest on the current term's simulator. VMs are named by
-// zone plus name (libvirt) or vmid (Proxmox), or by machine.
+// and GET /admin/guest on the current term's simulator (the
+// hypervisors.Simulator capability). VMs are named by zone plus name or
+// vmid, as the simulator names them, or by machine.
 func (p *Provider) admin(w http.ResponseWriter, r *http.Request) {
 	action := strings.TrimPrefix(r.URL.Path, "/admin/")
 	if r.Method != http.MethodPost && !(r.Method == http.MethodGet && action == "guest") {
@@ -366,8 +346,8 @@ func (p *Provider) admin(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "this replica is not serving the desired state", http.StatusServiceUnavailable)
 		return
 	}
-	sim, ok := tm.raw.(simulator)
-	if !ok {
+	sim := hypervisors.CapabilitiesOf(tm.raw).Simulator
+	if sim == nil {
 		http.Error(w, "the admin endpoints drive the simulator only", http.StatusNotFound)
 		return
 	}
@@ -406,7 +386,7 @@ func (p *Provider) admin(w http.ResponseWriter, r *http.Request) {
 	var err error
 	switch action {
 	case "guest":
-		g, ok := sim.Guest(t)
+		g, ok := sim.SimGuest(t)
 		if !ok {
 			http.Error(w, "no such VM", http.StatusNotFound)
 			return
@@ -418,7 +398,7 @@ func (p *Provider) admin(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(guestView{Bootstraps: g.Bootstraps, Drains: g.Drains, DrainKeys: g.DrainKeys, Cluster: g.Cluster})
+		_ = json.NewEncoder(w).Encode(g)
 		return
 	case "stop":
 		err = sim.StopVM(t)
@@ -429,20 +409,9 @@ func (p *Provider) admin(w http.ResponseWriter, r *http.Request) {
 	case "delete":
 		err = sim.RemoveVM(t)
 	case "add-foreign":
-		switch f := tm.raw.(type) {
-		case *fake.Libvirt:
-			err = f.AddForeignVM(t.Zone, t.Name, nil)
-		case *fake.Proxmox:
-			_, err = f.AddForeignVM(t.Zone, t.VMID, t.Name, nil)
-		}
+		err = sim.AddForeign(t)
 	case "add-owned":
-		mk := observed.Marker{Installation: tm.doc.Installation(), MachineID: q.Get("id"), InstanceType: q.Get("instance_type")}
-		switch f := tm.raw.(type) {
-		case *fake.Libvirt:
-			err = f.AddOwnedVM(t.Zone, t.Name, mk, observed.PowerRunning)
-		case *fake.Proxmox:
-			_, err = f.AddOwnedVM(t.Zone, t.Name, mk, observed.PowerRunning)
-		}
+		err = sim.AddOwned(t, observed.Marker{Installation: tm.doc.Installation(), MachineID: q.Get("id"), InstanceType: q.Get("instance_type")})
 	case "unreachable":
 		sim.SetUnreachable(t.Zone, q.Get("on") != "false")
 	case "flaky":

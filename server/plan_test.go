@@ -13,7 +13,7 @@ import (
 
 	"github.com/bigfleet-vm/provider/config"
 	"github.com/bigfleet-vm/provider/desired"
-	"github.com/bigfleet-vm/provider/hypervisors/fake"
+	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
 )
@@ -45,7 +45,7 @@ func TestOfflinePlanReadOnly(t *testing.T) {
 			ctx := context.Background()
 			dir := t.TempDir()
 			state := filepath.Join(dir, "state")
-			cfg, err := config.Parse([]string{"--use-fake-backend", "--hypervisor", shape, "--state", state, "--seed-count", "2",
+			cfg, err := config.Parse(testReg, []string{"--use-fake-backend", "--hypervisor", shape, "--state", state, "--seed-count", "2",
 				"--installation-id", "plan-test", "--addr", "127.0.0.1:0", "--metrics-addr", ""}, io.Discard)
 			if err != nil {
 				t.Fatal(err)
@@ -60,13 +60,8 @@ func TestOfflinePlanReadOnly(t *testing.T) {
 				t.Fatal(err)
 			}
 			mk := observed.Marker{Installation: "plan-test", MachineID: "orphan-1", InstanceType: cfg.Slots[0].Type.Name}
-			switch f := p.current().raw.(type) {
-			case *fake.Libvirt:
-				err = f.AddOwnedVM(cfg.Zones[0], "bf-plan-test-orphan-1", mk, observed.PowerRunning)
-			case *fake.Proxmox:
-				_, err = f.AddOwnedVM(cfg.Zones[0], "bf-plan-test-orphan-1", mk, observed.PowerRunning)
-			}
-			if err != nil {
+			sim := hypervisors.CapabilitiesOf(p.current().raw).Simulator
+			if err := sim.AddOwned(hypervisors.Target{Zone: cfg.Zones[0], Name: "bf-plan-test-orphan-1"}, mk); err != nil {
 				t.Fatal(err)
 			}
 			// The simulator journals into the state store: wait until the
@@ -114,7 +109,7 @@ func TestOfflinePlanReadOnly(t *testing.T) {
 // TestOfflinePlanWithoutState plans from the offerings alone: every slot
 // is SPECULATIVE and the simulator world is empty, so nothing changes.
 func TestOfflinePlanWithoutState(t *testing.T) {
-	cfg, err := config.Parse([]string{"--use-fake-backend", "--seed-count", "3", "--addr", "127.0.0.1:0", "--metrics-addr", ""}, io.Discard)
+	cfg, err := config.Parse(testReg, []string{"--use-fake-backend", "--seed-count", "3", "--addr", "127.0.0.1:0", "--metrics-addr", ""}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

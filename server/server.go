@@ -23,10 +23,10 @@ import (
 	"github.com/bigfleet-vm/provider/config"
 	"github.com/bigfleet-vm/provider/desired"
 	"github.com/bigfleet-vm/provider/hypervisors"
-	"github.com/bigfleet-vm/provider/hypervisors/fake"
 	"github.com/bigfleet-vm/provider/metrics"
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/planner"
+	"github.com/bigfleet-vm/provider/plugin"
 	"github.com/bigfleet-vm/provider/service"
 	"github.com/bigfleet-vm/provider/statefile"
 )
@@ -150,7 +150,7 @@ func (p *Provider) current() *term { return p.cur.Load() }
 // one).
 func (p *Provider) zoneHealth() map[string]error {
 	if t := p.cur.Load(); t != nil {
-		if h, ok := t.raw.(hypervisors.HealthReporter); ok {
+		if h := hypervisors.CapabilitiesOf(t.raw).Health; h != nil {
 			return h.ZoneHealth()
 		}
 	}
@@ -208,25 +208,17 @@ func desiredSlots(cfg *config.Config) []desired.Slot {
 	return slots
 }
 
+// plannerConfig is what the planner needs: the resolved hypervisor's
+// planning half (with the simulator's defaults on the fake backend) and
+// the core settings.
 func plannerConfig(cfg *config.Config, installation string) planner.Config {
-	pc := planner.Config{Shape: cfg.Hypervisor, Installation: installation, NodeReadyExec: cfg.NodeReadyExec,
-		StopGrace: 60 * time.Second, ReapFailed: true}
-	if cfg.Hypervisor == hypervisors.ShapeLibvirt {
-		l := cfg.Libvirt
-		pc.Pool, pc.ZonePools, pc.Image, pc.Network, pc.DomainType = l.StoragePool, l.ZonePools, l.Image, l.Network, l.DomainType
-		pc.UserData = string(l.BaseUserData)
-		pc.Kernel, pc.Initrd, pc.Cmdline = l.Kernel, l.Initrd, l.Cmdline
-		if pc.Image == "" && cfg.Backend == config.BackendFake {
-			pc.Image = fake.DefaultImage
-		}
-	} else {
-		x := cfg.Proxmox
-		pc.ProxmoxPool, pc.BootstrapPath, pc.BootstrapExec = x.Pool, x.BootstrapPath, x.BootstrapExec
-	}
-	if cfg.Backend == config.BackendFake && cfg.Fake.Faults && len(pc.NodeReadyExec) == 0 {
+	sim := cfg.Backend == config.BackendFake
+	pc := planner.Config{Plugin: cfg.Plugin.Planner(plugin.PlannerOptions{Simulated: sim}), Installation: installation,
+		NodeReadyExec: cfg.NodeReadyExec, StopGrace: 60 * time.Second, ReapFailed: true}
+	if sim && cfg.Fake.Faults && len(pc.NodeReadyExec) == 0 {
 		// The conformance fault convention's fault-readiness-block needs a
 		// readiness gate; the simulated guest answers this command.
-		pc.NodeReadyExec = []string{fake.DefaultReadyCommand}
+		pc.NodeReadyExec = []string{plugin.SimReadyCommand}
 	}
 	return pc
 }

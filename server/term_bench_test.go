@@ -30,7 +30,7 @@ func (h handed) Load(context.Context) (map[string][]byte, error) { return h.m, n
 func BenchmarkOpenTermFromCopy(b *testing.B) {
 	for _, n := range []int{1000, 10000, 100000} {
 		b.Run("machines="+strconv.Itoa(n), func(b *testing.B) {
-			cfg, err := config.Parse([]string{"--use-fake-backend", "--seed-count", strconv.Itoa(n),
+			cfg, err := config.Parse(testReg, []string{"--use-fake-backend", "--seed-count", strconv.Itoa(n),
 				"--state", filepath.Join(b.TempDir(), "state"), "--metrics-addr", ""}, io.Discard)
 			if err != nil {
 				b.Fatal(err)

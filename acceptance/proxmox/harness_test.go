@@ -275,7 +275,8 @@ func (c *cluster) start(t testing.TB, l launch) *provider {
 // refusal) and returns its output and exit code.
 func runExit(t testing.TB, argv []string) (string, int) {
 	t.Helper()
-	argv = append(append([]string(nil), argv...), "--addr", providertest.FreeAddr(t), "--metrics-addr", providertest.FreeAddr(t))
+	addrs := providertest.FreeAddrs(t, 2) // both held open while picked: never one port twice
+	argv = append(append([]string(nil), argv...), "--addr", addrs[0], "--metrics-addr", addrs[1])
 	return providertest.Run(t, binary, 60*time.Second, argv...)
 }
 

@@ -1,4 +1,5 @@
 // Command provider is the BigFleet CapacityProvider for libvirt hosts and
-// Proxmox clusters. It only wires: flags and subcommands here, logic in
-// the packages.
+// Proxmox clusters: the composition root. It registers the hypervisors
+// this build serves and runs the command line (package cli); nothing
+// else.
 package main

@@ -13,6 +13,8 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvespec"
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 )
@@ -66,30 +68,30 @@ type built struct {
 
 // buildRunning creates, starts and marks (with cluster) one VM through the
 // interface, as the executor would.
-func buildRunning(t *testing.T, shape hypervisors.Shape, opts Options, cluster string) built {
+func buildRunning(t *testing.T, shape string, opts Options, cluster string) built {
 	t.Helper()
 	ctx := context.Background()
 	m := marker("m-1", "")
 	name := naming.VMName(inst, "m-1", 0)
 	var b built
 	switch shape {
-	case hypervisors.ShapeLibvirt:
+	case "libvirt":
 		f := NewLibvirt(opts)
 		zone := f.Zones()[0]
 		mustLibvirtCreate(t, f, zone, name, m)
 		b = built{h: f, t: hypervisors.Target{Zone: zone, Name: name}, blobPath: DefaultBlobPath,
 			bootstrap: []string{DefaultBootstrapHook, cluster}}
 		b.guest = func() (GuestState, bool) { return f.Guest(b.t) }
-	case hypervisors.ShapeProxmox:
+	case "proxmox":
 		f := NewProxmox(opts)
 		zone := f.Zones()[0]
-		id, err := f.CloneVM(ctx, zone, hypervisors.CloneSpec{Name: name, TemplateVMID: DefaultTemplateVMID, Marker: m})
+		id, err := f.CloneVM(ctx, zone, pvespec.CloneSpec{Name: name, TemplateVMID: DefaultTemplateVMID, Marker: m})
 		if err != nil {
 			t.Fatal(err)
 		}
 		b = built{h: f, t: hypervisors.Target{Zone: zone, Name: name, VMID: id}, blobPath: DefaultBootstrapPath,
 			bootstrap: []string{"/bin/sh", DefaultBootstrapPath}}
-		if err := f.ConfigureVM(ctx, b.t, hypervisors.SizeSpec{VCPU: 2, MemoryMiB: 4096, Marker: m}); err != nil {
+		if err := f.ConfigureVM(ctx, b.t, pvespec.SizeSpec{VCPU: 2, MemoryMiB: 4096, Marker: m}); err != nil {
 			t.Fatal(err)
 		}
 		b.guest = func() (GuestState, bool) { return f.Guest(b.t) }
@@ -108,10 +110,10 @@ func buildRunning(t *testing.T, shape hypervisors.Shape, opts Options, cluster s
 func mustLibvirtCreate(t *testing.T, f *Libvirt, zone, name string, m observed.Marker) {
 	t.Helper()
 	ctx := context.Background()
-	if err := f.CreateOverlay(ctx, zone, hypervisors.OverlaySpec{Pool: DefaultPool, Name: naming.OverlayVolume(name), BaseImage: DefaultImage}); err != nil {
+	if err := f.CreateOverlay(ctx, zone, lvspec.OverlaySpec{Pool: DefaultPool, Name: naming.OverlayVolume(name), BaseImage: DefaultImage}); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.CreateSeed(ctx, zone, hypervisors.SeedSpec{Pool: DefaultPool, Name: naming.SeedVolume(name), InstanceID: name, Hostname: name}); err != nil {
+	if err := f.CreateSeed(ctx, zone, lvspec.SeedSpec{Pool: DefaultPool, Name: naming.SeedVolume(name), InstanceID: name, Hostname: name}); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.DefineDomain(ctx, zone, domainSpec(name, m)); err != nil {
@@ -119,8 +121,8 @@ func mustLibvirtCreate(t *testing.T, f *Libvirt, zone, name string, m observed.M
 	}
 }
 
-func domainSpec(name string, m observed.Marker) hypervisors.DomainSpec {
-	return hypervisors.DomainSpec{
+func domainSpec(name string, m observed.Marker) lvspec.DomainSpec {
+	return lvspec.DomainSpec{
 		Name: name, VCPU: 2, MemoryMiB: 4096, DomainType: "kvm", Pool: DefaultPool,
 		Overlay: naming.OverlayVolume(name), Seed: naming.SeedVolume(name), Network: DefaultNetwork, Marker: m,
 	}
@@ -139,7 +141,7 @@ func exec(ctx context.Context, h hypervisors.Hypervisor, t hypervisors.Target, a
 
 func TestGuestAgent(t *testing.T) {
 	blob := []byte("#!/bin/sh\nkubeadm join --token secret\n")
-	for _, shape := range []hypervisors.Shape{hypervisors.ShapeLibvirt, hypervisors.ShapeProxmox} {
+	for _, shape := range []string{"libvirt", "proxmox"} {
 		t.Run(string(shape), func(t *testing.T) {
 			ctx := context.Background()
 			b := buildRunning(t, shape, Options{}, "c-1")
@@ -193,7 +195,7 @@ func TestGuestAgent(t *testing.T) {
 }
 
 func TestAgentDelay(t *testing.T) {
-	for _, shape := range []hypervisors.Shape{hypervisors.ShapeLibvirt, hypervisors.ShapeProxmox} {
+	for _, shape := range []string{"libvirt", "proxmox"} {
 		t.Run(string(shape), func(t *testing.T) {
 			ctx := context.Background()
 			clock := newClock()
@@ -267,7 +269,7 @@ func TestConformanceFaults(t *testing.T) {
 			ready:     execResult{1, "", "node not Ready\n"},
 		},
 	}
-	for _, shape := range []hypervisors.Shape{hypervisors.ShapeLibvirt, hypervisors.ShapeProxmox} {
+	for _, shape := range []string{"libvirt", "proxmox"} {
 		for _, c := range cases {
 			t.Run(string(shape)+"/"+c.cluster+"/"+c.ctxLimit.String(), func(t *testing.T) {
 				b := buildRunning(t, shape, Options{Faults: true, SlowOK: slow}, c.cluster)
@@ -280,7 +282,7 @@ func TestConformanceFaults(t *testing.T) {
 					defer cancel()
 				}
 				argv := append([]string(nil), b.bootstrap...)
-				if shape == hypervisors.ShapeLibvirt {
+				if shape == "libvirt" {
 					argv[1] = c.cluster
 				}
 				got, err := exec(bctx, b.h, b.t, argv...)
@@ -304,7 +306,7 @@ func TestConformanceFaults(t *testing.T) {
 }
 
 func TestFaultsOffIgnoresFaultClusters(t *testing.T) {
-	b := buildRunning(t, hypervisors.ShapeLibvirt, Options{}, FaultError)
+	b := buildRunning(t, "libvirt", Options{}, FaultError)
 	ctx := context.Background()
 	errIs(t, "write", b.h.AgentWriteFile(ctx, b.t, b.blobPath, []byte("x"), 0o600), nil)
 	got, err := exec(ctx, b.h, b.t, b.bootstrap...)
@@ -319,14 +321,22 @@ func TestFaultsOffIgnoresFaultClusters(t *testing.T) {
 func TestShapeSteps(t *testing.T) {
 	for _, h := range []hypervisors.Hypervisor{NewLibvirt(Options{}), NewProxmox(Options{})} {
 		defer h.Close()
-		_, lv := hypervisors.Find[hypervisors.LibvirtSteps](h)
-		_, px := hypervisors.Find[hypervisors.ProxmoxSteps](h)
-		want := map[hypervisors.Shape]bool{hypervisors.ShapeLibvirt: h.Shape() == hypervisors.ShapeLibvirt, hypervisors.ShapeProxmox: h.Shape() == hypervisors.ShapeProxmox}
-		got := map[hypervisors.Shape]bool{hypervisors.ShapeLibvirt: lv, hypervisors.ShapeProxmox: px}
+		_, lv := hypervisors.Find[lvspec.Steps](h)
+		_, px := hypervisors.Find[pvespec.Steps](h)
+		want := map[string]bool{"libvirt": shapeOf(h) == "libvirt", "proxmox": shapeOf(h) == "proxmox"}
+		got := map[string]bool{"libvirt": lv, "proxmox": px}
 		if d := cmp.Diff(want, got); d != "" {
-			t.Errorf("%s simulator: steps offered (-want +got):\n%s", h.Shape(), d)
+			t.Errorf("%s simulator: steps offered (-want +got):\n%s", shapeOf(h), d)
 		}
 	}
+}
+
+// shapeOf names the simulator h is.
+func shapeOf(h hypervisors.Hypervisor) string {
+	if _, ok := h.(*Libvirt); ok {
+		return "libvirt"
+	}
+	return "proxmox"
 }
 
 func TestLatencyHonoursContext(t *testing.T) {
@@ -334,7 +344,7 @@ func TestLatencyHonoursContext(t *testing.T) {
 		NewLibvirt(Options{Latency: time.Hour}),
 		NewProxmox(Options{Latency: time.Hour}),
 	} {
-		t.Run(string(h.Shape()), func(t *testing.T) {
+		t.Run(shapeOf(h), func(t *testing.T) {
 			defer h.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 			defer cancel()
@@ -424,7 +434,7 @@ func TestExecStartAndAnswerFaults(t *testing.T) {
 		{name: "refused before start", hook: func() Hook { return FailN("AgentExec", 1, hypervisors.ErrAgentNotReady) }, wantErr: hypervisors.ErrAgentNotReady},
 		{name: "answer lost", hook: func() Hook { return FailN(ExecAnswerOp, 1, lost) }, wantErr: hypervisors.ErrOutcomeUnknown, wantStarts: 1, wantJoined: true},
 	}
-	for _, shape := range []hypervisors.Shape{hypervisors.ShapeLibvirt, hypervisors.ShapeProxmox} {
+	for _, shape := range []string{"libvirt", "proxmox"} {
 		for _, tc := range tests {
 			t.Run(string(shape)+"/"+tc.name, func(t *testing.T) {
 				ctx := context.Background()
@@ -455,7 +465,7 @@ func TestExecStartAndAnswerFaults(t *testing.T) {
 // finishes late (issue 8 item 13): the late success exists, so a test of
 // "a late success is discarded" has something to discard.
 func TestSlowOKFinishesAfterTheCallerGaveUp(t *testing.T) {
-	for _, shape := range []hypervisors.Shape{hypervisors.ShapeLibvirt, hypervisors.ShapeProxmox} {
+	for _, shape := range []string{"libvirt", "proxmox"} {
 		t.Run(string(shape), func(t *testing.T) {
 			b := buildRunning(t, shape, Options{Faults: true, SlowOK: 50 * time.Millisecond}, FaultSlowOK)
 			ctx := context.Background()
@@ -463,7 +473,7 @@ func TestSlowOKFinishesAfterTheCallerGaveUp(t *testing.T) {
 			short, cancel := context.WithTimeout(ctx, 5*time.Millisecond)
 			defer cancel()
 			argv := append([]string(nil), b.bootstrap...)
-			if shape == hypervisors.ShapeLibvirt {
+			if shape == "libvirt" {
 				argv[1] = FaultSlowOK
 			}
 			if _, err := exec(short, b.h, b.t, argv...); !errors.Is(err, hypervisors.ErrOutcomeUnknown) {
@@ -490,7 +500,7 @@ func TestSetFlaky(t *testing.T) {
 		hypervisors.Hypervisor
 		SetFlaky(zone, op string, on bool) error
 	}{NewLibvirt(Options{Zones: []string{"a", "b"}}), NewProxmox(Options{Zones: []string{"a", "b"}})} {
-		t.Run(string(f.Shape()), func(t *testing.T) {
+		t.Run(shapeOf(f), func(t *testing.T) {
 			if err := f.SetFlaky("a", "Start", true); err != nil {
 				t.Fatal(err)
 			}

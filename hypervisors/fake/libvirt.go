@@ -11,13 +11,14 @@ import (
 	"time"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 )
 
 // Libvirt simulates a set of libvirt hosts (one per zone), each with
 // storage pools, networks and domains, behind hypervisors.Hypervisor and
-// hypervisors.LibvirtSteps.
+// lvspec.Steps.
 type Libvirt struct {
 	sim
 
@@ -27,7 +28,7 @@ type Libvirt struct {
 
 var (
 	_ hypervisors.Hypervisor     = (*Libvirt)(nil)
-	_ hypervisors.LibvirtSteps   = (*Libvirt)(nil)
+	_ lvspec.Steps               = (*Libvirt)(nil)
 	_ hypervisors.HealthReporter = (*Libvirt)(nil)
 	_ hypervisors.VolumeReader   = (*Libvirt)(nil)
 )
@@ -167,8 +168,10 @@ func (f *Libvirt) newHost() *lvHost {
 	}
 }
 
-// Shape returns hypervisors.ShapeLibvirt.
-func (f *Libvirt) Shape() hypervisors.Shape { return hypervisors.ShapeLibvirt }
+// Apply performs one libvirt step.
+func (f *Libvirt) Apply(ctx context.Context, t hypervisors.Target, p hypervisors.StepParams) (int, error) {
+	return lvspec.Apply(ctx, f, t, p)
+}
 
 // Zones returns the configured hosts.
 func (f *Libvirt) Zones() []string { return append([]string(nil), f.zones...) }
@@ -300,7 +303,7 @@ func (f *Libvirt) Observe(ctx context.Context, zone string) (*observed.Zone, err
 func (v *volume) observe(zone, pool string) *observed.Volume {
 	ov := &observed.Volume{Zone: zone, Pool: pool, Name: v.Name, Format: v.Format, BackingFormat: v.BackingFormat}
 	if v.Seed != nil {
-		ov.Identity = hypervisors.SeedIdentity(hypervisors.SeedSpec{InstanceID: v.Seed.InstanceID, Hostname: v.Seed.Hostname, UserData: v.Seed.UserData})
+		ov.Identity = lvspec.SeedIdentity(lvspec.SeedSpec{InstanceID: v.Seed.InstanceID, Hostname: v.Seed.Hostname, UserData: v.Seed.UserData})
 	}
 	return ov
 }
@@ -393,7 +396,7 @@ func (f *Libvirt) ensureVolume(zone, poolName string, pool map[string]*volume, w
 
 // CreateOverlay ensures a qcow2 volume backed by the base image, declaring
 // the base image's real format as the backing format.
-func (f *Libvirt) CreateOverlay(ctx context.Context, zone string, spec hypervisors.OverlaySpec) error {
+func (f *Libvirt) CreateOverlay(ctx context.Context, zone string, spec lvspec.OverlaySpec) error {
 	return f.ensureIn(ctx, "CreateOverlay", "create overlay", zone, spec.Pool, spec.Name, func(pool map[string]*volume) error {
 		base := pool[spec.BaseImage]
 		if base == nil {
@@ -410,7 +413,7 @@ func (f *Libvirt) CreateOverlay(ctx context.Context, zone string, spec hyperviso
 }
 
 // CreateSeed ensures a NoCloud ISO volume.
-func (f *Libvirt) CreateSeed(ctx context.Context, zone string, spec hypervisors.SeedSpec) error {
+func (f *Libvirt) CreateSeed(ctx context.Context, zone string, spec lvspec.SeedSpec) error {
 	return f.ensureIn(ctx, "CreateSeed", "create seed", zone, spec.Pool, spec.Name, func(pool map[string]*volume) error {
 		return f.ensureVolume(zone, spec.Pool, pool, &volume{
 			Name:        spec.Name,
@@ -449,7 +452,7 @@ func (f *Libvirt) ensureIn(ctx context.Context, call, op, zone, poolName, name s
 // DefineDomain defines a domain or, when one of that name carries the
 // same installation and machine in its marker, redefines it (power,
 // autostart and guest are kept).
-func (f *Libvirt) DefineDomain(ctx context.Context, zone string, spec hypervisors.DomainSpec) error {
+func (f *Libvirt) DefineDomain(ctx context.Context, zone string, spec lvspec.DomainSpec) error {
 	if err := f.enterWrite(ctx, "DefineDomain", zone, hypervisors.Target{Zone: zone, Name: spec.Name}); err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 )
@@ -36,7 +37,7 @@ func TestLibvirtLifecycle(t *testing.T) {
 	overlay := &observed.Volume{Zone: "rack1", Pool: "default", Name: naming.OverlayVolume(name), Format: "qcow2", BackingFormat: "qcow2"}
 	// The seed observes with the identity of the content it was built from.
 	seedVol := &observed.Volume{Zone: "rack1", Pool: "default", Name: naming.SeedVolume(name), Format: "iso",
-		Identity: hypervisors.SeedIdentity(hypervisors.SeedSpec{InstanceID: name, Hostname: name})}
+		Identity: lvspec.SeedIdentity(lvspec.SeedSpec{InstanceID: name, Hostname: name})}
 	domainVM := func(power observed.Power, mk observed.Marker, autostart bool) *observed.VM {
 		return &observed.VM{Zone: "rack1", Name: name, Marker: &mk, Power: power, VCPU: 2, MemoryMiB: 4096,
 			Autostart: autostart, Volumes: []string{overlay.Name, seedVol.Name}}
@@ -47,10 +48,10 @@ func TestLibvirtLifecycle(t *testing.T) {
 		want *observed.Zone // observation after the step, if set
 	}{
 		{"create-overlay", func() error {
-			return f.CreateOverlay(ctx, "rack1", hypervisors.OverlaySpec{Pool: "default", Name: overlay.Name, BaseImage: DefaultImage})
+			return f.CreateOverlay(ctx, "rack1", lvspec.OverlaySpec{Pool: "default", Name: overlay.Name, BaseImage: DefaultImage})
 		}, &observed.Zone{Name: "rack1", Status: observed.StatusOK, Volumes: []*observed.Volume{overlay}}},
 		{"create-seed", func() error {
-			return f.CreateSeed(ctx, "rack1", hypervisors.SeedSpec{Pool: "default", Name: seedVol.Name, InstanceID: name, Hostname: name})
+			return f.CreateSeed(ctx, "rack1", lvspec.SeedSpec{Pool: "default", Name: seedVol.Name, InstanceID: name, Hostname: name})
 		}, &observed.Zone{Name: "rack1", Status: observed.StatusOK, Volumes: []*observed.Volume{seedVol, overlay}}},
 		{"define", func() error { return f.DefineDomain(ctx, "rack1", domainSpec(name, m)) },
 			&observed.Zone{Name: "rack1", Status: observed.StatusOK,
@@ -120,16 +121,16 @@ func TestLibvirtSemantics(t *testing.T) {
 		want  error
 	}{
 		{"overlay without base image", nil, func(f *Libvirt) error {
-			return f.CreateOverlay(ctx, "fake-a", hypervisors.OverlaySpec{Pool: "default", Name: "bf-o", BaseImage: "nope.qcow2"})
+			return f.CreateOverlay(ctx, "fake-a", lvspec.OverlaySpec{Pool: "default", Name: "bf-o", BaseImage: "nope.qcow2"})
 		}, hypervisors.ErrNotFound},
 		{"overlay in missing pool", nil, func(f *Libvirt) error {
-			return f.CreateOverlay(ctx, "fake-a", hypervisors.OverlaySpec{Pool: "other", Name: "bf-o", BaseImage: DefaultImage})
+			return f.CreateOverlay(ctx, "fake-a", lvspec.OverlaySpec{Pool: "other", Name: "bf-o", BaseImage: DefaultImage})
 		}, hypervisors.ErrNotFound},
 		{"overlay over a foreign volume", nil, func(f *Libvirt) error {
-			return f.CreateOverlay(ctx, "fake-a", hypervisors.OverlaySpec{Pool: "default", Name: DefaultImage, BaseImage: DefaultImage})
+			return f.CreateOverlay(ctx, "fake-a", lvspec.OverlaySpec{Pool: "default", Name: DefaultImage, BaseImage: DefaultImage})
 		}, hypervisors.ErrExists},
 		{"overlay over our seed", build, func(f *Libvirt) error {
-			return f.CreateOverlay(ctx, "fake-a", hypervisors.OverlaySpec{Pool: "default", Name: naming.SeedVolume(name), BaseImage: DefaultImage})
+			return f.CreateOverlay(ctx, "fake-a", lvspec.OverlaySpec{Pool: "default", Name: naming.SeedVolume(name), BaseImage: DefaultImage})
 		}, hypervisors.ErrExists},
 		{"define without volumes", nil, func(f *Libvirt) error { return f.DefineDomain(ctx, "fake-a", domainSpec(name, m)) }, hypervisors.ErrNotFound},
 		{"define over unmarked domain", func(t *testing.T, f *Libvirt) {
@@ -144,8 +145,8 @@ func TestLibvirtSemantics(t *testing.T) {
 			if err := f.AddForeignVM("fake-a", name, nil); err != nil {
 				t.Fatal(err)
 			}
-			f.CreateOverlay(ctx, "fake-a", hypervisors.OverlaySpec{Pool: "default", Name: naming.OverlayVolume(name), BaseImage: DefaultImage})
-			f.CreateSeed(ctx, "fake-a", hypervisors.SeedSpec{Pool: "default", Name: naming.SeedVolume(name)})
+			f.CreateOverlay(ctx, "fake-a", lvspec.OverlaySpec{Pool: "default", Name: naming.OverlayVolume(name), BaseImage: DefaultImage})
+			f.CreateSeed(ctx, "fake-a", lvspec.SeedSpec{Pool: "default", Name: naming.SeedVolume(name)})
 		}, func(f *Libvirt) error { return f.DefineDomain(ctx, "fake-a", domainSpec(name, m)) }, hypervisors.ErrExists},
 		{"redefine ours adopts", running, func(f *Libvirt) error {
 			s := domainSpec(name, m)
@@ -246,7 +247,7 @@ func TestLibvirtForeignCollision(t *testing.T) {
 		},
 		Volumes: []*observed.Volume{
 			{Zone: "rack1", Pool: "default", Name: "bf-mine-cidata.iso", Format: "iso",
-				Identity: hypervisors.SeedIdentity(hypervisors.SeedSpec{InstanceID: "bf-mine", Hostname: "bf-mine"})},
+				Identity: lvspec.SeedIdentity(lvspec.SeedSpec{InstanceID: "bf-mine", Hostname: "bf-mine"})},
 			{Zone: "rack1", Pool: "default", Name: "bf-mine-disk.qcow2", Format: "qcow2", BackingFormat: "qcow2"},
 		}}
 	if d := cmp.Diff(want, z, ignoreAt); d != "" {
@@ -258,10 +259,10 @@ func TestLibvirtForeignCollision(t *testing.T) {
 	mustVolumes := func() {
 		for _, s := range []func() error{
 			func() error {
-				return f.CreateOverlay(ctx, "rack1", hypervisors.OverlaySpec{Pool: "default", Name: naming.OverlayVolume(name), BaseImage: DefaultImage})
+				return f.CreateOverlay(ctx, "rack1", lvspec.OverlaySpec{Pool: "default", Name: naming.OverlayVolume(name), BaseImage: DefaultImage})
 			},
 			func() error {
-				return f.CreateSeed(ctx, "rack1", hypervisors.SeedSpec{Pool: "default", Name: naming.SeedVolume(name)})
+				return f.CreateSeed(ctx, "rack1", lvspec.SeedSpec{Pool: "default", Name: naming.SeedVolume(name)})
 			},
 		} {
 			if err := s(); err != nil {
@@ -337,7 +338,7 @@ func TestLibvirtBlankSeed(t *testing.T) {
 	if d := cmp.Diff(blank, got); d != "" {
 		t.Errorf("ReadVolumes (-want +got):\n%s", d)
 	}
-	spec := hypervisors.SeedSpec{Pool: "default", Name: name, InstanceID: "m", Hostname: "h"}
+	spec := lvspec.SeedSpec{Pool: "default", Name: name, InstanceID: "m", Hostname: "h"}
 	if err := f.CreateSeed(ctx, "rack1", spec); err != nil {
 		t.Fatal(err)
 	}
@@ -345,7 +346,7 @@ func TestLibvirtBlankSeed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []*observed.Volume{{Zone: "rack1", Pool: "default", Name: name, Format: "iso", Identity: hypervisors.SeedIdentity(spec)}}
+	want := []*observed.Volume{{Zone: "rack1", Pool: "default", Name: name, Format: "iso", Identity: lvspec.SeedIdentity(spec)}}
 	if d := cmp.Diff(want, z.Volumes); d != "" {
 		t.Errorf("after CreateSeed (-want +got):\n%s", d)
 	}

@@ -31,11 +31,11 @@ func observeAll(t *testing.T, h hypervisors.Hypervisor) map[string]*observed.Zon
 
 func TestPersistence(t *testing.T) {
 	secret := []byte("very-secret-join-token")
-	openers := map[hypervisors.Shape]func(opts Options) (hypervisors.Hypervisor, error){
-		hypervisors.ShapeLibvirt: func(o Options) (hypervisors.Hypervisor, error) { return OpenLibvirt(o) },
-		hypervisors.ShapeProxmox: func(o Options) (hypervisors.Hypervisor, error) { return OpenProxmox(o) },
+	openers := map[string]func(opts Options) (hypervisors.Hypervisor, error){
+		"libvirt": func(o Options) (hypervisors.Hypervisor, error) { return OpenLibvirt(o) },
+		"proxmox": func(o Options) (hypervisors.Hypervisor, error) { return OpenProxmox(o) },
 	}
-	for _, shape := range []hypervisors.Shape{hypervisors.ShapeLibvirt, hypervisors.ShapeProxmox} {
+	for _, shape := range []string{"libvirt", "proxmox"} {
 		t.Run(string(shape)+"/journal-reload", func(t *testing.T) {
 			ctx := context.Background()
 			mem := newJournal()
@@ -138,11 +138,11 @@ func TestPersistence(t *testing.T) {
 	}
 }
 
-func otherShape(s hypervisors.Shape) hypervisors.Shape {
-	if s == hypervisors.ShapeLibvirt {
-		return hypervisors.ShapeProxmox
+func otherShape(s string) string {
+	if s == "libvirt" {
+		return "proxmox"
 	}
-	return hypervisors.ShapeLibvirt
+	return "libvirt"
 }
 
 // place adds one running owned VM out of band and returns its target.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvemarker"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvespec"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/retry"
 )
@@ -23,7 +24,7 @@ const taskUser = "bigfleet@pve"
 // Proxmox simulates a Proxmox VE cluster (one node per zone) with a
 // cluster-wide VMID space, templates, clone/start/stop/destroy tasks and
 // per-VM config locks, behind hypervisors.Hypervisor and
-// hypervisors.ProxmoxSteps.
+// pvespec.Steps.
 type Proxmox struct {
 	sim
 
@@ -35,7 +36,7 @@ type Proxmox struct {
 
 var (
 	_ hypervisors.Hypervisor     = (*Proxmox)(nil)
-	_ hypervisors.ProxmoxSteps   = (*Proxmox)(nil)
+	_ pvespec.Steps              = (*Proxmox)(nil)
 	_ hypervisors.HealthReporter = (*Proxmox)(nil)
 )
 
@@ -143,8 +144,10 @@ func (f *Proxmox) saveVM(vmid int) {
 	f.persist(keyVM+strconv.Itoa(vmid), f.vms[vmid])
 }
 
-// Shape returns hypervisors.ShapeProxmox.
-func (f *Proxmox) Shape() hypervisors.Shape { return hypervisors.ShapeProxmox }
+// Apply performs one Proxmox step.
+func (f *Proxmox) Apply(ctx context.Context, t hypervisors.Target, p hypervisors.StepParams) (int, error) {
+	return pvespec.Apply(ctx, f, t, p)
+}
 
 // Zones returns the configured nodes.
 func (f *Proxmox) Zones() []string { return append([]string(nil), f.zones...) }
@@ -223,15 +226,10 @@ func (f *Proxmox) machineOf(t hypervisors.Target) (*machine, *observed.Marker, e
 }
 
 func (v *pveVM) observe() *observed.VM {
-	tags := append([]string(nil), v.Tags...)
-	sort.Strings(tags)
 	vm := &observed.VM{
 		Zone: v.Node, Name: v.Name, VMID: v.VMID, Power: v.Power,
 		VCPU: v.Cores, MemoryMiB: v.MemoryMiB, Template: v.Template,
-		Tags: tags, Autostart: v.OnBoot,
-	}
-	if len(vm.Tags) == 0 {
-		vm.Tags = nil
+		Autostart: v.OnBoot,
 	}
 	if m := pvemarker.ParseDescription(v.Description); m != nil && pvemarker.HasOwnershipTags(v.Tags, m.Installation) {
 		vm.Marker = m
@@ -376,7 +374,7 @@ func (f *Proxmox) freeVMID() int {
 // read, then claimed one round trip later, retrying when a concurrent
 // clone claimed it first. The clone carries the marker in its description
 // and tags, and holds the "clone" lock until its task ends.
-func (f *Proxmox) CloneVM(ctx context.Context, zone string, spec hypervisors.CloneSpec) (int, error) {
+func (f *Proxmox) CloneVM(ctx context.Context, zone string, spec pvespec.CloneSpec) (int, error) {
 	if err := f.enterWrite(ctx, "CloneVM", zone, hypervisors.Target{Zone: zone, Name: spec.Name}); err != nil {
 		return 0, err
 	}
@@ -474,7 +472,7 @@ func wrapIf(err error, wrap func(error) error) error {
 // refuses a VM whose description does not name the same installation and
 // machine (ErrNotOwned), a template (ErrInvalid) and a locked VM
 // (ErrLocked).
-func (f *Proxmox) ConfigureVM(ctx context.Context, t hypervisors.Target, spec hypervisors.SizeSpec) error {
+func (f *Proxmox) ConfigureVM(ctx context.Context, t hypervisors.Target, spec pvespec.SizeSpec) error {
 	if err := f.enterWrite(ctx, "ConfigureVM", t.Zone, t); err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvemarker"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvespec"
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 )
@@ -35,11 +36,9 @@ func TestProxmoxLifecycle(t *testing.T) {
 	m := marker("m-1", "")
 	bound := marker("m-1", "c-1")
 	vm := hypervisors.Target{Zone: "pve1", Name: name, VMID: FirstVMID}
-	tags := pvemarker.Tags(m)
-	sort.Strings(tags)
 	clone := func(power observed.Power, vcpu, mem int, mk observed.Marker, onboot bool) *observed.VM {
 		return &observed.VM{Zone: "pve1", Name: name, VMID: FirstVMID, Marker: &mk, Power: power,
-			VCPU: vcpu, MemoryMiB: mem, Tags: tags, Autostart: onboot}
+			VCPU: vcpu, MemoryMiB: mem, Autostart: onboot}
 	}
 	zone := func(vms ...*observed.VM) *observed.Zone {
 		return &observed.Zone{Name: "pve1", Status: observed.StatusOK, VMs: append([]*observed.VM{}, vms...)}
@@ -59,14 +58,14 @@ func TestProxmoxLifecycle(t *testing.T) {
 		want *observed.Zone
 	}{
 		{"clone", func() error {
-			id, err := f.CloneVM(ctx, "pve1", hypervisors.CloneSpec{Name: name, TemplateVMID: DefaultTemplateVMID, Pool: "bigfleet", Marker: m})
+			id, err := f.CloneVM(ctx, "pve1", pvespec.CloneSpec{Name: name, TemplateVMID: DefaultTemplateVMID, Pool: "bigfleet", Marker: m})
 			if err == nil && id != FirstVMID {
 				return fmt.Errorf("clone got VMID %d, want %d", id, FirstVMID)
 			}
 			return err
 		}, zone(clone(observed.PowerStopped, 2, 2048, m, false), template("pve1"))},
 		{"configure-vm", func() error {
-			return f.ConfigureVM(ctx, vm, hypervisors.SizeSpec{VCPU: 4, MemoryMiB: 8192, OnBoot: true, Marker: m})
+			return f.ConfigureVM(ctx, vm, pvespec.SizeSpec{VCPU: 4, MemoryMiB: 8192, OnBoot: true, Marker: m})
 		}, zone(clone(observed.PowerStopped, 4, 8192, m, true), template("pve1"))},
 		{"start", func() error { return f.Start(ctx, vm) }, zone(clone(observed.PowerRunning, 4, 8192, m, true), template("pve1"))},
 		{"wait-agent", func() error { return f.AgentPing(ctx, vm) }, nil},
@@ -115,7 +114,7 @@ func TestProxmoxLifecycle(t *testing.T) {
 func TestProxmoxSemantics(t *testing.T) {
 	ctx := context.Background()
 	m := marker("m-1", "")
-	spec := hypervisors.CloneSpec{Name: "bf-x", TemplateVMID: DefaultTemplateVMID, Marker: m}
+	spec := pvespec.CloneSpec{Name: "bf-x", TemplateVMID: DefaultTemplateVMID, Marker: m}
 	vm := hypervisors.Target{Zone: "fake-a", VMID: FirstVMID}
 	cloned := func(t *testing.T, f *Proxmox) {
 		if _, err := f.CloneVM(ctx, "fake-a", spec); err != nil {
@@ -168,17 +167,17 @@ func TestProxmoxSemantics(t *testing.T) {
 			return err
 		}, hypervisors.ErrExists, true},
 		{"clone without marker", Options{}, nil, func(f *Proxmox) error {
-			_, err := f.CloneVM(ctx, "fake-a", hypervisors.CloneSpec{Name: "x", TemplateVMID: DefaultTemplateVMID})
+			_, err := f.CloneVM(ctx, "fake-a", pvespec.CloneSpec{Name: "x", TemplateVMID: DefaultTemplateVMID})
 			return err
 		}, hypervisors.ErrInvalid, true},
 		{"configure a foreign VM", Options{}, func(t *testing.T, f *Proxmox) { f.AddForeignVM("fake-a", FirstVMID, "bf-x", &other) }, func(f *Proxmox) error {
-			return f.ConfigureVM(ctx, vm, hypervisors.SizeSpec{VCPU: 1, MemoryMiB: 512, Marker: m})
+			return f.ConfigureVM(ctx, vm, pvespec.SizeSpec{VCPU: 1, MemoryMiB: 512, Marker: m})
 		}, hypervisors.ErrNotOwned, true},
 		{"configure an unmarked VM", Options{}, func(t *testing.T, f *Proxmox) { f.AddForeignVM("fake-a", FirstVMID, "bf-x", nil) }, func(f *Proxmox) error {
 			return f.SetMarker(ctx, vm, m)
 		}, hypervisors.ErrNotOwned, true},
 		{"configure the template", Options{}, nil, func(f *Proxmox) error {
-			return f.ConfigureVM(ctx, tmpl, hypervisors.SizeSpec{VCPU: 1, MemoryMiB: 512, Marker: m})
+			return f.ConfigureVM(ctx, tmpl, pvespec.SizeSpec{VCPU: 1, MemoryMiB: 512, Marker: m})
 		}, hypervisors.ErrInvalid, true},
 		{"delete running", Options{}, running, func(f *Proxmox) error { return f.DeleteVM(ctx, vm) }, hypervisors.ErrInvalid, true},
 		{"delete missing", Options{}, nil, func(f *Proxmox) error { return f.DeleteVM(ctx, vm) }, nil, true},
@@ -195,7 +194,7 @@ func TestProxmoxSemantics(t *testing.T) {
 			func(f *Proxmox) error { return f.Start(ctx, vm) }, hypervisors.ErrLocked, true},
 		{"locked stop", Options{}, locked, func(f *Proxmox) error { return f.Stop(ctx, vm, 0) }, hypervisors.ErrLocked, true},
 		{"locked configure", Options{}, locked, func(f *Proxmox) error {
-			return f.ConfigureVM(ctx, vm, hypervisors.SizeSpec{VCPU: 1, MemoryMiB: 512, Marker: m})
+			return f.ConfigureVM(ctx, vm, pvespec.SizeSpec{VCPU: 1, MemoryMiB: 512, Marker: m})
 		}, hypervisors.ErrLocked, true},
 		{"locked marker", Options{}, locked, func(f *Proxmox) error { return f.SetMarker(ctx, vm, m) }, hypervisors.ErrLocked, true},
 		{"locked onboot", Options{}, locked, func(f *Proxmox) error { return f.SetAutostart(ctx, vm, true) }, hypervisors.ErrLocked, true},
@@ -245,7 +244,7 @@ func TestProxmoxVMIDs(t *testing.T) {
 	for i := range ids {
 		wg.Go(func() {
 			mid := fmt.Sprintf("m-%d", i)
-			ids[i], errs[i] = f.CloneVM(ctx, "pve1", hypervisors.CloneSpec{Name: "bf-" + mid, TemplateVMID: DefaultTemplateVMID, Marker: marker(mid, "")})
+			ids[i], errs[i] = f.CloneVM(ctx, "pve1", pvespec.CloneSpec{Name: "bf-" + mid, TemplateVMID: DefaultTemplateVMID, Marker: marker(mid, "")})
 		})
 	}
 	wg.Wait()
@@ -289,7 +288,7 @@ func TestProxmoxConcurrentCloneOfOneMachine(t *testing.T) {
 	ctx := context.Background()
 	f := NewProxmox(Options{Latency: 2 * time.Millisecond})
 	defer f.Close()
-	spec := hypervisors.CloneSpec{Name: "bf-m", TemplateVMID: DefaultTemplateVMID, Marker: marker("m", "")}
+	spec := pvespec.CloneSpec{Name: "bf-m", TemplateVMID: DefaultTemplateVMID, Marker: marker("m", "")}
 	var wg sync.WaitGroup
 	ids := make([]int, 5)
 	errs := make([]error, 5)
@@ -333,7 +332,7 @@ func TestProxmoxTaskLocks(t *testing.T) {
 	f := NewProxmox(Options{})
 	defer f.Close()
 	m := marker("m", "")
-	id, err := f.CloneVM(ctx, "fake-a", hypervisors.CloneSpec{Name: "bf-m", TemplateVMID: DefaultTemplateVMID, Marker: m})
+	id, err := f.CloneVM(ctx, "fake-a", pvespec.CloneSpec{Name: "bf-m", TemplateVMID: DefaultTemplateVMID, Marker: m})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -343,7 +342,7 @@ func TestProxmoxTaskLocks(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- f.Start(ctx, vm) }()
 	<-started
-	size := hypervisors.SizeSpec{VCPU: 2, MemoryMiB: 2048, Marker: m}
+	size := pvespec.SizeSpec{VCPU: 2, MemoryMiB: 2048, Marker: m}
 	errIs(t, "configure while starting", f.ConfigureVM(ctx, vm, size), hypervisors.ErrLocked)
 	errIs(t, "delete while starting", f.DeleteVM(ctx, vm), hypervisors.ErrLocked)
 	errIs(t, "start while starting", f.Start(ctx, vm), hypervisors.ErrLocked)
@@ -359,7 +358,7 @@ func TestProxmoxTaskLocks(t *testing.T) {
 func TestProxmoxTasks(t *testing.T) {
 	ctx := context.Background()
 	m := marker("m", "")
-	spec := hypervisors.CloneSpec{Name: "bf-m", TemplateVMID: DefaultTemplateVMID, Marker: m}
+	spec := pvespec.CloneSpec{Name: "bf-m", TemplateVMID: DefaultTemplateVMID, Marker: m}
 	vm := hypervisors.Target{Zone: "fake-a", VMID: FirstVMID}
 
 	t.Run("failed start", func(t *testing.T) {

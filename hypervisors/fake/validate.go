@@ -5,6 +5,7 @@ import (
 
 	"github.com/bigfleet-vm/provider/desired"
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvespec"
 	"github.com/bigfleet-vm/provider/inventory"
 	"github.com/bigfleet-vm/provider/observed"
 )
@@ -65,8 +66,8 @@ func checkSize(vcpu, memoryMiB int) error {
 
 // checkVMID checks a Proxmox VMID; 0 asks the simulator to allocate one.
 func checkVMID(vmid int) error {
-	if vmid != 0 && (vmid < inventory.MinVMID || vmid > inventory.MaxVMID) {
-		return invalid(fmt.Errorf("vmid %d is outside the Proxmox VMID range %d..%d", vmid, inventory.MinVMID, inventory.MaxVMID))
+	if vmid != 0 && (vmid < pvespec.MinVMID || vmid > pvespec.MaxVMID) {
+		return invalid(fmt.Errorf("vmid %d is outside the Proxmox VMID range %d..%d", vmid, pvespec.MinVMID, pvespec.MaxVMID))
 	}
 	return nil
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
 )
 
 // A seed upload that outlives UploadTimeout is aborted through libvirt's
@@ -51,7 +52,7 @@ func TestIntegrationSeedUploadAbort(t *testing.T) {
 	zc.mu.Lock()
 	gen := zc.gen
 	zc.mu.Unlock()
-	spec := hypervisors.SeedSpec{Pool: e.Pool, Name: m.seed, InstanceID: "upload-abort", Hostname: m.name}
+	spec := lvspec.SeedSpec{Pool: e.Pool, Name: m.seed, InstanceID: "upload-abort", Hostname: m.name}
 	err = h.CreateSeed(ctx, "a", spec)
 	if !errors.Is(err, hypervisors.ErrTransient) || !strings.Contains(err.Error(), "upload aborted") {
 		t.Fatalf("CreateSeed past its upload deadline: %v, want a retryable 'upload aborted'", err)

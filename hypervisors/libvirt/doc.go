@@ -1,5 +1,5 @@
 // Package libvirt implements hypervisors.Hypervisor and
-// hypervisors.LibvirtSteps (ShapeLibvirt) on libvirt hosts through the
+// lvspec.Steps (the libvirt vocabulary, through Apply) on libvirt hosts through the
 // pure-Go go-libvirt client: one connection per zone, dialled through
 // go-libvirt's own URI support (qemu:///system, qemu+libssh://,
 // qemu+ssh://, qemu+tls://, test:///default via the daemon).

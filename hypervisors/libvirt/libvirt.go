@@ -16,6 +16,7 @@ import (
 	golibvirt "github.com/digitalocean/go-libvirt"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/retry"
@@ -56,7 +57,7 @@ type Hypervisor struct {
 
 var (
 	_ hypervisors.Hypervisor     = (*Hypervisor)(nil)
-	_ hypervisors.LibvirtSteps   = (*Hypervisor)(nil)
+	_ lvspec.Steps               = (*Hypervisor)(nil)
 	_ hypervisors.HealthReporter = (*Hypervisor)(nil)
 	_ hypervisors.EventSource    = (*Hypervisor)(nil)
 	_ hypervisors.VolumeReader   = (*Hypervisor)(nil)
@@ -98,7 +99,10 @@ func New(cfg Config, logger *slog.Logger) (*Hypervisor, error) {
 }
 
 // Shape implements hypervisors.Hypervisor.
-func (h *Hypervisor) Shape() hypervisors.Shape { return hypervisors.ShapeLibvirt }
+// Apply performs one libvirt step.
+func (h *Hypervisor) Apply(ctx context.Context, t hypervisors.Target, p hypervisors.StepParams) (int, error) {
+	return lvspec.Apply(ctx, h, t, p)
+}
 
 // Zones implements hypervisors.Hypervisor.
 func (h *Hypervisor) Zones() []string { return append([]string(nil), h.order...) }
@@ -355,9 +359,9 @@ func (h *Hypervisor) volumeXML(ctx context.Context, zc *zoneConn, v golibvirt.St
 	return parseVolume(s)
 }
 
-// CreateOverlay implements hypervisors.LibvirtSteps. An existing volume of
+// CreateOverlay implements lvspec.Steps. An existing volume of
 // the name is success.
-func (h *Hypervisor) CreateOverlay(ctx context.Context, zone string, spec hypervisors.OverlaySpec) error {
+func (h *Hypervisor) CreateOverlay(ctx context.Context, zone string, spec lvspec.OverlaySpec) error {
 	zc, err := h.zone(zone)
 	if err != nil {
 		return err
@@ -431,11 +435,11 @@ func (h *Hypervisor) dropSeedTags(ctx context.Context, zc *zoneConn, vols map[st
 	return nil
 }
 
-// CreateSeed implements hypervisors.LibvirtSteps. The seed is (re)uploaded
+// CreateSeed implements lvspec.Steps. The seed is (re)uploaded
 // even when the volume exists, so a crash between create and upload
 // converges; a volume of the wrong size is replaced. Its identity tag is
 // removed first and added last (see seedTag).
-func (h *Hypervisor) CreateSeed(ctx context.Context, zone string, spec hypervisors.SeedSpec) error {
+func (h *Hypervisor) CreateSeed(ctx context.Context, zone string, spec lvspec.SeedSpec) error {
 	zc, err := h.zone(zone)
 	if err != nil {
 		return err
@@ -482,7 +486,7 @@ func (h *Hypervisor) CreateSeed(ctx context.Context, zone string, spec hyperviso
 	if err := h.upload(ctx, zc, vol, img); err != nil {
 		return fmt.Errorf("create seed %s: %w", spec.Name, err)
 	}
-	if _, err := h.createRaw(ctx, zc, p, seedTag(spec.Name, hypervisors.SeedIdentity(spec), size), 0); err != nil {
+	if _, err := h.createRaw(ctx, zc, p, seedTag(spec.Name, lvspec.SeedIdentity(spec), size), 0); err != nil {
 		return fmt.Errorf("create seed %s: identity tag: %w", spec.Name, err)
 	}
 	return nil
@@ -612,7 +616,7 @@ func (h *Hypervisor) deleteVol(ctx context.Context, zc *zoneConn, v golibvirt.St
 	})
 }
 
-// DeleteVolume implements hypervisors.LibvirtSteps: a missing volume is
+// DeleteVolume implements lvspec.Steps: a missing volume is
 // success, and the volume is verified gone. Only volumes named with
 // naming.VolumePrefix are ever deleted (never a golden image). A seed's
 // identity tags go first, even when the seed itself is gone.
@@ -657,10 +661,10 @@ func (h *Hypervisor) DeleteVolume(ctx context.Context, zone, pool, name string) 
 
 // ---- domains ----
 
-// DefineDomain implements hypervisors.LibvirtSteps. A domain of that name
+// DefineDomain implements lvspec.Steps. A domain of that name
 // carrying our marker for the same machine is success; any other is
 // ErrExists.
-func (h *Hypervisor) DefineDomain(ctx context.Context, zone string, spec hypervisors.DomainSpec) error {
+func (h *Hypervisor) DefineDomain(ctx context.Context, zone string, spec lvspec.DomainSpec) error {
 	zc, err := h.zone(zone)
 	if err != nil {
 		return err
@@ -693,7 +697,7 @@ func (h *Hypervisor) DefineDomain(ctx context.Context, zone string, spec hypervi
 
 // adoptDomain reports done when a domain named spec.Name exists and is
 // ours for spec's machine, and ErrExists when it exists but is not.
-func (h *Hypervisor) adoptDomain(ctx context.Context, zc *zoneConn, spec hypervisors.DomainSpec) (bool, error) {
+func (h *Hypervisor) adoptDomain(ctx context.Context, zc *zoneConn, spec lvspec.DomainSpec) (bool, error) {
 	dom, err := h.lookupDomain(ctx, zc, spec.Name)
 	if errors.Is(err, hypervisors.ErrNotFound) {
 		return false, nil
@@ -711,7 +715,7 @@ func (h *Hypervisor) adoptDomain(ctx context.Context, zc *zoneConn, spec hypervi
 	return true, nil
 }
 
-// UndefineDomain implements hypervisors.LibvirtSteps. A missing domain is
+// UndefineDomain implements lvspec.Steps. A missing domain is
 // success; a domain without our marker is ErrNotOwned. A running domain is
 // powered off first, so no transient domain is left behind.
 func (h *Hypervisor) UndefineDomain(ctx context.Context, t hypervisors.Target) error {

@@ -20,7 +20,9 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
 	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvuri"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvespec"
 	"github.com/bigfleet-vm/provider/observed"
 )
 
@@ -46,7 +48,7 @@ func golden(t *testing.T, name, got string) {
 var testMarker = observed.Marker{Installation: "inst-1", MachineID: "m/1 <&>", OpID: "op-9", InstanceType: "kvm.small"}
 
 func TestDomainDefinitionGolden(t *testing.T) {
-	base := hypervisors.DomainSpec{Name: "bf-inst-1-m-1-abcd-c1", VCPU: 2, MemoryMiB: 4096, Pool: "default", DomainType: "kvm", Network: "br-net",
+	base := lvspec.DomainSpec{Name: "bf-inst-1-m-1-abcd-c1", VCPU: 2, MemoryMiB: 4096, Pool: "default", DomainType: "kvm", Network: "br-net",
 		Overlay: "bf-inst-1-m-1-abcd-c1-disk.qcow2", Seed: "bf-inst-1-m-1-abcd-c1-cidata.iso", Marker: testMarker}
 	kernel := base
 	kernel.DomainType, kernel.Network = "qemu", "user"
@@ -54,7 +56,7 @@ func TestDomainDefinitionGolden(t *testing.T) {
 	kernel.Seed = ""
 	tests := []struct {
 		name, file string
-		spec       hypervisors.DomainSpec
+		spec       lvspec.DomainSpec
 	}{
 		{"network disk boot", "domain-network.xml", base},
 		{"direct kernel boot user nic", "domain-kernel-user.xml", kernel},
@@ -88,17 +90,17 @@ func TestDomainDefinitionGolden(t *testing.T) {
 }
 
 func TestDomainDefinitionInvalid(t *testing.T) {
-	ok := hypervisors.DomainSpec{Name: "bf-x", VCPU: 1, MemoryMiB: 64, Pool: "p", Overlay: "bf-x.qcow2", DomainType: "kvm", Marker: testMarker}
+	ok := lvspec.DomainSpec{Name: "bf-x", VCPU: 1, MemoryMiB: 64, Pool: "p", Overlay: "bf-x.qcow2", DomainType: "kvm", Marker: testMarker}
 	tests := []struct {
 		name string
-		mut  func(*hypervisors.DomainSpec)
+		mut  func(*lvspec.DomainSpec)
 	}{
-		{"no name", func(s *hypervisors.DomainSpec) { s.Name = "" }},
-		{"no vcpu", func(s *hypervisors.DomainSpec) { s.VCPU = 0 }},
-		{"no overlay", func(s *hypervisors.DomainSpec) { s.Overlay = "" }},
-		{"bad type", func(s *hypervisors.DomainSpec) { s.DomainType = "xen" }},
-		{"no type", func(s *hypervisors.DomainSpec) { s.DomainType = "" }},
-		{"no marker", func(s *hypervisors.DomainSpec) { s.Marker = observed.Marker{} }},
+		{"no name", func(s *lvspec.DomainSpec) { s.Name = "" }},
+		{"no vcpu", func(s *lvspec.DomainSpec) { s.VCPU = 0 }},
+		{"no overlay", func(s *lvspec.DomainSpec) { s.Overlay = "" }},
+		{"bad type", func(s *lvspec.DomainSpec) { s.DomainType = "xen" }},
+		{"no type", func(s *lvspec.DomainSpec) { s.DomainType = "" }},
+		{"no marker", func(s *lvspec.DomainSpec) { s.Marker = observed.Marker{} }},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -211,7 +213,7 @@ func TestMarkerRoundTripByteExact(t *testing.T) {
 	}
 	for _, v := range values {
 		m := observed.Marker{Installation: "inst", MachineID: v, OpID: v, InstanceType: v, Cluster: v}
-		spec := hypervisors.DomainSpec{Name: "bf-x", VCPU: 1, MemoryMiB: 64, Pool: "p", Overlay: "bf-x.qcow2", DomainType: "qemu", Marker: m}
+		spec := lvspec.DomainSpec{Name: "bf-x", VCPU: 1, MemoryMiB: 64, Pool: "p", Overlay: "bf-x.qcow2", DomainType: "qemu", Marker: m}
 		def, err := domainDefinition(spec)
 		if err != nil {
 			t.Fatalf("%q: %v", v, err)
@@ -244,14 +246,14 @@ func TestMarkerRoundTripByteExact(t *testing.T) {
 func TestBuildSeed(t *testing.T) {
 	tests := []struct {
 		name     string
-		spec     hypervisors.SeedSpec
+		spec     lvspec.SeedSpec
 		userData string
 	}{
-		{"default user-data", hypervisors.SeedSpec{Name: "bf-s", InstanceID: "m-1", Hostname: "bf-host"}, "#cloud-config\n"},
-		{"given user-data, quoted id", hypervisors.SeedSpec{Name: "bf-s", InstanceID: "a\"b: c", Hostname: "h", UserData: "#cloud-config\npackages: [jq]\n"},
+		{"default user-data", lvspec.SeedSpec{Name: "bf-s", InstanceID: "m-1", Hostname: "bf-host"}, "#cloud-config\n"},
+		{"given user-data, quoted id", lvspec.SeedSpec{Name: "bf-s", InstanceID: "a\"b: c", Hostname: "h", UserData: "#cloud-config\npackages: [jq]\n"},
 			"#cloud-config\npackages: [jq]\n"},
-		{"YAML look-alikes", hypervisors.SeedSpec{Name: "bf-s", InstanceID: "yes", Hostname: "0x1F"}, "#cloud-config\n"},
-		{"control characters", hypervisors.SeedSpec{Name: "bf-s", InstanceID: "c\x00\x01\x1b\n- x", Hostname: "null"}, "#cloud-config\n"},
+		{"YAML look-alikes", lvspec.SeedSpec{Name: "bf-s", InstanceID: "yes", Hostname: "0x1F"}, "#cloud-config\n"},
+		{"control characters", lvspec.SeedSpec{Name: "bf-s", InstanceID: "c\x00\x01\x1b\n- x", Hostname: "null"}, "#cloud-config\n"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -294,7 +296,7 @@ func TestBuildSeed(t *testing.T) {
 			}
 		})
 	}
-	if _, err := buildSeed(hypervisors.SeedSpec{Name: "bf-s"}); !errors.Is(err, hypervisors.ErrInvalid) {
+	if _, err := buildSeed(lvspec.SeedSpec{Name: "bf-s"}); !errors.Is(err, hypervisors.ErrInvalid) {
 		t.Errorf("empty seed: %v, want ErrInvalid", err)
 	}
 }
@@ -304,9 +306,9 @@ func TestBuildSeed(t *testing.T) {
 // without a tag (created, never uploaded), a replaced or resized volume,
 // two tags and malformed or foreign tag names all read as "".
 func TestSeedIdentity(t *testing.T) {
-	spec := hypervisors.SeedSpec{Name: "bf-i-m1-c1-cidata.iso", InstanceID: "m-1", Hostname: "h"}
-	id := hypervisors.SeedIdentity(spec)
-	other := hypervisors.SeedIdentity(hypervisors.SeedSpec{InstanceID: "m-2", Hostname: "h"})
+	spec := lvspec.SeedSpec{Name: "bf-i-m1-c1-cidata.iso", InstanceID: "m-1", Hostname: "h"}
+	id := lvspec.SeedIdentity(spec)
+	other := lvspec.SeedIdentity(lvspec.SeedSpec{InstanceID: "m-2", Hostname: "h"})
 	const size = 374784
 	tag := seedTag(spec.Name, id, size)
 	if tag != spec.Name+"."+id+".374784" {
@@ -537,13 +539,10 @@ func TestNewDoesNotBlockOnDeadZone(t *testing.T) {
 	if _, err := h.Observe(ctx, "nope"); !errors.Is(err, hypervisors.ErrInvalid) {
 		t.Errorf("unknown zone: %v, want ErrInvalid", err)
 	}
-	if got := h.Shape(); got != hypervisors.ShapeLibvirt {
-		t.Errorf("Shape = %v", got)
-	}
 	// The Proxmox steps are not offered at all: the executor answers a
 	// step of the other shape with ErrUnsupported.
-	if _, ok := hypervisors.Find[hypervisors.ProxmoxSteps](h); ok {
-		t.Error("the libvirt adapter offers the Proxmox steps")
+	if _, err := h.Apply(ctx, hypervisors.Target{Zone: "z"}, &pvespec.DeleteVM{}); !errors.Is(err, hypervisors.ErrUnsupported) {
+		t.Errorf("a Proxmox step on the libvirt adapter: %v, want ErrUnsupported", err)
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
 	"github.com/bigfleet-vm/provider/observed"
 )
 
@@ -92,7 +93,7 @@ func TestIntegrationVolumes(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			m := newMachine(h, "vol-"+tc.name)
 			cleanupMachine(t, h, "a", e.Pool, m)
-			spec := hypervisors.OverlaySpec{Pool: e.Pool, Name: m.overlay, BaseImage: tc.base, MinCapacityGiB: tc.minGiB}
+			spec := lvspec.OverlaySpec{Pool: e.Pool, Name: m.overlay, BaseImage: tc.base, MinCapacityGiB: tc.minGiB}
 			for i := 0; i < 2; i++ { // the second call is an ensure
 				if err := h.CreateOverlay(ctx, "a", spec); err != nil {
 					t.Fatalf("CreateOverlay #%d: %v", i, err)
@@ -105,7 +106,7 @@ func TestIntegrationVolumes(t *testing.T) {
 				t.Errorf("overlay (-want +got):\n%s", d)
 			}
 
-			seed := hypervisors.SeedSpec{Pool: e.Pool, Name: m.seed, InstanceID: "vol-" + tc.name, Hostname: m.name}
+			seed := lvspec.SeedSpec{Pool: e.Pool, Name: m.seed, InstanceID: "vol-" + tc.name, Hostname: m.name}
 			for i := 0; i < 2; i++ {
 				if err := h.CreateSeed(ctx, "a", seed); err != nil {
 					t.Fatalf("CreateSeed #%d: %v", i, err)
@@ -131,7 +132,7 @@ func TestIntegrationVolumes(t *testing.T) {
 				}
 			}
 			wantVols := []observed.Volume{
-				{Zone: "a", Pool: e.Pool, Name: m.seed, Format: "iso", Identity: hypervisors.SeedIdentity(seed)},
+				{Zone: "a", Pool: e.Pool, Name: m.seed, Format: "iso", Identity: lvspec.SeedIdentity(seed)},
 				{Zone: "a", Pool: e.Pool, Name: m.overlay, Format: "qcow2", BackingFormat: tc.wantBackingFmt},
 			}
 			if m.seed > m.overlay {
@@ -156,11 +157,11 @@ func TestIntegrationVolumes(t *testing.T) {
 	}
 
 	t.Run("errors", func(t *testing.T) {
-		err := h.CreateOverlay(ctx, "a", hypervisors.OverlaySpec{Pool: e.Pool, Name: "bf-x-missing-base.qcow2", BaseImage: "no-such-image"})
+		err := h.CreateOverlay(ctx, "a", lvspec.OverlaySpec{Pool: e.Pool, Name: "bf-x-missing-base.qcow2", BaseImage: "no-such-image"})
 		if !errors.Is(err, hypervisors.ErrNotFound) {
 			t.Errorf("missing base: got %v, want ErrNotFound", err)
 		}
-		err = h.CreateOverlay(ctx, "a", hypervisors.OverlaySpec{Pool: "no-such-pool", Name: "bf-x.qcow2", BaseImage: e.Image})
+		err = h.CreateOverlay(ctx, "a", lvspec.OverlaySpec{Pool: "no-such-pool", Name: "bf-x.qcow2", BaseImage: e.Image})
 		if !errors.Is(err, hypervisors.ErrNotFound) {
 			t.Errorf("missing pool: got %v, want ErrNotFound", err)
 		}
@@ -208,13 +209,13 @@ func bootGuest(t *testing.T, h *Hypervisor, e itEnv, zone, pool string, m machin
 	t.Helper()
 	ctx := ctxT(t, 3*time.Minute)
 	cleanupMachine(t, h, zone, pool, m)
-	if err := h.CreateOverlay(ctx, zone, hypervisors.OverlaySpec{Pool: pool, Name: m.overlay, BaseImage: e.Image}); err != nil {
+	if err := h.CreateOverlay(ctx, zone, lvspec.OverlaySpec{Pool: pool, Name: m.overlay, BaseImage: e.Image}); err != nil {
 		t.Fatalf("CreateOverlay: %v", err)
 	}
-	if err := h.CreateSeed(ctx, zone, hypervisors.SeedSpec{Pool: pool, Name: m.seed, InstanceID: m.marker.MachineID, Hostname: m.name}); err != nil {
+	if err := h.CreateSeed(ctx, zone, lvspec.SeedSpec{Pool: pool, Name: m.seed, InstanceID: m.marker.MachineID, Hostname: m.name}); err != nil {
 		t.Fatalf("CreateSeed: %v", err)
 	}
-	spec := hypervisors.DomainSpec{
+	spec := lvspec.DomainSpec{
 		Name: m.name, VCPU: 1, MemoryMiB: 256, DomainType: "qemu", Pool: pool,
 		Overlay: m.overlay, Seed: m.seed, Network: e.Network,
 		Kernel: e.Kernel, Initrd: e.Initrd, Cmdline: "console=ttyS0 quiet panic=-1",
@@ -413,7 +414,7 @@ func TestIntegrationBlankSeed(t *testing.T) {
 	ctx := ctxT(t, 2*time.Minute)
 	m := newMachine(h, "blank-seed")
 	cleanupMachine(t, h, "a", e.Pool, m)
-	spec := hypervisors.SeedSpec{Pool: e.Pool, Name: m.seed, InstanceID: "blank-seed", Hostname: m.name}
+	spec := lvspec.SeedSpec{Pool: e.Pool, Name: m.seed, InstanceID: "blank-seed", Hostname: m.name}
 	img, err := buildSeed(spec)
 	if err != nil {
 		t.Fatal(err)
@@ -449,7 +450,7 @@ func TestIntegrationBlankSeed(t *testing.T) {
 	if err := h.CreateSeed(ctx, "a", spec); err != nil {
 		t.Fatal(err)
 	}
-	want := hypervisors.SeedIdentity(spec)
+	want := lvspec.SeedIdentity(spec)
 	if l, d := seedOf("uploaded"); l != want || d != want {
 		t.Errorf("uploaded seed identity: listed %q, direct %q, want %q", l, d, want)
 	}
@@ -490,8 +491,8 @@ func TestIntegrationBlankSeed(t *testing.T) {
 	if err := h.CreateSeed(ctx, "a", other); err != nil {
 		t.Fatal(err)
 	}
-	if l, d := seedOf("rebuilt"); l != hypervisors.SeedIdentity(other) || d != l {
-		t.Errorf("rebuilt seed identity: listed %q, direct %q, want %q", l, d, hypervisors.SeedIdentity(other))
+	if l, d := seedOf("rebuilt"); l != lvspec.SeedIdentity(other) || d != l {
+		t.Errorf("rebuilt seed identity: listed %q, direct %q, want %q", l, d, lvspec.SeedIdentity(other))
 	}
 	if got := tags(); len(got) != 1 {
 		t.Errorf("identity tags after the rebuild: %v, want one", got)
@@ -515,7 +516,7 @@ func TestIntegrationMarkerBytes(t *testing.T) {
 	m.marker.MachineID = "marker-bytes \x01\xff<&>"
 	m.marker.InstanceType = " padded "
 	cleanupMachine(t, h, "a", e.Pool, m)
-	if err := h.CreateOverlay(ctx, "a", hypervisors.OverlaySpec{Pool: e.Pool, Name: m.overlay, BaseImage: e.Image}); err != nil {
+	if err := h.CreateOverlay(ctx, "a", lvspec.OverlaySpec{Pool: e.Pool, Name: m.overlay, BaseImage: e.Image}); err != nil {
 		t.Fatal(err)
 	}
 	spec := smallSpec(e.Pool, m)

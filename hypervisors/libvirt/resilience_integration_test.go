@@ -18,12 +18,13 @@ import (
 	golibvirt "github.com/digitalocean/go-libvirt"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
 	"github.com/bigfleet-vm/provider/observed"
 )
 
 // smallSpec is a domain that is defined but never started.
-func smallSpec(pool string, m machine) hypervisors.DomainSpec {
-	return hypervisors.DomainSpec{Name: m.name, VCPU: 1, MemoryMiB: 64, DomainType: "qemu", Pool: pool,
+func smallSpec(pool string, m machine) lvspec.DomainSpec {
+	return lvspec.DomainSpec{Name: m.name, VCPU: 1, MemoryMiB: 64, DomainType: "qemu", Pool: pool,
 		Overlay: m.overlay, Seed: m.seed, Network: "user", Marker: m.marker}
 }
 
@@ -46,7 +47,7 @@ func TestIntegrationCrashBetweenDefineAndStart(t *testing.T) {
 	h1 := newITInst(t, e, inst, ZoneURI{Zone: "a", URI: e.URI})
 	m := newMachine(h1, "crash-1")
 	ctx := ctxT(t, 2*time.Minute)
-	if err := h1.CreateOverlay(ctx, "a", hypervisors.OverlaySpec{Pool: e.Pool, Name: m.overlay, BaseImage: e.Image}); err != nil {
+	if err := h1.CreateOverlay(ctx, "a", lvspec.OverlaySpec{Pool: e.Pool, Name: m.overlay, BaseImage: e.Image}); err != nil {
 		t.Fatal(err)
 	}
 	spec := smallSpec(e.Pool, m)
@@ -147,10 +148,10 @@ func TestIntegrationTwoZonesTwoPools(t *testing.T) {
 	ma, mb := newMachine(h, "two-a"), newMachine(h, "two-b")
 	cleanupMachine(t, h, "a", e.Pool, ma)
 	cleanupMachine(t, h, "b", e.Pool2, mb)
-	if err := h.CreateOverlay(ctx, "a", hypervisors.OverlaySpec{Pool: e.Pool, Name: ma.overlay, BaseImage: e.Image}); err != nil {
+	if err := h.CreateOverlay(ctx, "a", lvspec.OverlaySpec{Pool: e.Pool, Name: ma.overlay, BaseImage: e.Image}); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.CreateOverlay(ctx, "b", hypervisors.OverlaySpec{Pool: e.Pool2, Name: mb.overlay, BaseImage: e.Image}); err != nil {
+	if err := h.CreateOverlay(ctx, "b", lvspec.OverlaySpec{Pool: e.Pool2, Name: mb.overlay, BaseImage: e.Image}); err != nil {
 		t.Fatal(err)
 	}
 	for zone, want := range map[string]string{"a": ma.overlay, "b": mb.overlay} {

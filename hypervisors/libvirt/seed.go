@@ -10,6 +10,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
 	"github.com/bigfleet-vm/provider/naming"
 )
 
@@ -20,7 +21,7 @@ const seedLabel = "cidata"
 const defaultUserData = "#cloud-config\n"
 
 // A seed volume is the NoCloud ISO. What it was built from
-// (hypervisors.SeedIdentity) and its size in bytes are carried by the name
+// (lvspec.SeedIdentity) and its size in bytes are carried by the name
 // of an empty sibling volume, its identity tag:
 //
 //	<seed volume name>.<identity>.<bytes>
@@ -68,7 +69,7 @@ func parseSeedTag(name string) (seedTagInfo, bool) {
 	return seedTagInfo{name: name, seed: seed, identity: id, size: n}, true
 }
 
-// validIdentity reports whether id has the form hypervisors.SeedIdentity
+// validIdentity reports whether id has the form lvspec.SeedIdentity
 // gives: "seed1-" and 32 lowercase hex digits.
 func validIdentity(id string) bool {
 	h, ok := strings.CutPrefix(id, "seed1-")
@@ -122,7 +123,7 @@ func metaData(instanceID, hostname string) (string, error) {
 
 // buildISO builds the NoCloud ISO (label "cidata", files user-data and
 // meta-data) for spec.
-func buildISO(spec hypervisors.SeedSpec) ([]byte, error) {
+func buildISO(spec lvspec.SeedSpec) ([]byte, error) {
 	if spec.InstanceID == "" || spec.Hostname == "" {
 		return nil, fmt.Errorf("seed %s: instance id and hostname are required: %w", spec.Name, hypervisors.ErrInvalid)
 	}
@@ -153,7 +154,7 @@ func buildISO(spec hypervisors.SeedSpec) ([]byte, error) {
 }
 
 // buildSeed returns the bytes of a seed volume: the NoCloud ISO.
-func buildSeed(spec hypervisors.SeedSpec) ([]byte, error) { return buildISO(spec) }
+func buildSeed(spec lvspec.SeedSpec) ([]byte, error) { return buildISO(spec) }
 
 // isSeedVolume reports whether a volume name is a seed volume's.
 func isSeedVolume(name string) bool { return strings.HasSuffix(name, naming.SeedVolume("")) }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
 )
 
 // test:///default is reachable through the daemon's socket (go-libvirt
@@ -38,7 +39,7 @@ func TestIntegrationTestDriver(t *testing.T) {
 	} else if !errors.Is(err, hypervisors.ErrUnsupported) {
 		t.Logf("AgentPing on the test driver: %v", err)
 	}
-	if err := h.CreateSeed(ctx, "t", hypervisors.SeedSpec{Pool: "default-pool", Name: m.seed, InstanceID: "x", Hostname: "x"}); !errors.Is(err, hypervisors.ErrUnsupported) {
+	if err := h.CreateSeed(ctx, "t", lvspec.SeedSpec{Pool: "default-pool", Name: m.seed, InstanceID: "x", Hostname: "x"}); !errors.Is(err, hypervisors.ErrUnsupported) {
 		t.Errorf("CreateSeed (upload) on the test driver: %v, want ErrUnsupported", err)
 	}
 	if err := h.Stop(ctx, tg, 2*time.Second); err != nil {

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
 	"github.com/bigfleet-vm/provider/internal/relay"
 )
 
@@ -307,7 +308,7 @@ func TestIntegrationTransportIndependence(t *testing.T) {
 		cycle++
 		m := newMachine(h, fmt.Sprintf("indep-%s-%d", zone, cycle))
 		cleanupMachine(t, h, zone, e.Pool, m)
-		if err := h.CreateOverlay(ctx, zone, hypervisors.OverlaySpec{Pool: e.Pool, Name: m.overlay, BaseImage: e.Image}); err != nil {
+		if err := h.CreateOverlay(ctx, zone, lvspec.OverlaySpec{Pool: e.Pool, Name: m.overlay, BaseImage: e.Image}); err != nil {
 			t.Fatalf("%s: overlay: %v", zone, err)
 		}
 		spec := smallSpec(e.Pool, m)

@@ -11,6 +11,7 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
 	"github.com/bigfleet-vm/provider/observed"
 )
 
@@ -145,7 +146,7 @@ func markerDefinition(m observed.Marker) (string, error) {
 // complete (the planner fills every field from the flags); an empty
 // Network, or "user", means a user-mode NIC. It is a pure
 // function of its arguments.
-func domainDefinition(spec hypervisors.DomainSpec) (string, error) {
+func domainDefinition(spec lvspec.DomainSpec) (string, error) {
 	if spec.Name == "" || spec.VCPU <= 0 || spec.MemoryMiB <= 0 || spec.Pool == "" || spec.Overlay == "" {
 		return "", fmt.Errorf("domain spec %q: name, vcpu, memory, pool and overlay are required: %w", spec.Name, hypervisors.ErrInvalid)
 	}

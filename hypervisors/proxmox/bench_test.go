@@ -9,6 +9,7 @@ import (
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvemarker"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvesim"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvespec"
 	"github.com/bigfleet-vm/provider/naming"
 )
 
@@ -110,7 +111,7 @@ func BenchmarkCloneToAgentReady(b *testing.B) {
 			b.Fatal(err)
 		}
 		tg := hypervisors.Target{Zone: "pve1", VMID: id}
-		if err := e.a.ConfigureVM(ctx, tg, hypervisors.SizeSpec{VCPU: 2, MemoryMiB: 2048, Marker: marker(mid)}); err != nil {
+		if err := e.a.ConfigureVM(ctx, tg, pvespec.SizeSpec{VCPU: 2, MemoryMiB: 2048, Marker: marker(mid)}); err != nil {
 			b.Fatal(err)
 		}
 		if err := e.a.Start(ctx, tg); err != nil {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvespec"
 )
 
 // cacheSizes are the adapter's per-VM maps.
@@ -31,7 +32,7 @@ func TestCachesStayFlat(t *testing.T) {
 			t.Fatalf("cycle %d: CloneVM: %v", i, err)
 		}
 		tg := hypervisors.Target{Zone: "pve2", VMID: id, Name: spec.Name}
-		if err := e.a.ConfigureVM(ctx, tg, hypervisors.SizeSpec{VCPU: 2, MemoryMiB: 2048, Marker: marker(m)}); err != nil {
+		if err := e.a.ConfigureVM(ctx, tg, pvespec.SizeSpec{VCPU: 2, MemoryMiB: 2048, Marker: marker(m)}); err != nil {
 			t.Fatalf("cycle %d: ConfigureVM: %v", i, err)
 		}
 		if _, err := e.a.Observe(ctx, "pve2"); err != nil {

@@ -1,5 +1,5 @@
 // Package proxmox implements hypervisors.Hypervisor and
-// hypervisors.ProxmoxSteps (ShapeProxmox) for a Proxmox VE cluster through
+// pvespec.Steps (the Proxmox vocabulary, through Apply) for a Proxmox VE cluster through
 // github.com/luthermonson/go-proxmox: one Adapter per cluster, each
 // configured node a zone. The marker encoding is in pvemarker, the API
 // simulator for tests and demos in pvesim.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvesim"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvespec"
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 )
@@ -87,8 +88,8 @@ func marker(machine string) observed.Marker {
 	return observed.Marker{Installation: testInst, MachineID: machine, OpID: "op-1", InstanceType: "pve.small"}
 }
 
-func cloneSpec(machine string) hypervisors.CloneSpec {
-	return hypervisors.CloneSpec{Name: naming.VMName(testInst, machine, 1), TemplateVMID: template, Marker: marker(machine)}
+func cloneSpec(machine string) pvespec.CloneSpec {
+	return pvespec.CloneSpec{Name: naming.VMName(testInst, machine, 1), TemplateVMID: template, Marker: marker(machine)}
 }
 
 func ctxT(t testing.TB, d time.Duration) context.Context {

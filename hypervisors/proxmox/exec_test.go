@@ -21,6 +21,7 @@ import (
 	"github.com/bigfleet-vm/provider/hypervisors/guest/guestsim"
 	"github.com/bigfleet-vm/provider/hypervisors/guest/guesttest"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvesim"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvespec"
 	"github.com/bigfleet-vm/provider/planner"
 )
 
@@ -270,8 +271,8 @@ func TestCloneAppliedLateIsAdoptedNotDuplicated(t *testing.T) {
 	ctx := ctxT(t, 10*time.Second)
 	ex := executor.New(executor.Options{Hypervisor: e.a, Installation: testInst, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
 	spec := cloneSpec("m-1")
-	out, err := ex.Run(ctx, planner.Change{Machine: "m-1", Steps: []planner.Step{{ID: "pve1/vm/clone", Action: planner.ActionClone,
-		Target: hypervisors.Target{Zone: "pve1", Name: spec.Name}, Params: planner.Params{Clone: &spec}}}}, "op")
+	out, err := ex.Run(ctx, planner.Change{Machine: "m-1", Steps: []planner.Step{{ID: "pve1/vm/clone", Action: planner.Action(pvespec.ActionClone),
+		Target: hypervisors.Target{Zone: "pve1", Name: spec.Name}, Params: planner.Params{Plugin: &spec}}}}, "op")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -113,7 +113,7 @@ func (a *Adapter) Observe(ctx context.Context, zone string) (*observed.Zone, err
 		sort.Strings(tags)
 		v := &observed.VM{
 			Zone: zone, Name: r.Name, VMID: int(r.VMID), Power: powerOf(r.Status, ""),
-			VCPU: int(r.MaxCPU), MemoryMiB: int(r.MaxMem >> 20), Template: r.Template == 1, Tags: tags,
+			VCPU: int(r.MaxCPU), MemoryMiB: int(r.MaxMem >> 20), Template: r.Template == 1,
 		}
 		if !v.Template && pvemarker.HasOwnershipTags(tags, a.cfg.Installation) {
 			e, err := a.ownedConfig(ctx, r, tags)
@@ -180,8 +180,6 @@ func (a *Adapter) toObserved(zone string, v *pxapi.VirtualMachine) *observed.VM 
 	if c == nil {
 		c = &pxapi.VirtualMachineConfig{}
 	}
-	tags := tagList(c.Tags)
-	sort.Strings(tags)
 	cores, sockets := 1, 1
 	if c.Cores != nil {
 		cores = *c.Cores
@@ -192,10 +190,10 @@ func (a *Adapter) toObserved(zone string, v *pxapi.VirtualMachine) *observed.VM 
 	o := &observed.VM{
 		Zone: zone, Name: c.Name, VMID: int(v.VMID), Power: powerOf(v.Status, v.QMPStatus),
 		VCPU: cores * sockets, MemoryMiB: int(c.Memory), Template: bool(v.Template) || bool(c.Template),
-		Tags: tags, Autostart: bool(c.OnBoot),
+		Autostart: bool(c.OnBoot),
 	}
 	if !o.Template {
-		o.Marker = a.markerFor(tags, c.Description)
+		o.Marker = a.markerFor(tagList(c.Tags), c.Description)
 	}
 	return o
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvemarker"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvesim"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvespec"
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 )
@@ -241,7 +242,7 @@ func TestAdapterChangesAreReportedWithTheirMachine(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := e.a.ConfigureVM(ctxT(t, 10*time.Second), hypervisors.Target{Zone: "pve2", VMID: id},
-		hypervisors.SizeSpec{VCPU: 2, MemoryMiB: 2048, Marker: marker("m-7")}); err != nil {
+		pvespec.SizeSpec{VCPU: 2, MemoryMiB: 2048, Marker: marker("m-7")}); err != nil {
 		t.Fatal(err)
 	}
 	ev := nextEvent(t, e.a, "event of the clone", isVM(naming.VMName(testInst, "m-7", 1)))

@@ -19,6 +19,7 @@ import (
 	pxapi "github.com/luthermonson/go-proxmox"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvespec"
 	"github.com/bigfleet-vm/provider/retry"
 )
 
@@ -85,7 +86,7 @@ type Adapter struct {
 
 var (
 	_ hypervisors.Hypervisor     = (*Adapter)(nil)
-	_ hypervisors.ProxmoxSteps   = (*Adapter)(nil)
+	_ pvespec.Steps              = (*Adapter)(nil)
 	_ hypervisors.HealthReporter = (*Adapter)(nil)
 	_ hypervisors.EventSource    = (*Adapter)(nil)
 )
@@ -148,8 +149,10 @@ func New(cfg Config, logger *slog.Logger) (*Adapter, error) {
 	return a, nil
 }
 
-// Shape reports ShapeProxmox.
-func (a *Adapter) Shape() hypervisors.Shape { return hypervisors.ShapeProxmox }
+// Apply performs one Proxmox step.
+func (a *Adapter) Apply(ctx context.Context, t hypervisors.Target, p hypervisors.StepParams) (int, error) {
+	return pvespec.Apply(ctx, a, t, p)
+}
 
 // Zones lists the configured nodes.
 func (a *Adapter) Zones() []string { return append([]string(nil), a.cfg.Nodes...) }

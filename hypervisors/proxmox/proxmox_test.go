@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +17,7 @@ import (
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvemarker"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvesim"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvespec"
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
@@ -104,7 +104,7 @@ func TestLifecycle(t *testing.T) {
 		t.Fatalf("CloneVM: %v", err)
 	}
 	tg := hypervisors.Target{Zone: "pve2", VMID: id, Name: spec.Name}
-	size := hypervisors.SizeSpec{VCPU: 4, MemoryMiB: 8192, OnBoot: true, Marker: marker("m-1")}
+	size := pvespec.SizeSpec{VCPU: 4, MemoryMiB: 8192, OnBoot: true, Marker: marker("m-1")}
 	if err := e.a.ConfigureVM(ctx, tg, size); err != nil {
 		t.Fatalf("ConfigureVM: %v", err)
 	}
@@ -120,7 +120,7 @@ func TestLifecycle(t *testing.T) {
 	}
 	m := marker("m-1")
 	want := &observed.VM{Zone: "pve2", Name: spec.Name, VMID: id, Marker: &m, Power: observed.PowerRunning, VCPU: 4, MemoryMiB: 8192,
-		Tags: sorted(pvemarker.Tags(m)), Autostart: true}
+		Autostart: true}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("Lookup (-want +got):\n%s", d)
 	}
@@ -169,12 +169,6 @@ func TestLifecycle(t *testing.T) {
 	if err := e.a.Stop(ctx, tg, 0); err != nil {
 		t.Errorf("Stop of a gone VM = %v, want nil", err)
 	}
-}
-
-func sorted(s []string) []string {
-	s = append([]string(nil), s...)
-	sort.Strings(s)
-	return s
 }
 
 func TestConcurrentClonesCollidingNextID(t *testing.T) {
@@ -316,7 +310,7 @@ func TestConfigureRetriedByTheExecutorOnly(t *testing.T) {
 				t.Fatal(err)
 			}
 			tg := hypervisors.Target{Zone: "pve1", VMID: id}
-			size := hypervisors.SizeSpec{VCPU: 2, MemoryMiB: 2048, Marker: marker("m-1")}
+			size := pvespec.SizeSpec{VCPU: 2, MemoryMiB: 2048, Marker: marker("m-1")}
 			put := fmt.Sprintf("PUT /nodes/pve1/qemu/%d/config", id)
 			read := fmt.Sprintf("GET /nodes/pve1/qemu/%d/status/current", id)
 
@@ -340,8 +334,8 @@ func TestConfigureRetriedByTheExecutorOnly(t *testing.T) {
 				rctx = ctxT(t, tt.deadline)
 			}
 			ex := executor.New(executor.Options{Hypervisor: e.a, Installation: testInst, MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
-			_, err = ex.Run(rctx, planner.Change{Machine: "m-1", Steps: []planner.Step{{ID: "pve1/vm/configure-vm", Action: planner.ActionConfigureVM,
-				Target: tg, Params: planner.Params{Size: &size}}}}, "op")
+			_, err = ex.Run(rctx, planner.Change{Machine: "m-1", Steps: []planner.Step{{ID: "pve1/vm/configure-vm", Action: planner.Action(pvespec.ActionConfigureVM),
+				Target: tg, Params: planner.Params{Plugin: &size}}}}, "op")
 			if !errors.Is(err, tt.wantErr) || (tt.wantErr == nil && err != nil) {
 				t.Fatalf("Run = %v, want %v", err, tt.wantErr)
 			}
@@ -482,7 +476,7 @@ func TestCrashBetweenCloneAndSizing(t *testing.T) {
 		t.Errorf("clone requests = %d, want 1", n)
 	}
 	tg := hypervisors.Target{Zone: "pve1", VMID: id}
-	if err := b.ConfigureVM(ctx, tg, hypervisors.SizeSpec{VCPU: 8, MemoryMiB: 16384, OnBoot: true, Marker: marker("m-7")}); err != nil {
+	if err := b.ConfigureVM(ctx, tg, pvespec.SizeSpec{VCPU: 8, MemoryMiB: 16384, OnBoot: true, Marker: marker("m-7")}); err != nil {
 		t.Fatal(err)
 	}
 	info, _ := e.sim.VM(id)
@@ -503,7 +497,7 @@ func TestOwnershipAndOutOfBand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := e.a.ConfigureVM(ctx, hypervisors.Target{Zone: "pve1", VMID: id}, hypervisors.SizeSpec{VCPU: 2, MemoryMiB: 2048, Marker: marker("m-1")}); err != nil {
+	if err := e.a.ConfigureVM(ctx, hypervisors.Target{Zone: "pve1", VMID: id}, pvespec.SizeSpec{VCPU: 2, MemoryMiB: 2048, Marker: marker("m-1")}); err != nil {
 		t.Fatal(err)
 	}
 	lookalike := naming.VMName(testInst, "m-2", 1)

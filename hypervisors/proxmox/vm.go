@@ -12,6 +12,7 @@ import (
 
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvemarker"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvespec"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/retry"
 )
@@ -29,7 +30,7 @@ func (a *Adapter) ourDescription(desc, machineID string) (*observed.Marker, bool
 // CloneVM full-clones spec.TemplateVMID onto zone and returns the new
 // VMID, or adopts and returns the VM that already carries our marker for
 // spec.Marker.MachineID.
-func (a *Adapter) CloneVM(ctx context.Context, zone string, spec hypervisors.CloneSpec) (int, error) {
+func (a *Adapter) CloneVM(ctx context.Context, zone string, spec pvespec.CloneSpec) (int, error) {
 	if err := a.checkZone(zone); err != nil {
 		return 0, err
 	}
@@ -194,7 +195,7 @@ func (a *Adapter) unreserve(id int) {
 
 // findOwnClone looks for a VM carrying our marker for the machine, by its
 // deterministic name or machine tag, confirmed by the description marker.
-func (a *Adapter) findOwnClone(ctx context.Context, rs []resource, spec hypervisors.CloneSpec) (int, bool, error) {
+func (a *Adapter) findOwnClone(ctx context.Context, rs []resource, spec pvespec.CloneSpec) (int, bool, error) {
 	mtag := pvemarker.MachineTag(spec.Marker.MachineID)
 	for _, r := range rs {
 		if r.Template == 1 {
@@ -280,7 +281,7 @@ func (a *Adapter) owned(ctx context.Context, t hypervisors.Target, machineID str
 
 // ConfigureVM sizes a clone and (re)writes its tags, description and
 // onboot; it is re-applied to adopted clones.
-func (a *Adapter) ConfigureVM(ctx context.Context, t hypervisors.Target, spec hypervisors.SizeSpec) error {
+func (a *Adapter) ConfigureVM(ctx context.Context, t hypervisors.Target, spec pvespec.SizeSpec) error {
 	if spec.VCPU <= 0 || spec.MemoryMiB <= 0 || spec.Marker.Installation != a.cfg.Installation {
 		return fmt.Errorf("configure vm %d: vcpu, memory and a marker of this installation are required: %w", t.VMID, hypervisors.ErrInvalid)
 	}

@@ -3,12 +3,18 @@
 // and metrics' in-process tests). It runs the provider binary: builds it
 // once per test package, starts it on fresh loopback ports, waits for
 // /readyz, dials gRPC, and kills, restarts, terminates, pauses and
-// resumes it. It speaks to it: the machine states (StIdle ...), Get,
-// ListAll, WaitState and WaitFor (bounded; FAILED is fatal unless
-// wanted), Must for acks (wire.go); and reads its metrics: Metric over a
-// /metrics body or a running Provider, WaitMetric (metrics.go). A suite
-// that needs one of these uses it rather than its own copy. It is
-// imported by tests only.
+// resumes it, with extra environment variables when the binary is a test
+// binary (Options.Env, RunEnv). It speaks to it: the machine states
+// (StIdle ...), Get, ListAll, WaitState and WaitFor (bounded; FAILED is
+// fatal unless wanted), Must for acks, the four mutations with a fencing
+// Token, Speculative, ToIdle, ToConfigured, WaitSettled, Holds, the wire
+// schema's field-shape rules (ShapeProblems, CheckShape) and RawCodec
+// for requests the protobuf runtime refuses to marshal (wire.go); it
+// reads its metrics: Metric over a /metrics body or a running Provider,
+// WaitMetric (metrics.go); and it drives the simulator's admin endpoints
+// (Provider.Admin). A suite that needs one of these uses it rather than
+// its own copy. Subpackage contract is the black-box contract suite that
+// runs on any hypervisor. It is imported by tests only.
 //
 // Invariants:
 //   - Every wait is bounded by the max its caller gives, and fails the

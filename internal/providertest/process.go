@@ -102,7 +102,7 @@ type Process struct {
 // provider on harness-chosen ports with a plain-HTTP /readyz, use Start.
 func StartProcess(t testing.TB, binary string, args ...string) *Process {
 	t.Helper()
-	p, err := startProcess(t, binary, args, &memOutput{})
+	p, err := startProcess(t, binary, args, nil, &memOutput{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +110,7 @@ func StartProcess(t testing.TB, binary string, args ...string) *Process {
 	return p
 }
 
-func startProcess(t testing.TB, binary string, args []string, out output) (*Process, error) {
+func startProcess(t testing.TB, binary string, args, env []string, out output) (*Process, error) {
 	header := fmt.Sprintf("===== launch %s: %s %s\n", time.Now().Format(time.RFC3339Nano), binary, strings.Join(args, " "))
 	w, from, err := out.begin(header)
 	if err != nil {
@@ -118,6 +118,9 @@ func startProcess(t testing.TB, binary string, args []string, out output) (*Proc
 	}
 	defer w.Close()
 	cmd := exec.Command(binary, args...)
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout, cmd.Stderr = w, w
 	// A grandchild holding the output pipe must not block the reaping.
 	cmd.WaitDelay = 10 * time.Second
@@ -245,9 +248,19 @@ func (p *Process) checkRace() {
 // for races.
 func Run(t testing.TB, binary string, max time.Duration, args ...string) (string, int) {
 	t.Helper()
+	return RunEnv(t, binary, nil, max, args...)
+}
+
+// RunEnv is Run with extra environment variables (KEY=value, after the
+// test's own; see Options.Env).
+func RunEnv(t testing.TB, binary string, env []string, max time.Duration, args ...string) (string, int) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), max)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, binary, args...)
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	out, err := cmd.CombinedOutput()
 	if ctx.Err() != nil {
 		t.Fatalf("%s did not exit on its own within %v:\n%s", describe(args), max, tail(string(out)))

@@ -21,6 +21,11 @@ import (
 
 // Options describe a provider the harness runs.
 type Options struct {
+	// Env are extra environment variables (KEY=value) for the provider,
+	// after the test's own environment (a later one wins): a test binary
+	// that is the provider when a variable says so (a hypervisor that
+	// exists only in its tests).
+	Env []string
 	// Args are the arguments from the subcommand on ("serve", ...). The
 	// harness appends --addr and --metrics-addr with fresh loopback
 	// ports at every launch, so Args must not set them.
@@ -107,10 +112,11 @@ func (p *Provider) Launch() {
 	}
 	var lastErr error
 	for range launchAttempts {
-		addr, maddr := FreeAddr(p.t), FreeAddr(p.t)
+		ports := FreeAddrs(p.t, 2)
+		addr, maddr := ports[0], ports[1]
 		argv := append(append([]string(nil), p.args...), "--addr", addr, "--metrics-addr", maddr)
 		began := time.Now()
-		proc, err := startProcess(p.t, p.binary, argv, p.out)
+		proc, err := startProcess(p.t, p.binary, argv, p.opts.Env, p.out)
 		if err != nil {
 			p.t.Fatal(err)
 		}
@@ -259,6 +265,34 @@ func (p *Provider) HTTPGet(path string) (int, string) {
 		p.t.Fatalf("GET %s: read body: %v", path, err)
 	}
 	return resp.StatusCode, string(b)
+}
+
+// HTTPPost posts an empty body to path on the metrics listener and
+// returns the status code and body; a transport error fails the test.
+func (p *Provider) HTTPPost(path string) (int, string) {
+	p.t.Helper()
+	hc := &http.Client{Timeout: httpTimeout}
+	resp, err := hc.Post(p.MetricsURL()+path, "text/plain", nil)
+	if err != nil {
+		p.t.Fatalf("POST %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		p.t.Fatalf("POST %s: read body: %v", path, err)
+	}
+	return resp.StatusCode, string(b)
+}
+
+// Admin posts to /admin/query (the simulator's admin endpoints, served
+// with --fake-admin: "stop?machine=ID", "unreachable?zone=Z&on=true",
+// ...) and fails the test unless it answers "ok".
+func (p *Provider) Admin(query string) {
+	p.t.Helper()
+	code, body := p.HTTPPost("/admin/" + query)
+	if code != http.StatusOK || strings.TrimSpace(body) != "ok" {
+		p.t.Fatalf("admin %s: %d %s", query, code, body)
+	}
 }
 
 // current is a connection that forwards to the provider's current

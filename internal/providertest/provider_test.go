@@ -56,6 +56,9 @@ func (fakeAPI) Get(context.Context, *pb.MachineRef) (*pb.Machine, error) {
 }
 
 func fakeProvider(args []string) int {
+	if tag := os.Getenv("PROVIDERTEST_TAG"); tag != "" {
+		fmt.Printf("tag %q\n", tag) // before listening: in the output once ready
+	}
 	if len(args) == 0 || args[0] != "serve" {
 		fmt.Println("fake provider: want serve")
 		return 1
@@ -385,5 +388,25 @@ func TestStartProcess(t *testing.T) {
 	}
 	if code := p.Terminate(); code != 0 || !strings.Contains(p.Output(), "fake provider up") {
 		t.Errorf("exit %d, output %q", code, p.Output())
+	}
+}
+
+// Options.Env and RunEnv reach the child's environment, beside the
+// test's own (the child still sees PROVIDERTEST_FAKE_PROVIDER).
+func TestEnv(t *testing.T) {
+	out, code := RunEnv(t, self, []string{"PROVIDERTEST_TAG=run-env"}, 30*time.Second, "serve", "--mode", "exit")
+	if code != 3 || !strings.Contains(out, `tag "run-env"`) {
+		t.Errorf("RunEnv: exit %d, output %q", code, out)
+	}
+	p := fake(t, Options{Env: []string{"PROVIDERTEST_TAG=start-env"}}, "ok")
+	if !strings.Contains(p.Output(), `tag "start-env"`) {
+		t.Errorf("Start with Env: output %q", p.Output())
+	}
+	p.Restart()
+	if !strings.Contains(p.Output(), `tag "start-env"`) {
+		t.Errorf("a relaunch lost Env: output %q", p.Output())
+	}
+	if out, _ := Run(t, self, 30*time.Second, "serve", "--mode", "exit"); strings.Contains(out, "tag") {
+		t.Errorf("Run without Env: output %q", out)
 	}
 }

@@ -56,6 +56,24 @@ func FreeAddr(t testing.TB) string {
 	return l.Addr().String()
 }
 
+// FreeAddrs returns n distinct loopback addresses that were free a
+// moment ago: their listeners are open together, so the kernel cannot
+// hand out one port twice (two FreeAddr calls can, and a provider given
+// one port for --addr and --metrics-addr refuses to start).
+func FreeAddrs(t testing.TB, n int) []string {
+	t.Helper()
+	addrs := make([]string, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		addrs = append(addrs, l.Addr().String())
+	}
+	return addrs
+}
+
 // ErrExited is returned by WaitReady when the process exits first.
 var ErrExited = errors.New("provider exited")
 

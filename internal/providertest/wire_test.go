@@ -100,3 +100,14 @@ func TestWaitFor(t *testing.T) {
 		})
 	}
 }
+
+// FreeAddrs never hands out one port twice in a call (two FreeAddr calls
+// can: a launch once got --addr and --metrics-addr on one port).
+func TestFreeAddrsAreDistinct(t *testing.T) {
+	for range 200 {
+		a := FreeAddrs(t, 2)
+		if len(a) != 2 || a[0] == a[1] {
+			t.Fatalf("FreeAddrs(2) = %v", a)
+		}
+	}
+}

@@ -171,8 +171,6 @@ type agentHV struct {
 	a *guest.Agent
 }
 
-func (h agentHV) Shape() hypervisors.Shape { return hypervisors.ShapeLibvirt }
-
 func (h agentHV) AgentPing(ctx context.Context, _ hypervisors.Target) error { return h.a.Ping(ctx) }
 
 func (h agentHV) AgentExec(ctx context.Context, _ hypervisors.Target, argv []string) (hypervisors.ExecResult, error) {

@@ -1,0 +1,128 @@
+package libvirt
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/fake"
+	"github.com/bigfleet-vm/provider/inventory"
+	"github.com/bigfleet-vm/provider/plugin"
+	"github.com/google/go-cmp/cmp"
+)
+
+// problems records what a resolution reports, one line each.
+type problems struct{ lines []string }
+
+func (p *problems) Add(f, format string, args ...any) {
+	p.lines = append(p.lines, "--"+f+": "+fmt.Sprintf(format, args...))
+}
+func (p *problems) AddErr(f string, err error)          { p.Add(f, "%v", err) }
+func (p *problems) Duration(string, time.Duration) bool { return true }
+func (p *problems) Integer(string, int) bool            { return true }
+func (p *problems) CABundle(f, file string)             { p.Add(f, "CA bundle %s", file) }
+
+// resolve parses args as the plug-in's flags and resolves them.
+func resolve(t *testing.T, real bool, args ...string) (*Settings, []string) {
+	t.Helper()
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	f := Plugin().RegisterFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	var p problems
+	r := f.Resolve(plugin.Env{Set: set, Real: real, DefaultZone: "local", Now: time.Now()}, &p)
+	return r.(*Settings), p.lines
+}
+
+// TestCerts: the real backend presents the client certificate of each
+// qemu+tls:// zone found in its pkipath, once per file; other transports
+// and the simulator present none.
+func TestCerts(t *testing.T) {
+	pki := t.TempDir()
+	for _, f := range []string{"clientcert.pem", "clientkey.pem"} {
+		if err := os.WriteFile(filepath.Join(pki, f), []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	connect := "a=qemu+tls://h1/system?pkipath=" + pki + ",b=qemu+tls://h2/system?pkipath=" + pki + ",c=qemu+libssh://u@h3/system?keyfile=/k&known_hosts=/kh"
+	s, probs := resolve(t, true, "--connect", connect, "--image", "base.qcow2")
+	if len(probs) != 0 {
+		t.Fatalf("problems %q", probs)
+	}
+	want := []plugin.CertFile{{Flag: "connect", Role: CertClientRole, Cert: filepath.Join(pki, "clientcert.pem"), Key: filepath.Join(pki, "clientkey.pem"),
+		Context: `zone "a"`, Noun: "libvirt TLS client"}}
+	if diff := cmp.Diff(want, s.Certs()); diff != "" {
+		t.Errorf("Certs (-want +got):\n%s", diff)
+	}
+	if zones, fl := s.Zones(); !cmp.Equal(zones, []string{"a", "b", "c"}) || fl != "connect" {
+		t.Errorf("zones %q (%s)", zones, fl)
+	}
+	s, _ = resolve(t, false, "--connect", connect)
+	if got := s.Certs(); got != nil {
+		t.Errorf("the simulator presents %+v", got)
+	}
+}
+
+// TestCatalogRules: kvm.* types boot from --image; a template_vmid key
+// is refused with the wording config's tests expect.
+func TestCatalogRules(t *testing.T) {
+	s, _ := resolve(t, false)
+	r := s.Catalog()
+	if got, err := r.Source(nil); got != 0 || err != nil {
+		t.Errorf("Source(nil) = %v, %v", got, err)
+	}
+	n := 9000
+	if _, err := r.Source(&n); err == nil || err.Error() != "template_vmid is a Proxmox setting; libvirt types boot from --image, remove the key" {
+		t.Errorf("Source(9000) error %v", err)
+	}
+	if c := inventory.Builtin(r); c["kvm.small"].TemplateVMID != 0 || len(c) != 4 {
+		t.Errorf("built-in catalog %+v", c)
+	}
+	if ct, err := inventory.ParseCapacityType("metal", s.CapacityRules()); ct != inventory.BareMetal || err != nil {
+		t.Errorf("metal on libvirt: %q, %v", ct, err)
+	}
+}
+
+// TestPlannerImage: on the simulator an empty --image plans the
+// simulator's golden image; the real backend requires --image.
+func TestPlannerImage(t *testing.T) {
+	s, _ := resolve(t, false)
+	if got := s.Planner(plugin.PlannerOptions{Simulated: true}).(*plan).s.Image; got != fake.DefaultImage {
+		t.Errorf("simulated image %q, want %q", got, fake.DefaultImage)
+	}
+	s, probs := resolve(t, true, "--connect", "qemu:///system")
+	if got := s.Planner(plugin.PlannerOptions{}).(*plan).s.Image; got != "" {
+		t.Errorf("real image %q", got)
+	}
+	if len(probs) != 1 || !strings.HasPrefix(probs[0], "--image: is required by the libvirt backend") {
+		t.Errorf("problems %q", probs)
+	}
+}
+
+// TestSimulatorHasTheCapability: the libvirt simulator is driven through
+// the Simulator capability.
+func TestSimulatorHasTheCapability(t *testing.T) {
+	s, _ := resolve(t, false)
+	hv, err := s.OpenSimulator(plugin.SimOptions{Zones: []string{"local-a"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hv.Close()
+	sim := hypervisors.CapabilitiesOf(hv).Simulator
+	if sim == nil {
+		t.Fatal("the simulator has no Simulator capability")
+	}
+	if err := sim.AddForeign(hypervisors.Target{Zone: "local-a", Name: "other"}); err != nil {
+		t.Fatal(err)
+	}
+}
