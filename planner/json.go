@@ -34,17 +34,16 @@ func WriteText(w io.Writer, p *Plan, opts TextOptions) error {
 // it is added here and to jsonplan (with a format_version bump).
 func (p *Plan) JSON() *jsonplan.Plan {
 	out := &jsonplan.Plan{
-		FormatVersion: jsonplan.FormatVersion,
-		Hypervisor:    p.Hypervisor,
-		Installation:  p.Installation,
-		Lineage:       p.Lineage,
-		Serial:        p.Serial,
-		ObservedAt:    p.ObservedAt,
-		PlannedAt:     p.PlannedAt,
-		Zones:         make([]jsonplan.Zone, 0, len(p.Zones)),
-		Changes:       make([]jsonplan.Change, 0, len(p.Changes)),
-		Drift:         make([]jsonplan.Drift, 0, len(p.Drift)),
-		Summary:       jsonplan.Summary(p.Summary),
+		Hypervisor:   p.Hypervisor,
+		Installation: p.Installation,
+		Lineage:      p.Lineage,
+		Serial:       p.Serial,
+		ObservedAt:   p.ObservedAt,
+		PlannedAt:    p.PlannedAt,
+		Zones:        make([]jsonplan.Zone, 0, len(p.Zones)),
+		Changes:      make([]jsonplan.Change, 0, len(p.Changes)),
+		Drift:        make([]jsonplan.Drift, 0, len(p.Drift)),
+		Summary:      jsonplan.Summary(p.Summary),
 	}
 	for _, z := range p.Zones {
 		out.Zones = append(out.Zones, jsonplan.Zone(z))
@@ -56,6 +55,7 @@ func (p *Plan) JSON() *jsonplan.Plan {
 		out.Drift = append(out.Drift, jsonplan.Drift{Machine: d.Machine, Zone: d.Zone, VM: d.VM, Kind: string(d.Kind),
 			Policy: string(d.Policy), Detail: d.Detail})
 	}
+	out.FormatVersion = jsonplan.VersionFor(out)
 	return out
 }
 
