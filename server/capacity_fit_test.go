@@ -1,0 +1,179 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/bigfleet-vm/provider/capacity"
+	"github.com/bigfleet-vm/provider/config"
+	"github.com/bigfleet-vm/provider/desired"
+	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/internal/planschema"
+	"github.com/bigfleet-vm/provider/jsonplan"
+)
+
+func smallSpec(name string) (int, int, bool) {
+	if name == "small" {
+		return 2, 4096, true
+	}
+	return 0, 0, false
+}
+
+// TestHostFit holds a Create against its zone's newest reading and what
+// the zone's other machines hold, and names a hypervisor's refusal for
+// lack of resources with the figures it has.
+func TestHostFit(t *testing.T) {
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	latest := &capacity.Latest{}
+	latest.Record([]string{"a", "cpu", "bad", "none"}, map[string]hypervisors.HostCapacity{
+		"a":   {CPUs: 64, MemoryBytes: 8 << 30, StorageName: "default", DiskBytes: 1 << 30, DiskFreeBytes: 100 << 20},
+		"cpu": {CPUs: 2, MemoryBytes: 64 << 30},
+	}, map[string]error{"bad": errors.New("unreachable")}, at)
+	self := func(zone string) *desired.Machine {
+		return &desired.Machine{ID: "m", Zone: zone, InstanceType: "small", State: desired.Creating}
+	}
+	counts := func(zone string, states map[desired.State]int) map[[3]string]int {
+		out := map[[3]string]int{{desired.Creating.String(), zone, "small"}: 1} // the machine itself
+		for s, n := range states {
+			out[[3]string{s.String(), zone, "small"}] += n
+		}
+		out[[3]string{desired.Idle.String(), "elsewhere", "small"}] = 100 // another zone
+		out[[3]string{desired.Idle.String(), zone, "unknown-type"}] = 100 // not in the catalog
+		return out
+	}
+	memErr := fmt.Errorf("start: %w", &hypervisors.ResourceError{Resource: "memory", Err: errors.New("Cannot allocate memory")})
+	diskErr := fmt.Errorf("create-overlay: %w", &hypervisors.ResourceError{Resource: "disk", Err: errors.New("No space left on device")})
+	tests := []struct {
+		name   string
+		zone   string
+		states map[desired.State]int
+		ratio  float64
+		err    error
+		want   string
+	}{
+		{"fits exactly", "a", map[desired.State]int{desired.Idle: 1}, 1, nil, ""},
+		{"memory short", "a", map[desired.State]int{desired.Idle: 1, desired.Deleting: 1}, 1, nil,
+			"host memory: zone a has 0 MiB free, the machine needs 4096 MiB"},
+		{"memory is never overcommitted", "a", map[desired.State]int{desired.Idle: 1, desired.Configured: 1}, 10, nil,
+			"host memory: zone a has 0 MiB free, the machine needs 4096 MiB"},
+		{"SPECULATIVE and FAILED hold nothing", "a", map[desired.State]int{desired.Speculative: 10, desired.Failed: 10}, 1, nil, ""},
+		{"cpu within the ratio", "cpu", map[desired.State]int{}, 1, nil, ""},
+		{"cpu past the ratio", "cpu", map[desired.State]int{desired.Idle: 1}, 1.5, nil,
+			"host cpu: zone cpu has 1 vCPUs free (2 CPUs × overcommit 1.5), the machine needs 2 vCPUs"},
+		{"cpu overcommitted by the ratio", "cpu", map[desired.State]int{desired.Idle: 1}, 2, nil, ""},
+		{"unread zone is not checked", "unread", map[desired.State]int{desired.Idle: 100}, 1, nil, ""},
+		{"failed read is not checked", "bad", map[desired.State]int{desired.Idle: 100}, 1, nil, ""},
+		{"empty reading is not checked", "none", map[desired.State]int{desired.Idle: 100}, 1, nil, ""},
+		{"hypervisor out of memory", "a", map[desired.State]int{}, 1, memErr,
+			"host memory: zone a has 8192 MiB free, the machine needs 4096 MiB; the hypervisor refused: " + memErr.Error()},
+		{"hypervisor out of memory, unread", "bad", map[desired.State]int{}, 1, memErr,
+			"host memory: zone bad cannot hold the machine's 4096 MiB (no capacity reading of the zone); the hypervisor refused: " + memErr.Error()},
+		{"pool full", "a", map[desired.State]int{}, 1, diskErr,
+			"storage pool space: zone a pool default had 100 MiB free at its newest reading; the hypervisor refused: " + diskErr.Error()},
+		{"pool full, no pool read", "cpu", map[desired.State]int{}, 1, diskErr,
+			"storage pool space: zone cpu has run out of storage space (no reading of its pool); the hypervisor refused: " + diskErr.Error()},
+		{"another error", "a", map[desired.State]int{}, 1, errors.New("boom"), ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := counts(tt.zone, tt.states)
+			fit := hostFit(latest, func() map[[3]string]int { return c }, smallSpec, tt.ratio)
+			if got := fit(self(tt.zone), tt.err); got != tt.want {
+				t.Errorf("hostFit = %q\nwant      %q", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestCapacitySection: each zone's offered and running figures with its
+// host, ratios and the resources over the allowed ratio; a zone not read,
+// whose read failed or that reported nothing, or an adapter that cannot
+// read, says so with no host figures. The plan carrying it is 1.2 and
+// valid against the published schema.
+func TestCapacitySection(t *testing.T) {
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	latest := &capacity.Latest{}
+	latest.Record([]string{"a", "bad", "none"}, map[string]hypervisors.HostCapacity{
+		"a": {CPUs: 3, MemoryBytes: 16 << 30, StorageName: "default", DiskBytes: 10 << 30, DiskFreeBytes: 0},
+	}, map[string]error{"bad": errors.New("read capacity of zone bad: unreachable")}, at)
+	var machines []*desired.Machine
+	for i, st := range []desired.State{desired.Speculative, desired.Idle, desired.Creating, desired.Speculative} {
+		machines = append(machines, &desired.Machine{ID: fmt.Sprint(i), Zone: "a", InstanceType: "small", State: st})
+	}
+	machines = append(machines, &desired.Machine{ID: "b", Zone: "bad", InstanceType: "small", State: desired.Idle})
+	got := capacitySection([]string{"none", "unread", "bad", "a"}, true, latest, machines, smallSpec, 2)
+	ratio := func(v float64) *float64 { return &v }
+	want := &jsonplan.Capacity{MaxRatio: 2, Zones: []jsonplan.ZoneCapacity{
+		{Zone: "a", Status: "ok", ReadAt: &at,
+			Host:    &jsonplan.Host{CPUs: 3, MemoryBytes: 16 << 30, Disk: &jsonplan.Disk{Storage: "default", TotalBytes: 10 << 30, FreeBytes: 0}},
+			Offered: jsonplan.Resources{VCPU: 8, MemoryBytes: 16 << 30}, Running: jsonplan.Resources{VCPU: 4, MemoryBytes: 8 << 30},
+			CPURatio: ratio(2.667), MemoryRatio: ratio(1), Over: []string{"cpu"}},
+		{Zone: "bad", Status: "unknown", Error: "read capacity of zone bad: unreachable",
+			Offered: jsonplan.Resources{VCPU: 2, MemoryBytes: 4 << 30}, Running: jsonplan.Resources{VCPU: 2, MemoryBytes: 4 << 30}},
+		{Zone: "none", Status: "unknown", Error: "the host reported no capacity"},
+		{Zone: "unread", Status: "unknown", Error: capacityUnread},
+	}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("capacitySection (-want +got):\n%s", diff)
+	}
+	b, err := jsonplan.Marshal(&jsonplan.Plan{Hypervisor: "libvirt", Installation: "i", Zones: []jsonplan.Zone{}, Changes: []jsonplan.Change{}, Drift: []jsonplan.Drift{}, Capacity: got})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := planschema.Validate(b); err != nil {
+		t.Errorf("a plan with this section is invalid: %v\n%s", err, b)
+	}
+	none := capacitySection([]string{"a"}, false, latest, machines, smallSpec, 1)
+	if z := none.Zones[0]; z.Status != "unknown" || z.Host != nil || z.Error != "this hypervisor cannot read its hosts' capacity" {
+		t.Errorf("an adapter that cannot read: %+v", z)
+	}
+}
+
+// TestOfflinePlanCapacity: `provider plan` reads the simulated hosts and
+// carries the capacity section (format 1.2); under --capacity-check=off
+// it reads nothing and the plan is 1.1 as before.
+func TestOfflinePlanCapacity(t *testing.T) {
+	for _, tc := range []struct {
+		check   string
+		section bool
+	}{{"warn", true}, {"refuse", true}, {"off", false}} {
+		t.Run(tc.check, func(t *testing.T) {
+			cfg, err := config.Parse([]string{"--use-fake-backend", "--seed-count", "3", "--addr", "127.0.0.1:0", "--metrics-addr", "",
+				"--fake-host-cpus", "4", "--fake-host-memory-gib", "8", "--capacity-check", tc.check, "--capacity-overcommit", "1.5"}, io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := OfflinePlanJSON(context.Background(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := jsonplan.Marshal(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := planschema.Validate(b); err != nil {
+				t.Fatalf("invalid plan: %v", err)
+			}
+			if !tc.section {
+				if p.Capacity != nil || jsonplan.VersionFor(p) != "1.1" {
+					t.Fatalf("capacity under off: %+v (version %s)", p.Capacity, jsonplan.VersionFor(p))
+				}
+				return
+			}
+			if p.Capacity == nil || len(p.Capacity.Zones) != len(cfg.Zones) || p.Capacity.MaxRatio != 1.5 || jsonplan.VersionFor(p) != "1.2" {
+				t.Fatalf("capacity section %+v", p.Capacity)
+			}
+			for _, z := range p.Capacity.Zones {
+				if z.Status != "ok" || z.Host == nil || z.Host.CPUs != 4 || z.Host.MemoryBytes != 8<<30 || z.Offered.VCPU == 0 || z.CPURatio == nil {
+					t.Errorf("zone %+v: want the simulated host of 4 CPUs and 8 GiB against the offerings", z)
+				}
+			}
+		})
+	}
+}
