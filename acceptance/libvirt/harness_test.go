@@ -24,8 +24,10 @@ import (
 	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
-// Instance types small enough for TCG guests to boot in seconds.
-const instanceTypes = `{"tiny.1": {"vcpu": 1, "memory_mib": 256}}`
+// Instance types small enough for TCG guests to boot in seconds, and
+// huge.1, larger than any host this suite runs on (1 TiB; only
+// TestCreateLargerThanTheHost offers it).
+const instanceTypes = `{"tiny.1": {"vcpu": 1, "memory_mib": 256}, "huge.1": {"vcpu": 1, "memory_mib": 1048576}}`
 
 // offering is one entry of the --offerings file.
 type offering struct {
