@@ -130,6 +130,10 @@ func (p *provider) args() []string {
 		"--instance-types", filepath.Join(p.dir, "types.json"), "--offerings", filepath.Join(p.dir, "offerings.json"),
 		"--state", p.state, "--installation-id", p.inst,
 		"--reconcile-interval", "2s", "--log-level", "debug",
+		// The suite runs up to 8 one-vCPU guests on a 2-CPU host: allow
+		// that vCPU overcommit, or the Create check (--capacity-check,
+		// default warn) fails them. Memory is never overcommitted.
+		"--capacity-overcommit", "16",
 	}, p.cfg.extra...)
 }
 
