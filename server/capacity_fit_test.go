@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -175,5 +176,31 @@ func TestOfflinePlanCapacity(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkHostFit100k is the cost the Create check adds to one Create
+// in a document of 100,000 machines: one pass over the document's
+// per-zone counts, no hypervisor call.
+func BenchmarkHostFit100k(b *testing.B) {
+	cfg, err := config.Parse([]string{"--use-fake-backend", "--seed-count", "100000", "--addr", "127.0.0.1:0", "--metrics-addr", "",
+		"--fake-host-cpus", "100000", "--fake-host-memory-gib", "1000000"}, io.Discard)
+	if err != nil {
+		b.Fatal(err)
+	}
+	p, err := Build(context.Background(), cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	tm := p.current()
+	m := tm.doc.All()[0]
+	tm.latest.Record([]string{m.Zone}, map[string]hypervisors.HostCapacity{m.Zone: {CPUs: 100000, MemoryBytes: 1 << 50}}, nil, time.Now())
+	fit := hostFit(tm.latest, tm.doc.Counts, tm.types, 1)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if s := fit(m, nil); s != "" {
+			b.Fatal(s)
+		}
 	}
 }
