@@ -102,25 +102,6 @@ func (s *Short) Error() string {
 // Unwrap makes errors.Is(err, ErrShort) hold, and the cause's classes.
 func (s *Short) Unwrap() []error { return []error{ErrShort, s.Cause} }
 
-// Held sums what the machines of zone that hold (or are about to hold)
-// host resources need: counts are machines per (state, zone, instance
-// type) (desired.Document.Counts); holds says which states count.
-func Held(counts map[[3]string]int, zone string, holds func(state string) bool, spec TypeSpec) Usage {
-	var u Usage
-	for k, n := range counts {
-		if k[1] != zone || !holds(k[0]) {
-			continue
-		}
-		vcpu, mib, ok := spec(k[2])
-		if !ok {
-			continue
-		}
-		u.VCPU += n * vcpu
-		u.MemoryBytes += uint64(n) * uint64(mib) << 20
-	}
-	return u
-}
-
 // Fit says whether one more machine needing need fits zone's host next to
 // used (what the zone's other machines hold): its memory must fit the
 // host's physically, its vCPUs within the host's CPUs times maxRatio

@@ -27,7 +27,7 @@ const capacityReadTimeout = 30 * time.Second
 // with it, publishes the figures on the term's metrics and warns, once
 // per change, about a zone whose offerings exceed its host by more than
 // maxRatio. nil when the adapter cannot read capacity.
-func hostCheck(hv hypervisors.Hypervisor, latest *capacity.Latest, spec capacity.TypeSpec, maxRatio float64, timeout time.Duration, m *metrics.Term, log *slog.Logger) func(context.Context, []*desired.Machine) {
+func hostCheck(hv hypervisors.Hypervisor, latest *capacity.Latest, l *ledger, spec capacity.TypeSpec, maxRatio float64, timeout time.Duration, m *metrics.Term, log *slog.Logger) func(context.Context, []*desired.Machine) {
 	cr, ok := hypervisors.Find[hypervisors.CapacityReader](hv)
 	if !ok {
 		return nil
@@ -39,6 +39,9 @@ func hostCheck(hv hypervisors.Hypervisor, latest *capacity.Latest, spec capacity
 		hosts, errs := capacity.Read(ctx, cr, hv.Zones(), timeout)
 		if ctx.Err() == nil { // a read cut short by a stop says nothing of the host
 			latest.Record(hv.Zones(), hosts, errs, time.Now())
+		}
+		if l != nil {
+			l.pass(machines)
 		}
 		mu.Lock()
 		for _, z := range hv.Zones() {
@@ -133,15 +136,106 @@ func holdsHost(state string) bool {
 	return state != desired.Speculative.String() && state != desired.Failed.String()
 }
 
+// ledger is what each zone's machines hold of their host, for the Create
+// check, kept without reading the whole document per Create: the sums of
+// the newest full pass (every machine in a state that holds its host,
+// holdsHost) plus the Creates admitted since, each reserved by machine id
+// until a pass counts it. A machine that stopped holding since the pass
+// (deleted, FAILED) is still counted until the next one: the check errs on
+// the safe side for at most one pass interval. It holds the newest pass's
+// machine list (the document's own immutable values) and at most one
+// reservation per machine.
+type ledger struct {
+	spec capacity.TypeSpec
+
+	mu       sync.Mutex
+	machines []*desired.Machine // the newest pass's, sorted by id
+	held     map[string]capacity.Usage
+	reserved map[string]reservation
+}
+
+type reservation struct {
+	zone string
+	need capacity.Usage
+}
+
+func newLedger(spec capacity.TypeSpec) *ledger {
+	return &ledger{spec: spec, held: map[string]capacity.Usage{}, reserved: map[string]reservation{}}
+}
+
+// pass takes a full pass's machines (sorted by id, as desired.Document.All
+// returns them): the sums are theirs, and a reservation is dropped once
+// its machine is counted (or holds nothing any more: FAILED, gone); one
+// whose machine the pass still saw SPECULATIVE (its Create came after the
+// pass's read) is kept.
+func (l *ledger) pass(machines []*desired.Machine) {
+	held := map[string]capacity.Usage{}
+	for _, m := range machines {
+		if !holdsHost(m.State.String()) {
+			continue
+		}
+		if vcpu, mib, ok := l.spec(m.InstanceType); ok {
+			u := held[m.Zone]
+			u.VCPU += vcpu
+			u.MemoryBytes += uint64(mib) << 20
+			held[m.Zone] = u
+		}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.machines, l.held = machines, held
+	for id := range l.reserved {
+		if m := find(machines, id); m == nil || m.State != desired.Speculative {
+			delete(l.reserved, id)
+		}
+	}
+}
+
+// find is machine id in machines (sorted by id), or nil.
+func find(machines []*desired.Machine, id string) *desired.Machine {
+	i, ok := slices.BinarySearchFunc(machines, id, func(m *desired.Machine, id string) int { return strings.Compare(m.ID, id) })
+	if !ok {
+		return nil
+	}
+	return machines[i]
+}
+
+// usedBesides is what zone's machines other than m hold.
+func (l *ledger) usedBesides(m *desired.Machine, need capacity.Usage) capacity.Usage {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	used := l.held[m.Zone]
+	if c := find(l.machines, m.ID); c != nil && holdsHost(c.State.String()) && c.Zone == m.Zone {
+		used.VCPU = max(used.VCPU-need.VCPU, 0) // itself, counted by the pass
+		used.MemoryBytes -= min(used.MemoryBytes, need.MemoryBytes)
+	}
+	for id, r := range l.reserved {
+		if r.zone == m.Zone && id != m.ID {
+			used.VCPU += r.need.VCPU
+			used.MemoryBytes += r.need.MemoryBytes
+		}
+	}
+	return used
+}
+
+// reserve counts m's need in its zone until a pass counts m.
+func (l *ledger) reserve(m *desired.Machine, need capacity.Usage) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.reserved[m.ID] = reservation{zone: m.Zone, need: need}
+}
+
 // hostFit returns the reconciler's HostFit: a Create is held against its
 // zone's newest capacity reading (latest, kept by the full pass: no
 // hypervisor call of its own) and what the zone's other machines hold
-// (counts, desired.Document.Counts): its memory must fit the host, its
-// vCPUs the host's CPUs times maxRatio. A zone without a reading is not
-// checked (unknown is not short). Given a hypervisor's refusal for lack
-// of resources (hypervisors.ResourceError) it names the resource with the
-// figures it has instead.
-func hostFit(latest *capacity.Latest, counts func() map[[3]string]int, spec capacity.TypeSpec, maxRatio float64) func(*desired.Machine, error) string {
+// (the ledger: no pass over the document either): its memory must fit
+// the host, its vCPUs the host's CPUs times maxRatio; a Create that fits
+// is reserved in the ledger, so Creates admitted together are counted
+// together. A zone without a reading is not checked (unknown is not
+// short). Given a hypervisor's refusal for lack of resources
+// (hypervisors.ResourceError) it names the resource with the figures it
+// has instead.
+func hostFit(latest *capacity.Latest, l *ledger, spec capacity.TypeSpec, maxRatio float64) func(*desired.Machine, error) string {
 	return func(m *desired.Machine, err error) string {
 		vcpu, mib, ok := spec(m.InstanceType)
 		if !ok {
@@ -159,16 +253,13 @@ func hostFit(latest *capacity.Latest, counts func() map[[3]string]int, spec capa
 		}
 		var held capacity.Usage
 		if read {
-			held = capacity.Held(counts(), m.Zone, holdsHost, spec)
-			if holdsHost(m.State.String()) { // itself, counted in its zone
-				held.VCPU = max(held.VCPU-need.VCPU, 0)
-				held.MemoryBytes -= min(held.MemoryBytes, need.MemoryBytes)
-			}
+			held = l.usedBesides(m, need)
 		}
 		if err == nil {
 			if s := capacity.Fit(m.Zone, r.Host, held, need, maxRatio); s != nil {
 				return s.Error()
 			}
+			l.reserve(m, need)
 			return ""
 		}
 		s := &capacity.Short{Zone: m.Zone, Resource: re.Resource, Cause: err}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -39,13 +41,20 @@ func TestHostFit(t *testing.T) {
 	self := func(zone string) *desired.Machine {
 		return &desired.Machine{ID: "m", Zone: zone, InstanceType: "small", State: desired.Creating}
 	}
-	counts := func(zone string, states map[desired.State]int) map[[3]string]int {
-		out := map[[3]string]int{{desired.Creating.String(), zone, "small"}: 1} // the machine itself
+	// machines is the pass's document: the machine itself (CREATING), n
+	// machines per state in zone, and some that do not count there.
+	machines := func(zone string, states map[desired.State]int) []*desired.Machine {
+		out := []*desired.Machine{self(zone)}
+		i := 0
 		for s, n := range states {
-			out[[3]string{s.String(), zone, "small"}] += n
+			for range n {
+				i++
+				out = append(out, &desired.Machine{ID: fmt.Sprintf("o%04d", i), Zone: zone, InstanceType: "small", State: s})
+			}
 		}
-		out[[3]string{desired.Idle.String(), "elsewhere", "small"}] = 100 // another zone
-		out[[3]string{desired.Idle.String(), zone, "unknown-type"}] = 100 // not in the catalog
+		out = append(out, &desired.Machine{ID: "x1", Zone: "elsewhere", InstanceType: "small", State: desired.Idle},
+			&desired.Machine{ID: "x2", Zone: zone, InstanceType: "unknown-type", State: desired.Idle})
+		slices.SortFunc(out, func(a, b *desired.Machine) int { return strings.Compare(a.ID, b.ID) })
 		return out
 	}
 	memErr := fmt.Errorf("start: %w", &hypervisors.ResourceError{Resource: "memory", Err: errors.New("Cannot allocate memory")})
@@ -83,8 +92,9 @@ func TestHostFit(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := counts(tt.zone, tt.states)
-			fit := hostFit(latest, func() map[[3]string]int { return c }, smallSpec, tt.ratio)
+			l := newLedger(smallSpec)
+			l.pass(machines(tt.zone, tt.states))
+			fit := hostFit(latest, l, smallSpec, tt.ratio)
 			if got := fit(self(tt.zone), tt.err); got != tt.want {
 				t.Errorf("hostFit = %q\nwant      %q", got, tt.want)
 			}
@@ -196,11 +206,56 @@ func BenchmarkHostFit100k(b *testing.B) {
 	tm := p.current()
 	m := tm.doc.All()[0]
 	tm.latest.Record([]string{m.Zone}, map[string]hypervisors.HostCapacity{m.Zone: {CPUs: 100000, MemoryBytes: 1 << 50}}, nil, time.Now())
-	fit := hostFit(tm.latest, tm.doc.Counts, tm.types, 1)
+	l := newLedger(tm.types)
+	l.pass(tm.doc.All())
+	fit := hostFit(tm.latest, l, tm.types, 1)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		if s := fit(m, nil); s != "" {
 			b.Fatal(s)
 		}
+	}
+}
+
+// TestLedgerCountsAdmittedCreates: Creates admitted between two passes
+// are counted together (the second of two that each fit alone is
+// refused); a pass that counts the first drops its reservation without
+// counting it twice, keeps one whose machine it still saw SPECULATIVE,
+// and forgets a machine that FAILED.
+func TestLedgerCountsAdmittedCreates(t *testing.T) {
+	latest := &capacity.Latest{}
+	latest.Record([]string{"a"}, map[string]hypervisors.HostCapacity{"a": {CPUs: 64, MemoryBytes: 8 << 30}}, nil, time.Now())
+	m := func(id string, st desired.State) *desired.Machine {
+		return &desired.Machine{ID: id, Zone: "a", InstanceType: "small", State: st}
+	}
+	l := newLedger(smallSpec)
+	l.pass([]*desired.Machine{m("1", desired.Speculative), m("2", desired.Speculative), m("3", desired.Speculative)})
+	fit := hostFit(latest, l, smallSpec, 1)
+	if got := fit(m("1", desired.Creating), nil); got != "" {
+		t.Fatalf("first Create: %q", got)
+	}
+	if got := fit(m("2", desired.Creating), nil); got != "" {
+		t.Fatalf("second Create: %q", got)
+	}
+	const full = "host memory: zone a has 0 MiB free, the machine needs 4096 MiB"
+	if got := fit(m("3", desired.Creating), nil); got != full {
+		t.Fatalf("third Create of 4 GiB on an 8 GiB host holding two: %q, want %q", got, full)
+	}
+	if got := fit(m("1", desired.Creating), nil); got != "" {
+		t.Fatalf("the first asked again (its own reservation is not counted against it): %q", got)
+	}
+	// The pass saw 1 CREATING (counted: its reservation goes), 2 still
+	// SPECULATIVE (its Create came after the pass's read: kept).
+	l.pass([]*desired.Machine{m("1", desired.Creating), m("2", desired.Speculative), m("3", desired.Speculative)})
+	if got := fit(m("3", desired.Creating), nil); got != full {
+		t.Fatalf("after a pass: %q, want %q (1 counted once, 2 still reserved)", got, full)
+	}
+	// 1 FAILED: it holds nothing any more.
+	l.pass([]*desired.Machine{m("1", desired.Failed), m("2", desired.Creating), m("3", desired.Speculative)})
+	if got := fit(m("3", desired.Creating), nil); got != "" {
+		t.Fatalf("after 1 FAILED: %q, want it to fit", got)
+	}
+	if n := len(l.reserved); n != 1 {
+		t.Errorf("%d reservations, want 1 (3's)", n)
 	}
 }

@@ -139,8 +139,12 @@ func openTerm(ctx context.Context, cfg *config.Config, log *slog.Logger, m *metr
 		}
 		fallthrough
 	case config.CapacityWarn:
-		check = hostCheck(t.hv, t.latest, types, cfg.CapacityOvercommit, capacityReadTimeout, t.metrics, log)
-		fit = hostFit(t.latest, doc.Counts, types, cfg.CapacityOvercommit)
+		// What the zones' machines hold, from the start (a Create before
+		// the first pass is held against the stored machines too).
+		l := newLedger(types)
+		l.pass(doc.All())
+		check = hostCheck(t.hv, t.latest, l, types, cfg.CapacityOvercommit, capacityReadTimeout, t.metrics, log)
+		fit = hostFit(t.latest, l, types, cfg.CapacityOvercommit)
 	}
 	t.rec = reconciler.New(reconciler.Options{Doc: doc, Hypervisor: t.hv, Executor: exec, Planner: t.planner,
 		Interval: cfg.ReconcileInterval, Capacity: capType, Logger: log, Metrics: t.metrics, QueueMetrics: m.QueueMetrics(),
