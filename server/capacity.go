@@ -229,13 +229,16 @@ func (l *ledger) reserve(m *desired.Machine, need capacity.Usage) {
 // zone's newest capacity reading (latest, kept by the full pass: no
 // hypervisor call of its own) and what the zone's other machines hold
 // (the ledger: no pass over the document either): its memory must fit
-// the host, its vCPUs the host's CPUs times maxRatio; a Create that fits
+// the host; with holdCPU (--capacity-check=refuse) its vCPUs must fit the
+// host's CPUs times maxRatio too (under warn, vCPU overcommit is the
+// operator's call: the full pass warns about it, a Create is not failed
+// for it); a Create that fits
 // is reserved in the ledger, so Creates admitted together are counted
 // together. A zone without a reading is not checked (unknown is not
 // short). Given a hypervisor's refusal for lack of resources
 // (hypervisors.ResourceError) it names the resource with the figures it
 // has instead.
-func hostFit(latest *capacity.Latest, l *ledger, spec capacity.TypeSpec, maxRatio float64) func(*desired.Machine, error) string {
+func hostFit(latest *capacity.Latest, l *ledger, spec capacity.TypeSpec, maxRatio float64, holdCPU bool) func(*desired.Machine, error) string {
 	return func(m *desired.Machine, err error) string {
 		vcpu, mib, ok := spec(m.InstanceType)
 		if !ok {
@@ -256,7 +259,11 @@ func hostFit(latest *capacity.Latest, l *ledger, spec capacity.TypeSpec, maxRati
 			held = l.usedBesides(m, need)
 		}
 		if err == nil {
-			if s := capacity.Fit(m.Zone, r.Host, held, need, maxRatio); s != nil {
+			host := r.Host
+			if !holdCPU {
+				host.CPUs = 0 // not checked
+			}
+			if s := capacity.Fit(m.Zone, host, held, need, maxRatio); s != nil {
 				return s.Error()
 			}
 			l.reserve(m, need)

@@ -94,8 +94,27 @@ func TestHostFit(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			l := newLedger(smallSpec)
 			l.pass(machines(tt.zone, tt.states))
-			fit := hostFit(latest, l, smallSpec, tt.ratio)
+			fit := hostFit(latest, l, smallSpec, tt.ratio, true)
 			if got := fit(self(tt.zone), tt.err); got != tt.want {
+				t.Errorf("hostFit = %q\nwant      %q", got, tt.want)
+			}
+		})
+	}
+	// Under warn (holdCPU false) vCPUs past the ratio are the operator's
+	// call; memory is still held.
+	for _, tt := range []struct {
+		name, zone string
+		states     map[desired.State]int
+		want       string
+	}{
+		{"cpu past the ratio under warn", "cpu", map[desired.State]int{desired.Idle: 1}, ""},
+		{"memory short under warn", "a", map[desired.State]int{desired.Idle: 1, desired.Deleting: 1},
+			"host memory: zone a has 0 MiB free, the machine needs 4096 MiB"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			l := newLedger(smallSpec)
+			l.pass(machines(tt.zone, tt.states))
+			if got := hostFit(latest, l, smallSpec, 1.5, false)(self(tt.zone), nil); got != tt.want {
 				t.Errorf("hostFit = %q\nwant      %q", got, tt.want)
 			}
 		})
@@ -208,7 +227,7 @@ func BenchmarkHostFit100k(b *testing.B) {
 	tm.latest.Record([]string{m.Zone}, map[string]hypervisors.HostCapacity{m.Zone: {CPUs: 100000, MemoryBytes: 1 << 50}}, nil, time.Now())
 	l := newLedger(tm.types)
 	l.pass(tm.doc.All())
-	fit := hostFit(tm.latest, l, tm.types, 1)
+	fit := hostFit(tm.latest, l, tm.types, 1, true)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		if s := fit(m, nil); s != "" {
@@ -230,7 +249,7 @@ func TestLedgerCountsAdmittedCreates(t *testing.T) {
 	}
 	l := newLedger(smallSpec)
 	l.pass([]*desired.Machine{m("1", desired.Speculative), m("2", desired.Speculative), m("3", desired.Speculative)})
-	fit := hostFit(latest, l, smallSpec, 1)
+	fit := hostFit(latest, l, smallSpec, 1, true)
 	if got := fit(m("1", desired.Creating), nil); got != "" {
 		t.Fatalf("first Create: %q", got)
 	}

@@ -144,7 +144,7 @@ func openTerm(ctx context.Context, cfg *config.Config, log *slog.Logger, m *metr
 		l := newLedger(types)
 		l.pass(doc.All())
 		check = hostCheck(t.hv, t.latest, l, types, cfg.CapacityOvercommit, capacityReadTimeout, t.metrics, log)
-		fit = hostFit(t.latest, l, types, cfg.CapacityOvercommit)
+		fit = hostFit(t.latest, l, types, cfg.CapacityOvercommit, cfg.CapacityCheck == config.CapacityRefuse)
 	}
 	t.rec = reconciler.New(reconciler.Options{Doc: doc, Hypervisor: t.hv, Executor: exec, Planner: t.planner,
 		Interval: cfg.ReconcileInterval, Capacity: capType, Logger: log, Metrics: t.metrics, QueueMetrics: m.QueueMetrics(),
