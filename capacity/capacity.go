@@ -79,31 +79,34 @@ func (z Zone) Over(max float64) []string {
 // Compare sums slots per zone against hosts (the zones read; a zone
 // without a reading is left out), ordered by zone.
 func Compare(hosts map[string]hypervisors.HostCapacity, slots []Slot, spec TypeSpec) []Zone {
-	by := make(map[string]*Zone, len(hosts))
+	sums := Sum(slots, spec)
+	out := make([]Zone, 0, len(hosts))
 	for z, h := range hosts {
-		by[z] = &Zone{Zone: z, Host: h}
+		out = append(out, Zone{Zone: z, Host: h, Offered: sums[z].Offered, Running: sums[z].Running})
 	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Zone < out[j].Zone })
+	return out
+}
+
+// Sum sums slots per zone, what they offer and what runs, with no host
+// (every zone that has a slot of a known type).
+func Sum(slots []Slot, spec TypeSpec) map[string]Zone {
+	by := map[string]Zone{}
 	for _, s := range slots {
-		z := by[s.Zone]
-		if z == nil {
-			continue
-		}
 		vcpu, mib, ok := spec(s.InstanceType)
 		if !ok {
 			continue
 		}
 		u := Usage{VCPU: vcpu, MemoryBytes: uint64(mib) << 20}
+		z := by[s.Zone]
+		z.Zone = s.Zone
 		z.Offered.add(u)
 		if s.Running {
 			z.Running.add(u)
 		}
+		by[s.Zone] = z
 	}
-	out := make([]Zone, 0, len(by))
-	for _, z := range by {
-		out = append(out, *z)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Zone < out[j].Zone })
-	return out
+	return by
 }
 
 func (u *Usage) add(v Usage) {

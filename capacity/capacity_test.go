@@ -93,3 +93,57 @@ func TestRead(t *testing.T) {
 		t.Errorf("errs %v, want bad: boom and hang: deadline", errs)
 	}
 }
+
+// TestLatestKeepsTheNewestReadingPerZone: a read's outcome replaces the
+// zone's previous reading; a failed read is kept as the error, not as the
+// old figures.
+func TestLatestKeepsTheNewestReadingPerZone(t *testing.T) {
+	var l Latest
+	if _, ok := l.Get("a"); ok {
+		t.Fatal("a reading before any read")
+	}
+	t0 := time.Unix(1, 0)
+	h := hypervisors.HostCapacity{MemoryBytes: 1 << 30, CPUs: 1}
+	l.Record([]string{"a", "b"}, map[string]hypervisors.HostCapacity{"a": h}, nil, t0)
+	boom := errors.New("boom")
+	l.Record([]string{"a"}, nil, map[string]error{"a": boom}, t0.Add(time.Second))
+	if r, _ := l.Get("a"); r.Err != boom || r.Host != (hypervisors.HostCapacity{}) || !r.At.Equal(t0.Add(time.Second)) {
+		t.Errorf("a after a failed read: %+v", r)
+	}
+	if r, ok := l.Get("b"); !ok || r.Err != nil || r.Host != (hypervisors.HostCapacity{}) {
+		t.Errorf("b (reported nothing): %+v %v", r, ok)
+	}
+}
+
+// TestFit: memory fits physically, vCPUs within CPUs × ratio; a figure
+// the host did not report is not checked.
+func TestFit(t *testing.T) {
+	host := hypervisors.HostCapacity{CPUs: 4, MemoryBytes: 8 << 30}
+	need := Usage{VCPU: 2, MemoryBytes: 4 << 30}
+	for _, tc := range []struct {
+		name  string
+		host  hypervisors.HostCapacity
+		used  Usage
+		ratio float64
+		want  string
+	}{
+		{"fits", host, Usage{VCPU: 2, MemoryBytes: 4 << 30}, 1, ""},
+		{"memory", host, Usage{MemoryBytes: 5 << 30}, 4, "host memory: zone z has 3072 MiB free, the machine needs 4096 MiB"},
+		{"memory over the host already", host, Usage{MemoryBytes: 9 << 30}, 1, "host memory: zone z has 0 MiB free, the machine needs 4096 MiB"},
+		{"cpu", host, Usage{VCPU: 3}, 1, "host cpu: zone z has 1 vCPUs free (4 CPUs × overcommit 1), the machine needs 2 vCPUs"},
+		{"cpu within the ratio", host, Usage{VCPU: 4}, 1.5, ""},
+		{"ratio 0 means 1", host, Usage{VCPU: 3}, 0, "host cpu: zone z has 1 vCPUs free (4 CPUs × overcommit 1), the machine needs 2 vCPUs"},
+		{"nothing reported", hypervisors.HostCapacity{}, Usage{VCPU: 100, MemoryBytes: 100 << 30}, 1, ""},
+	} {
+		got := ""
+		if s := Fit("z", tc.host, tc.used, need, tc.ratio); s != nil {
+			got = s.Error()
+			if !errors.Is(s, ErrShort) {
+				t.Errorf("%s: not ErrShort", tc.name)
+			}
+		}
+		if got != tc.want {
+			t.Errorf("%s: Fit = %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}

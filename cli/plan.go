@@ -11,7 +11,6 @@ import (
 
 	"github.com/bigfleet-vm/provider/config"
 	"github.com/bigfleet-vm/provider/jsonplan"
-	"github.com/bigfleet-vm/provider/planner"
 	"github.com/bigfleet-vm/provider/plugin"
 	"github.com/bigfleet-vm/provider/server"
 	"github.com/bigfleet-vm/provider/statefile"
@@ -66,12 +65,12 @@ func plan(ctx context.Context, reg *plugin.Registry, args []string, stdout, stde
 			fmt.Fprintf(stderr, "provider plan: %v\n", err)
 			return 1
 		}
-		offline, err := server.OfflinePlan(ctx, cfg)
+		offline, err := server.OfflinePlanJSON(ctx, cfg)
 		if err != nil {
 			fmt.Fprintf(stderr, "provider plan: %v\n", err)
 			return 1
 		}
-		if body, err = planner.MarshalJSON(offline); err == nil {
+		if body, err = jsonplan.Marshal(offline); err == nil {
 			p, err = jsonplan.Decode(body)
 		}
 		if err != nil {

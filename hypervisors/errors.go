@@ -3,6 +3,7 @@ package hypervisors
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Error classes. Adapters wrap raw errors so that errors.Is(err, ErrX)
@@ -40,9 +41,10 @@ var (
 )
 
 // Retryable reports whether an error is of a transient class. An
-// ErrOutcomeUnknown is never retryable, whatever else its chain holds.
+// ErrOutcomeUnknown or ErrNoResources is never retryable, whatever else
+// its chain holds.
 func Retryable(err error) bool {
-	if errors.Is(err, ErrOutcomeUnknown) {
+	if errors.Is(err, ErrOutcomeUnknown) || errors.Is(err, ErrNoResources) {
 		return false
 	}
 	return errors.Is(err, ErrLocked) || errors.Is(err, ErrTransient) ||
@@ -73,3 +75,51 @@ func (e *UnknownOutcomeError) Error() string {
 
 // Unwrap makes errors.Is(err, ErrOutcomeUnknown) hold.
 func (e *UnknownOutcomeError) Unwrap() error { return ErrOutcomeUnknown }
+
+// ErrNoResources: the host lacks the memory or storage space the request
+// needs (terminal: retrying does not make room). Adapters report it as a
+// *ResourceError naming the resource.
+var ErrNoResources = errors.New("host out of resources")
+
+// ResourceError is a hypervisor's refusal for lack of host resources:
+// Resource is "memory" or "disk" (the capacity package's names), Err the
+// hypervisor's own error.
+type ResourceError struct {
+	Resource string
+	Err      error
+}
+
+func (e *ResourceError) Error() string {
+	return fmt.Sprintf("%s: %v: %v", e.Resource, ErrNoResources, e.Err)
+}
+
+// Unwrap makes errors.Is(err, ErrNoResources) hold, and the cause's
+// classes other than a retryable one.
+func (e *ResourceError) Unwrap() []error { return []error{ErrNoResources, e.Err} }
+
+// resourceMessages are the fragments of a hypervisor's message that say a
+// host resource ran out (lower case), with the resource. qemu, libvirt's
+// storage backends and Proxmox's tasks all pass the kernel's ENOMEM and
+// ENOSPC texts through.
+var resourceMessages = []struct{ fragment, resource string }{
+	{"cannot allocate memory", "memory"},
+	{"out of memory", "memory"},
+	{"not enough memory", "memory"},
+	{"no space left on device", "disk"},
+	{"not enough space", "disk"},
+	{"not enough free space", "disk"},
+	{"insufficient space", "disk"},
+	{"disk quota exceeded", "disk"},
+}
+
+// ResourceOf returns the resource ("memory" or "disk") a hypervisor's
+// error message says ran out, or "".
+func ResourceOf(msg string) string {
+	msg = strings.ToLower(msg)
+	for _, m := range resourceMessages {
+		if strings.Contains(msg, m.fragment) {
+			return m.resource
+		}
+	}
+	return ""
+}

@@ -16,10 +16,18 @@ func TestDecodeVersionRule(t *testing.T) {
 			`"observed_at":"2026-03-01T12:00:00Z","planned_at":"2026-03-01T12:00:00Z","zones":[],"changes":[],"drift":[],` +
 			`"summary":{"create":0,"configure":0,"drain":0,"delete":0,"repair":0,"fail":0,"adopt":0,"drift":0,"steps":0}` + extra + `}`
 	}
+	capacity := `,"capacity":{"max_ratio":1,"zones":[{"zone":"z","status":"unknown","error":"x",` +
+		`"offered":{"vcpu":1,"memory_bytes":1},"running":{"vcpu":0,"memory_bytes":0}}]}`
 	tests := []struct {
 		name, in, wantErr string
 	}{
 		{"current", plan("1.1", ""), ""},
+		{"capacity in 1.2", plan("1.2", capacity), ""},
+		{"1.2 without capacity", plan("1.2", ""), ""},
+		{"capacity claiming 1.1", plan("1.1", capacity), "format_version 1.1 carries capacity, which format_version 1.2 added"},
+		{"capacity claiming 1.0", plan("1.0", capacity), "carries capacity"},
+		{"capacity of a newer minor", plan("1.7", capacity), ""},
+		{"unknown field in the capacity section", plan("1.2", strings.Replace(capacity, `"max_ratio":1`, `"max_ratio":1,"cost":2`, 1)), `unknown field "cost"`},
 		{"older minor", plan("1.0", ""), ""},
 		{"newer minor", plan("1.7", ""), ""},
 		{"newer minor with a field this build does not know", plan("1.7", `,"cost":{"usd":1}`), ""},
@@ -77,5 +85,32 @@ func TestRenderPluginStep(t *testing.T) {
 	out := render(t, p, false)
 	if !strings.Contains(out, `  + z/v/mem-create  name="v\x1b[31m" vcpu=2  (missing)`+"\n") {
 		t.Errorf("plug-in step rendered as:\n%s", out)
+	}
+}
+
+// TestMarshalWritesTheLowestVersion: a plan is written as 1.1 unless it
+// carries a section of 1.2, whatever its FormatVersion field says.
+func TestMarshalWritesTheLowestVersion(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		p    jsonplan.Plan
+		want string
+	}{
+		{"no capacity", jsonplan.Plan{FormatVersion: "1.2"}, "1.1"},
+		{"capacity", jsonplan.Plan{Capacity: &jsonplan.Capacity{MaxRatio: 1}}, "1.2"},
+		{"a 1.1 hypervisor", jsonplan.Plan{Hypervisor: "proxmox"}, "1.1"},
+		{"a plug-in hypervisor", jsonplan.Plan{Hypervisor: "mem"}, "1.2"},
+		{"a plug-in action", jsonplan.Plan{Hypervisor: "libvirt", Changes: []jsonplan.Change{{Steps: []jsonplan.Step{{Action: "snapshot"}}}}}, "1.2"},
+	} {
+		b, err := jsonplan.Marshal(&tt.p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(b), `"format_version": "`+tt.want+`"`) {
+			t.Errorf("%s: written as\n%s\nwant format_version %s", tt.name, b, tt.want)
+		}
+		if got := jsonplan.VersionFor(&tt.p); got != tt.want {
+			t.Errorf("%s: VersionFor = %s, want %s", tt.name, got, tt.want)
+		}
 	}
 }

@@ -13,22 +13,57 @@ import (
 	"time"
 )
 
-// FormatVersion is the version of the JSON plan this build writes, as
-// "MAJOR.MINOR". The rule (docs/plan-format.md): an addition a reader may
-// ignore (a new optional field, a new value of an enumerated field) bumps
-// MINOR; anything that changes or removes what an existing field means
-// bumps MAJOR. docs/plan.schema.json describes exactly this version.
+// FormatVersion is the newest version of the JSON plan this build
+// writes and reads in full, as "MAJOR.MINOR". The rule
+// (docs/plan-format.md): an addition a reader may ignore (a new optional
+// field, a new value of an enumerated field) bumps MINOR; anything that
+// changes or removes what an existing field means bumps MAJOR. A plan is
+// written in the lowest version that expresses it (VersionFor), so a plan
+// without the newer optional sections reads exactly as before.
+// docs/plan.schema.json describes exactly the versions of Versions.
 const FormatVersion = "1.2"
 
-// Version11 is format 1.1: the libvirt and Proxmox step vocabularies,
-// with their own params fields. Format 1.2 adds plug-in hypervisors (any
-// registered name, plug-in actions whose params are in Params.Ext). A
-// plan is written in the lowest version that expresses it (VersionFor),
-// so a libvirt or Proxmox plan is still 1.1, byte for byte.
-const Version11 = "1.1"
+// baseMinor is the minor version of a plan that uses none of the
+// additions below (1.1: what every plan was before them).
+const baseMinor = 1
+
+// additions are the optional sections a minor version after baseMinor
+// added, each with how to see it in a plan. VersionFor and Decode both
+// read this table: a new optional section joins it here.
+var additions = []struct {
+	minor int
+	what  string
+	in    func(*Plan) bool
+}{
+	{2, "capacity", func(p *Plan) bool { return p.Capacity != nil }},
+	{2, "a plug-in hypervisor (a hypervisor, a step action or params.ext format 1.1 does not define)", usesPlugin},
+}
 
 // Hypervisors11 are the hypervisor names format 1.1 defines.
 var Hypervisors11 = []string{"libvirt", "proxmox"}
+
+// VersionFor is the format_version p is written in: the lowest that
+// expresses it (1.1 for a plan that uses no addition of a later minor).
+func VersionFor(p *Plan) string {
+	minor := baseMinor
+	for _, a := range additions {
+		if a.minor > minor && a.in(p) {
+			minor = a.minor
+		}
+	}
+	major, _, _ := ParseVersion(FormatVersion)
+	return strconv.Itoa(major) + "." + strconv.Itoa(minor)
+}
+
+// Versions lists the format_versions this build writes, oldest first.
+func Versions() []string {
+	major, newest, _ := ParseVersion(FormatVersion)
+	var out []string
+	for m := baseMinor; m <= newest; m++ {
+		out = append(out, strconv.Itoa(major)+"."+strconv.Itoa(m))
+	}
+	return out
+}
 
 // Plan is the document `provider plan --json` prints and /debug/plan
 // serves.
@@ -44,6 +79,59 @@ type Plan struct {
 	Changes       []Change  `json:"changes"`
 	Drift         []Drift   `json:"drift"`
 	Summary       Summary   `json:"summary"`
+	// Capacity (format 1.2) holds each zone's offerings against its host;
+	// absent when the plan was made without reading capacity
+	// (--capacity-check=off, or an adapter that cannot read it).
+	Capacity *Capacity `json:"capacity,omitempty"`
+}
+
+// Capacity is the plan's capacity section: each zone's offerings and
+// running machines against its host's capacity.
+type Capacity struct {
+	// MaxRatio is the overcommit ratio allowed (--capacity-overcommit).
+	MaxRatio float64        `json:"max_ratio"`
+	Zones    []ZoneCapacity `json:"zones"`
+}
+
+// ZoneCapacity is one zone's comparison. Offered and Running come from
+// the desired document; Host from the hypervisor, absent when it could
+// not be read (Status unknown, Error says why): no figure is invented.
+type ZoneCapacity struct {
+	Zone   string     `json:"zone"`
+	Status string     `json:"status"` // ok | unknown
+	Error  string     `json:"error,omitempty"`
+	ReadAt *time.Time `json:"read_at,omitempty"`
+	Host   *Host      `json:"host,omitempty"`
+	// Offered is what the zone's offerings can place (every slot times
+	// its instance type), Running the slots not SPECULATIVE.
+	Offered Resources `json:"offered"`
+	Running Resources `json:"running"`
+	// CPURatio and MemoryRatio are offered over host (absent when the host
+	// did not report the resource), rounded to 3 decimals.
+	CPURatio    *float64 `json:"cpu_ratio,omitempty"`
+	MemoryRatio *float64 `json:"memory_ratio,omitempty"`
+	// Over lists the resources (cpu, memory) whose ratio exceeds MaxRatio.
+	Over []string `json:"over,omitempty"`
+}
+
+// Host is a zone's host as its hypervisor reported it.
+type Host struct {
+	CPUs        int    `json:"cpus"`
+	MemoryBytes uint64 `json:"memory_bytes"`
+	Disk        *Disk  `json:"disk,omitempty"`
+}
+
+// Disk is the zone's pool (libvirt) or target storage (Proxmox).
+type Disk struct {
+	Storage    string `json:"storage"`
+	TotalBytes uint64 `json:"total_bytes"`
+	FreeBytes  uint64 `json:"free_bytes"`
+}
+
+// Resources is an amount of the compared resources.
+type Resources struct {
+	VCPU        int    `json:"vcpu"`
+	MemoryBytes uint64 `json:"memory_bytes"`
 }
 
 // Zone is a zone's observation status as the plan saw it.
@@ -137,19 +225,10 @@ type Ext struct {
 // effectGlyphs are the human plan's marks of an Ext's effect.
 var effectGlyphs = map[string]string{"create": "+", "start": ">", "change": "~", "destroy": "-"}
 
-// VersionFor is the lowest format version that expresses p: 1.1 when p
-// names a 1.1 hypervisor and uses only 1.1 actions and no ext; else
-// FormatVersion.
-func VersionFor(p *Plan) string {
-	if uses12(p) {
-		return FormatVersion
-	}
-	return Version11
-}
-
-// uses12 reports whether p uses anything format 1.1 does not define.
-func uses12(p *Plan) bool {
-	if !slices.Contains(Hypervisors11, p.Hypervisor) {
+// usesPlugin reports whether p needs format 1.2's plug-in hypervisors: a
+// hypervisor, a step action or params.ext that format 1.1 does not define.
+func usesPlugin(p *Plan) bool {
+	if p.Hypervisor != "" && !slices.Contains(Hypervisors11, p.Hypervisor) {
 		return true
 	}
 	for i := range p.Changes {
@@ -301,9 +380,11 @@ func Actions() []string {
 
 // Marshal encodes a plan as indented JSON with a final newline: the only
 // encoder of the JSON plan, shared by `provider plan --json` and
-// /debug/plan.
+// /debug/plan. It writes format_version VersionFor(p), whatever p says.
 func Marshal(p *Plan) ([]byte, error) {
-	b, err := json.MarshalIndent(p, "", "  ")
+	c := *p
+	c.FormatVersion = VersionFor(p)
+	b, err := json.MarshalIndent(&c, "", "  ")
 	if err != nil {
 		return nil, fmt.Errorf("encode plan: %w", err)
 	}
@@ -325,9 +406,9 @@ func ParseVersion(v string) (major, minor int, err error) {
 }
 
 // Decode reads a JSON plan. It refuses a plan without a well-formed
-// format_version, of another major version, with a field its version
-// does not define (for a minor up to this build's), or with anything
-// after the plan. A newer minor version is read, its unknown fields
+// format_version, of another major version, with a field or section its
+// version does not define (for a minor up to this build's: a 1.1 plan
+// with a capacity section is refused), or with anything after the plan. A newer minor version is read, its unknown fields
 // ignored: by the version rule they only add to what this build knows.
 func Decode(planJSON []byte) (*Plan, error) {
 	var head struct {
@@ -360,9 +441,13 @@ func Decode(planJSON []byte) (*Plan, error) {
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, errors.New("decode plan: data after the plan")
 	}
-	if minor <= 1 && uses12(&p) {
-		return nil, fmt.Errorf("decode plan: format_version %s is not what it claims to be: it uses a hypervisor, an action or params.ext of a later version",
-			*head.FormatVersion)
+	if minor <= myMinor {
+		// A section a later minor added is not what this version claims.
+		for _, a := range additions {
+			if a.minor > minor && a.in(&p) {
+				return nil, fmt.Errorf("decode plan: format_version %s carries %s, which format_version %d.%d added", *head.FormatVersion, a.what, major, a.minor)
+			}
+		}
 	}
 	return &p, nil
 }

@@ -98,6 +98,10 @@ func (r *textRenderer) plan(p *Plan) {
 			r.line("  %s  %s", termtext.Escape(z.Name), st)
 		}
 	}
+	if p.Capacity != nil {
+		r.line("")
+		r.capacity(p.Capacity)
+	}
 	for i := range p.Changes {
 		r.line("")
 		r.change(&p.Changes[i])
@@ -278,4 +282,47 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// capacity renders the capacity section: per zone, offered and running
+// against the host, the ratios, OVER past the allowed ratio, and the
+// pool; or why the host is unknown.
+func (r *textRenderer) capacity(c *Capacity) {
+	r.line("Capacity (overcommit allowed up to %s):", strconv.FormatFloat(c.MaxRatio, 'g', -1, 64))
+	for _, z := range c.Zones {
+		name := termtext.Escape(z.Zone)
+		if z.Status != "ok" || z.Host == nil {
+			why := termtext.Escape(z.Status)
+			if z.Error != "" {
+				why += ": " + termtext.Escape(z.Error)
+			}
+			r.line("  %s  host %s", name, r.paint(ansiRed, why))
+			r.line("  %s  offered %d vCPUs, %d MiB; running %d vCPUs, %d MiB", strings.Repeat(" ", len(name)),
+				z.Offered.VCPU, z.Offered.MemoryBytes>>20, z.Running.VCPU, z.Running.MemoryBytes>>20)
+			continue
+		}
+		over := map[string]bool{}
+		for _, o := range z.Over {
+			over[o] = true
+		}
+		flag := func(resource string) string {
+			if !over[resource] {
+				return ""
+			}
+			return "  " + r.paint(ansiRed, "OVER")
+		}
+		pad := strings.Repeat(" ", len(name))
+		r.line("  %s  cpu     %d vCPUs offered on %d CPUs%s, %d running%s", name, z.Offered.VCPU, z.Host.CPUs, ratio(z.CPURatio), z.Running.VCPU, flag("cpu"))
+		r.line("  %s  memory  %d MiB offered on %d MiB%s, %d MiB running%s", pad, z.Offered.MemoryBytes>>20, z.Host.MemoryBytes>>20, ratio(z.MemoryRatio), z.Running.MemoryBytes>>20, flag("memory"))
+		if d := z.Host.Disk; d != nil {
+			r.line("  %s  disk    %s: %.1f GiB free of %.1f GiB", pad, termtext.Escape(d.Storage), float64(d.FreeBytes)/(1<<30), float64(d.TotalBytes)/(1<<30))
+		}
+	}
+}
+
+func ratio(v *float64) string {
+	if v == nil {
+		return ""
+	}
+	return " (ratio " + strconv.FormatFloat(*v, 'f', 2, 64) + ")"
 }

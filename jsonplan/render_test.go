@@ -206,3 +206,30 @@ func TestRenderEscapesClientText(t *testing.T) {
 		t.Errorf("the JSON plan changed the cluster: %q", got)
 	}
 }
+
+// TestRenderCapacity shows each zone's offerings against its host, the
+// ratios, OVER for a resource past the allowed ratio, the pool, and a zone
+// whose host could not be read with why (no invented figure).
+func TestRenderCapacity(t *testing.T) {
+	five, half := 5.0, 0.5
+	p := &jsonplan.Plan{Capacity: &jsonplan.Capacity{MaxRatio: 1.5, Zones: []jsonplan.ZoneCapacity{
+		{Zone: "h1", Status: "ok", Host: &jsonplan.Host{CPUs: 16, MemoryBytes: 64 << 30, Disk: &jsonplan.Disk{Storage: "default", TotalBytes: 200 << 30, FreeBytes: 50 << 29}},
+			Offered: jsonplan.Resources{VCPU: 80, MemoryBytes: 32 << 30}, Running: jsonplan.Resources{VCPU: 6, MemoryBytes: 12 << 30},
+			CPURatio: &five, MemoryRatio: &half, Over: []string{"cpu"}},
+		{Zone: "h2", Status: "unknown", Error: "read capacity of zone h2: unreachable", Offered: jsonplan.Resources{VCPU: 2, MemoryBytes: 4 << 30}},
+	}}}
+	want := `Capacity (overcommit allowed up to 1.5):
+  h1  cpu     80 vCPUs offered on 16 CPUs (ratio 5.00), 6 running  OVER
+      memory  32768 MiB offered on 65536 MiB (ratio 0.50), 12288 MiB running
+      disk    default: 25.0 GiB free of 200.0 GiB
+  h2  host unknown: read capacity of zone h2: unreachable
+      offered 2 vCPUs, 4096 MiB; running 0 vCPUs, 0 MiB
+`
+	if out := render(t, p, false); !strings.Contains(out, want) {
+		t.Errorf("capacity rendered as:\n%s\nwant it to contain:\n%s", out, want)
+	}
+	p.Capacity = nil
+	if out := render(t, p, false); strings.Contains(out, "Capacity") {
+		t.Errorf("a plan without a capacity section renders one:\n%s", out)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"golang.org/x/tools/txtar"
@@ -118,9 +119,11 @@ func TestSchemaEnumsMatchTheCode(t *testing.T) {
 			t.Errorf("%s: code vs docs/plan.schema.json (-code +schema):\n%s", c.name, diff)
 		}
 	}
-	versions := enum(raw["properties"].(map[string]any)["format_version"])
-	if want := []string{jsonplan.Version11, jsonplan.FormatVersion}; !slices.Equal(versions, want) {
-		t.Errorf("the schema describes format_versions %v, this build writes %v", versions, want)
+	if diff := cmp.Diff(jsonplan.Versions(), enum(raw["properties"].(map[string]any)["format_version"])); diff != "" {
+		t.Errorf("format_version: code vs docs/plan.schema.json (-code +schema):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"cpu", "memory"}, enum(prop("zone_capacity", "over").(map[string]any)["items"])); diff != "" {
+		t.Errorf("capacity over: (-code +schema):\n%s", diff)
 	}
 }
 
@@ -154,7 +157,7 @@ func TestSchemaOfFormat12(t *testing.T) {
 		t.Errorf("VersionFor = %s, want 1.2", got)
 	}
 	if _, err := jsonplan.Decode([]byte(strings.Replace(base, `"format_version": "1.2"`, `"format_version": "1.1"`, 1))); err == nil ||
-		!strings.Contains(err.Error(), "not what it claims") {
+		!strings.Contains(err.Error(), "which format_version 1.2 added") {
 		t.Errorf("Decode of a 1.2 plan claiming 1.1: %v, want a refusal", err)
 	}
 	for _, tt := range []struct{ name, old, new string }{
@@ -170,6 +173,70 @@ func TestSchemaOfFormat12(t *testing.T) {
 				t.Fatalf("fixture lacks %q", tt.old)
 			}
 			if err := planschema.Validate([]byte(strings.Replace(base, tt.old, tt.new, 1))); err == nil {
+				t.Error("the schema accepts it")
+			}
+		})
+	}
+}
+
+// capacityPlan is the create-on-empty-host golden plan with a capacity
+// section of two zones, one read and over, one not read, encoded by
+// Marshal (so in the version it picks).
+func capacityPlan(t *testing.T) string {
+	t.Helper()
+	p, err := jsonplan.Decode(goldenPlans(t)["create-on-empty-host.txtar"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	two, half := 2.0, 0.5
+	p.Capacity = &jsonplan.Capacity{MaxRatio: 1.5, Zones: []jsonplan.ZoneCapacity{
+		{Zone: "h1", Status: "ok", ReadAt: &at,
+			Host:    &jsonplan.Host{CPUs: 4, MemoryBytes: 16 << 30, Disk: &jsonplan.Disk{Storage: "default", TotalBytes: 100 << 30, FreeBytes: 0}},
+			Offered: jsonplan.Resources{VCPU: 8, MemoryBytes: 8 << 30}, Running: jsonplan.Resources{VCPU: 2, MemoryBytes: 2 << 30},
+			CPURatio: &two, MemoryRatio: &half, Over: []string{"cpu"}},
+		{Zone: "h2", Status: "unknown", Error: "read capacity of zone h2: unreachable",
+			Offered: jsonplan.Resources{VCPU: 2, MemoryBytes: 4 << 30}},
+	}}
+	b, err := jsonplan.Marshal(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestCapacitySectionIsVersion12 pins the version rule for the capacity
+// section: a plan carrying it is 1.2 and valid, and the schema refuses it
+// claiming 1.1, a 1.2 plan without it (the lowest version is written),
+// and a section that strays from its definition.
+func TestCapacitySectionIsVersion12(t *testing.T) {
+	base := capacityPlan(t)
+	if !strings.Contains(base, `"format_version": "1.2"`) {
+		t.Fatalf("a plan with a capacity section is not written as 1.2:\n%s", base[:200])
+	}
+	if err := planschema.Validate([]byte(base)); err != nil {
+		t.Fatalf("the capacity plan is invalid: %v", err)
+	}
+	noCapacity := string(goldenPlans(t)["create-on-empty-host.txtar"])
+	tests := []struct{ name, in, old, new string }{
+		{"capacity claiming 1.1", base, `"format_version": "1.2"`, `"format_version": "1.1"`},
+		{"1.2 without capacity", noCapacity, `"format_version": "1.1"`, `"format_version": "1.2"`},
+		{"unknown capacity field", base, `"max_ratio": 1.5,`, `"max_ratio": 1.5, "extra": 1,`},
+		{"unknown zone field", base, `"status": "ok",`, `"status": "ok", "extra": 1,`},
+		{"unknown status", base, `"status": "ok",`, `"status": "full",`},
+		{"ok without a host", base, `"status": "unknown",`, `"status": "ok",`},
+		{"unknown with a host", base, `"status": "ok",`, `"status": "unknown", "error": "x",`},
+		{"unknown without a reason", base, `"error": "read capacity of zone h2: unreachable",`, ``},
+		{"disk over", base, `"over": [`, `"over": ["disk",`},
+		{"negative ratio", base, `"cpu_ratio": 2,`, `"cpu_ratio": -2,`},
+		{"zero max ratio", base, `"max_ratio": 1.5,`, `"max_ratio": 0,`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if !strings.Contains(tt.in, tt.old) {
+				t.Fatalf("fixture lacks %q:\n%s", tt.old, tt.in)
+			}
+			if err := planschema.Validate([]byte(strings.Replace(tt.in, tt.old, tt.new, 1))); err == nil {
 				t.Error("the schema accepts it")
 			}
 		})

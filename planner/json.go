@@ -32,7 +32,6 @@ func WriteText(w io.Writer, p *Plan, opts TextOptions) error {
 // it is added here and to jsonplan (with a format_version bump).
 func (p *Plan) JSON() *jsonplan.Plan {
 	out := &jsonplan.Plan{
-
 		Hypervisor:   p.Hypervisor,
 		Installation: p.Installation,
 		Lineage:      p.Lineage,

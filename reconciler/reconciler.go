@@ -75,7 +75,15 @@ type Options struct {
 	// the offerings against the hosts' capacity there. It must return
 	// within its own bound.
 	HostCheck func(ctx context.Context, machines []*desired.Machine)
-	Now       func() time.Time
+	// HostFit, when set, holds a Create against its host: it is asked
+	// (err nil) before the steps of a Create that makes the machine's VM
+	// run, and a non-empty answer fails the machine with it as last_error
+	// instead of running them; and it is asked again with the error of a
+	// Create whose steps the hypervisor refused for lack of host resources
+	// (hypervisors.ErrNoResources), a non-empty answer replacing the raw
+	// error in last_error. It must not call the hypervisor.
+	HostFit func(m *desired.Machine, err error) string
+	Now     func() time.Time
 }
 
 // Reconciler is the loop.
@@ -620,6 +628,13 @@ func (r *Reconciler) Apply(ctx context.Context, m *desired.Machine, c planner.Ch
 	case c.Empty():
 		return OutcomeOK
 	}
+	creates := r.o.HostFit != nil && m.Intent != nil && m.Intent.Kind == desired.KindCreate
+	if creates && makesVM(c) {
+		if short := r.o.HostFit(m, nil); short != "" {
+			r.fail(ctx, m, opID, "create failed: "+short)
+			return OutcomeFailed
+		}
+	}
 	wctx, cancel := r.intentContext(ctx, m)
 	defer cancel()
 	res, err := r.o.Executor.Run(wctx, c, opID)
@@ -630,6 +645,12 @@ func (r *Reconciler) Apply(ctx context.Context, m *desired.Machine, c planner.Ch
 		case m.Intent == nil:
 			r.repairFailed(m, err)
 			return OutcomeRetry
+		case creates && errors.Is(err, hypervisors.ErrNoResources):
+			why := fmt.Sprintf("create failed: %v", err)
+			if short := r.o.HostFit(m, err); short != "" {
+				why = "create failed: " + short
+			}
+			r.fail(ctx, m, opID, why)
 		case wctx.Err() != nil:
 			r.fail(ctx, m, opID, fmt.Sprintf("%s timed out after %s (at %v)", m.Intent.Kind,
 				m.Intent.Deadline.Sub(m.Intent.Started).Round(time.Second), err))
@@ -650,6 +671,19 @@ func (r *Reconciler) Apply(ctx context.Context, m *desired.Machine, c planner.Ch
 	}
 	r.o.Logger.Info("transition done", "machine", m.ID, "op", opID, "state", c.Finish)
 	return OutcomeOK
+}
+
+// makesVM reports whether a change creates what its machine's VM is made
+// of (a plug-in step whose effect is create: libvirt's volumes and
+// define, Proxmox's clone): only then does the VM not yet hold its host's
+// resources.
+func makesVM(c planner.Change) bool {
+	for i := range c.Steps {
+		if s := &c.Steps[i]; s.Params.Plugin != nil && s.Info().Effect == hypervisors.EffectCreate {
+			return true
+		}
+	}
+	return false
 }
 
 // Settle says what a change that ran to completion settles its machine

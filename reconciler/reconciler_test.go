@@ -221,3 +221,44 @@ func snapshot(t *testing.T, s desired.Store) map[string][]byte {
 	}
 	return m
 }
+
+// TestHostFitHoldsACreate: a Create its HostFit refuses fails with the
+// answer as last_error before any step makes its VM; a Create whose
+// start the hypervisor refuses for lack of host resources fails with
+// HostFit's naming of it, not the raw error.
+func TestHostFitHoldsACreate(t *testing.T) {
+	fit := func(o *Options) {
+		o.HostFit = func(m *desired.Machine, err error) string {
+			switch {
+			case m.ID == "z1/t/000" && err == nil:
+				return "host memory: zone z1 has 1024 MiB free, the machine needs 2048 MiB"
+			case err != nil:
+				return "host memory: named with the figures"
+			}
+			return ""
+		}
+	}
+	r := newRig(t, "libvirt", desired.NewMemoryStore(nil), fake.Options{}, fit)
+	lv := r.hv.(*fake.Libvirt)
+	r.mutate(t, desired.Request{Kind: desired.KindCreate, MachineID: "z1/t/000"})
+	m := r.await(t, "z1/t/000", desired.Failed)
+	if want := "create failed: host memory: zone z1 has 1024 MiB free, the machine needs 2048 MiB"; m.LastError != want {
+		t.Fatalf("last_error %q, want %q", m.LastError, want)
+	}
+	for _, op := range []string{"CreateOverlay", "CreateSeed", "DefineDomain"} {
+		if n := lv.Calls()[op]; n != 0 {
+			t.Errorf("%d %s calls for a Create the host cannot hold, want 0", n, op)
+		}
+	}
+	lv.SetHook(func(_ context.Context, c fake.Call) error {
+		if c.Op == "Start" {
+			return &hypervisors.ResourceError{Resource: "memory", Err: fmt.Errorf("cannot set up guest memory 'pc.ram': Cannot allocate memory")}
+		}
+		return nil
+	})
+	r.mutate(t, desired.Request{Kind: desired.KindCreate, MachineID: "z1/t/001"})
+	m = r.await(t, "z1/t/001", desired.Failed)
+	if want := "create failed: host memory: named with the figures"; m.LastError != want {
+		t.Fatalf("last_error %q, want %q", m.LastError, want)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bigfleet-vm/provider/capacity"
 	"github.com/bigfleet-vm/provider/config"
 )
 
@@ -182,7 +183,7 @@ func TestCapacityReadFailureWarnsOnce(t *testing.T) {
 		t.Fatalf("the simulator %T cannot make a zone unreachable", tm.raw)
 	}
 	u.SetUnreachable(zone, true)
-	check := hostCheck(tm.hv, func(string) (int, int, bool) { return 1, 1024, true }, 1, time.Second, tm.metrics, slog.New(slog.NewTextHandler(&logs, nil)))
+	check := hostCheck(tm.hv, &capacity.Latest{}, nil, func(string) (int, int, bool) { return 1, 1024, true }, 1, time.Second, tm.metrics, slog.New(slog.NewTextHandler(&logs, nil)))
 	for range 3 {
 		check(context.Background(), tm.doc.All())
 	}

@@ -28,7 +28,6 @@ import (
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/jsonplan"
 	"github.com/bigfleet-vm/provider/observed"
-	"github.com/bigfleet-vm/provider/planner"
 	"github.com/bigfleet-vm/provider/reconciler"
 )
 
@@ -87,12 +86,14 @@ func (p *Provider) serveHTTP(ctx context.Context, serving *atomic.Bool, hs *heal
 		hl = tls.NewListener(hl, tc)
 		scheme = "https"
 	}
-	p.plans = newPlanCache(ctx, func(ctx context.Context) (*planner.Plan, error) {
+	p.plans = newPlanCache(ctx, func(ctx context.Context) (*jsonplan.Plan, error) {
 		t := p.current()
 		if t == nil {
 			return nil, errors.New("this replica is not serving the desired state")
 		}
-		return t.rec.Plan(ctx), nil
+		plan := t.rec.Plan(ctx).JSON()
+		plan.Capacity = t.capacitySection()
+		return plan, nil
 	})
 	hsrv := &http.Server{Handler: p.httpHandler(serving), ReadHeaderTimeout: 5 * time.Second,
 		ErrorLog: slog.NewLogLogger(p.log.Handler(), slog.LevelDebug)}
@@ -249,7 +250,7 @@ func (p *Provider) debugRepairs(w http.ResponseWriter, r *http.Request) {
 // and dropped when the simulated world is changed through /admin/.
 type planCache struct {
 	ctx     context.Context // bounds computations: the listener's lifetime
-	compute func(context.Context) (*planner.Plan, error)
+	compute func(context.Context) (*jsonplan.Plan, error)
 
 	mu       sync.Mutex
 	body     []byte    // the newest encoded plan, nil after invalidate
@@ -269,7 +270,7 @@ type planCall struct {
 // planClock is the plan cache's clock; tests stop it.
 var planClock = time.Now
 
-func newPlanCache(ctx context.Context, compute func(context.Context) (*planner.Plan, error)) *planCache {
+func newPlanCache(ctx context.Context, compute func(context.Context) (*jsonplan.Plan, error)) *planCache {
 	return &planCache{ctx: ctx, compute: compute}
 }
 
@@ -304,7 +305,7 @@ func (c *planCache) run(call *planCall) {
 	var body []byte
 	plan, err := c.compute(ctx)
 	if err == nil {
-		body, err = planner.MarshalJSON(plan)
+		body, err = jsonplan.Marshal(plan)
 	}
 	c.mu.Lock()
 	call.body, call.at, call.err = body, at, err

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/bigfleet-vm/provider/config"
-	"github.com/bigfleet-vm/provider/planner"
+	"github.com/bigfleet-vm/provider/jsonplan"
 )
 
 // blockingPlanner counts computations and holds each until released.
@@ -20,11 +20,11 @@ type blockingPlanner struct {
 	release chan struct{}
 }
 
-func (b *blockingPlanner) plan(ctx context.Context) (*planner.Plan, error) {
+func (b *blockingPlanner) plan(ctx context.Context) (*jsonplan.Plan, error) {
 	b.calls.Add(1)
 	b.started <- struct{}{}
 	<-b.release
-	return &planner.Plan{Installation: "i"}, nil
+	return &jsonplan.Plan{Installation: "i"}, nil
 }
 
 // TestPlanCacheCoalesces sends 20 requests while a computation runs and

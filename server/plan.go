@@ -6,9 +6,11 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/bigfleet-vm/provider/capacity"
 	"github.com/bigfleet-vm/provider/config"
 	"github.com/bigfleet-vm/provider/desired"
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/jsonplan"
 	"github.com/bigfleet-vm/provider/planner"
 	"github.com/bigfleet-vm/provider/reconciler"
 )
@@ -26,11 +28,31 @@ import (
 // offerings add are planned as fresh SPECULATIVE machines, as Open would
 // add them. With no state file the inventory is the offerings' slots.
 func OfflinePlan(ctx context.Context, cfg *config.Config) (*planner.Plan, error) {
+	p, _, err := offlinePlan(ctx, cfg, false)
+	return p, err
+}
+
+// OfflinePlanJSON is OfflinePlan in its published form, with the capacity
+// section `provider plan` shows: unless --capacity-check is off, every
+// zone's host is read now, with the bounded read the full pass uses, and
+// held against the zone's offerings and running machines. A zone whose
+// host cannot be read says why; nothing is invented for it.
+func OfflinePlanJSON(ctx context.Context, cfg *config.Config) (*jsonplan.Plan, error) {
+	p, c, err := offlinePlan(ctx, cfg, cfg.CapacityCheck != config.CapacityOff)
+	if err != nil {
+		return nil, err
+	}
+	out := p.JSON()
+	out.Capacity = c
+	return out, nil
+}
+
+func offlinePlan(ctx context.Context, cfg *config.Config, readCapacity bool) (*planner.Plan, *jsonplan.Capacity, error) {
 	// What the leader committed (etcd) or the journal's committed records,
 	// without campaigning, locking or writing.
 	stored, err := readStored(ctx, cfg)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if stored == nil {
 		stored = map[string][]byte{}
@@ -40,24 +62,35 @@ func OfflinePlan(ctx context.Context, cfg *config.Config) (*planner.Plan, error)
 	// offerings would add, without writing anything.
 	view, err := desired.Inspect(stored, docOptions(cfg, nil), desiredSlots(cfg))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if cfg.Etcd != nil && view.Fresh {
 		// As with a missing state file: a typo in the prefix must not look
 		// like the clean plan of a fresh installation.
-		return nil, fmt.Errorf("--state %s: no desired state under prefix %s (a provider writes it when it first leads); check the prefix", cfg.StatePath, cfg.Etcd.Prefix)
+		return nil, nil, fmt.Errorf("--state %s: no desired state under prefix %s (a provider writes it when it first leads); check the prefix", cfg.StatePath, cfg.Etcd.Prefix)
 	}
 
 	hv, err := openReadOnly(ctx, cfg, view.Installation, stored)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer hv.Close()
 	pc := plannerConfig(cfg, view.Installation)
 	rec := reconciler.New(reconciler.Options{Hypervisor: hv, Planner: pc})
 	snap := rec.ObserveAll(ctx)
+	var section *jsonplan.Capacity
+	if readCapacity {
+		types := catalogSpec(cfg)
+		latest := &capacity.Latest{}
+		cr, canRead := hypervisors.Find[hypervisors.CapacityReader](hv)
+		if canRead {
+			hosts, errs := capacity.Read(ctx, cr, hv.Zones(), capacityReadTimeout)
+			latest.Record(hv.Zones(), hosts, errs, time.Now())
+		}
+		section = capacitySection(hv.Zones(), canRead, latest, view.Machines, types, cfg.CapacityOvercommit)
+	}
 	return planner.Build(planner.Inputs{Config: pc, Machines: view.Machines, Observed: snap,
-		Lineage: view.Lineage, Serial: view.Serial, Now: time.Now()}), nil
+		Lineage: view.Lineage, Serial: view.Serial, Now: time.Now()}), section, nil
 }
 
 // openReadOnly opens the configured hypervisor for observation only. The

@@ -7,10 +7,12 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/bigfleet-vm/provider/capacity"
 	"github.com/bigfleet-vm/provider/config"
 	"github.com/bigfleet-vm/provider/desired"
 	"github.com/bigfleet-vm/provider/executor"
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/jsonplan"
 	"github.com/bigfleet-vm/provider/metrics"
 	"github.com/bigfleet-vm/provider/planner"
 	"github.com/bigfleet-vm/provider/reconciler"
@@ -37,6 +39,23 @@ type term struct {
 
 	stopLoop, cancelWork context.CancelFunc
 	loopDone             chan struct{}
+
+	// latest is each zone's newest capacity reading (nil under
+	// --capacity-check=off); canReadCapacity whether the adapter reads it.
+	latest          *capacity.Latest
+	canReadCapacity bool
+	types           capacity.TypeSpec
+	maxRatio        float64
+}
+
+// capacitySection is the live plan's capacity section, from the newest
+// readings of the full passes (no hypervisor call of its own); nil under
+// --capacity-check=off.
+func (t *term) capacitySection() *jsonplan.Capacity {
+	if t.latest == nil {
+		return nil
+	}
+	return capacitySection(t.hv.Zones(), t.canReadCapacity, t.latest, t.doc.All(), t.types, t.maxRatio)
 }
 
 // openTerm loads the document from store (recovering interrupted work as
@@ -95,29 +114,41 @@ func openTerm(ctx context.Context, cfg *config.Config, log *slog.Logger, m *metr
 		// Steps and guest commands go to the machine's history; they ride
 		// along with the next commit.
 		Record: doc.Record})
-	capacity := desired.OnDemand
+	capType := desired.OnDemand
 	if cfg.BareMetal {
-		capacity = desired.BareMetal
+		capType = desired.BareMetal
 	}
 	t.metrics = m.NewTerm(guard)
-	types := func(name string) (int, int, bool) {
-		it, ok := cfg.Catalog[name]
-		return it.VCPU, it.MemoryMiB, ok
+	types := catalogSpec(cfg)
+	var (
+		check func(context.Context, []*desired.Machine)
+		fit   func(*desired.Machine, error) string
+	)
+	t.types, t.maxRatio = types, cfg.CapacityOvercommit
+	if cfg.CapacityCheck != config.CapacityOff {
+		// The newest reading of each zone: the plan's capacity section and
+		// every Create's check read it, the full pass writes it.
+		t.latest = &capacity.Latest{}
+		_, t.canReadCapacity = hypervisors.Find[hypervisors.CapacityReader](t.hv)
 	}
-	var check func(context.Context, []*desired.Machine)
 	switch cfg.CapacityCheck {
 	case config.CapacityRefuse:
-		if err := refuseOver(ctx, t.hv, doc.All(), types, cfg.CapacityOvercommit, log); err != nil {
+		if err := refuseOver(ctx, t.hv, t.latest, doc.All(), types, cfg.CapacityOvercommit, log); err != nil {
 			_ = t.hv.Close()
 			return nil, err
 		}
 		fallthrough
 	case config.CapacityWarn:
-		check = hostCheck(t.hv, types, cfg.CapacityOvercommit, capacityReadTimeout, t.metrics, log)
+		// What the zones' machines hold, from the start (a Create before
+		// the first pass is held against the stored machines too).
+		l := newLedger(types)
+		l.pass(doc.All())
+		check = hostCheck(t.hv, t.latest, l, types, cfg.CapacityOvercommit, capacityReadTimeout, t.metrics, log)
+		fit = hostFit(t.latest, l, types, cfg.CapacityOvercommit, cfg.CapacityCheck == config.CapacityRefuse)
 	}
 	t.rec = reconciler.New(reconciler.Options{Doc: doc, Hypervisor: t.hv, Executor: exec, Planner: t.planner,
-		Interval: cfg.ReconcileInterval, Capacity: capacity, Logger: log, Metrics: t.metrics, QueueMetrics: m.QueueMetrics(),
-		RepairDelay: cfg.DriftRepairDelay, RepairTimeout: cfg.RepairTimeout, Types: types, HostCheck: check})
+		Interval: cfg.ReconcileInterval, Capacity: capType, Logger: log, Metrics: t.metrics, QueueMetrics: m.QueueMetrics(),
+		RepairDelay: cfg.DriftRepairDelay, RepairTimeout: cfg.RepairTimeout, Types: reconciler.TypeSpec(types), HostCheck: check, HostFit: fit})
 	return t, nil
 }
 

@@ -24,8 +24,10 @@ import (
 	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
-// Instance types small enough for TCG guests to boot in seconds.
-const instanceTypes = `{"tiny.1": {"vcpu": 1, "memory_mib": 256}}`
+// Instance types small enough for TCG guests to boot in seconds, and
+// huge.1, larger than any host this suite runs on (1 TiB; only
+// TestCreateLargerThanTheHost offers it).
+const instanceTypes = `{"tiny.1": {"vcpu": 1, "memory_mib": 256}, "huge.1": {"vcpu": 1, "memory_mib": 1048576}}`
 
 // offering is one entry of the --offerings file.
 type offering struct {
@@ -128,6 +130,10 @@ func (p *provider) args() []string {
 		"--instance-types", filepath.Join(p.dir, "types.json"), "--offerings", filepath.Join(p.dir, "offerings.json"),
 		"--state", p.state, "--installation-id", p.inst,
 		"--reconcile-interval", "2s", "--log-level", "debug",
+		// The suite runs up to 8 one-vCPU guests on a 2-CPU host: allow
+		// that vCPU overcommit, or the Create check (--capacity-check,
+		// default warn) fails them. Memory is never overcommitted.
+		"--capacity-overcommit", "16",
 	}, p.cfg.extra...)
 }
 

@@ -108,7 +108,11 @@ func newCluster(t testing.TB, o clusterOpts) *cluster {
 		t.Fatal(err)
 	}
 	c := &cluster{t: t, secret: "acc-" + hex.EncodeToString(b[:]), dir: t.TempDir()}
-	c.sim = pvesim.New(pvesim.Options{Nodes: []string{"pve1", "pve2"}, Latencies: lat})
+	// Nodes big enough for every test's Creates: the provider holds each
+	// Create against its node's capacity (--capacity-check, default warn),
+	// and these tests are about other things.
+	c.sim = pvesim.New(pvesim.Options{Nodes: []string{"pve1", "pve2"}, Latencies: lat,
+		Host: pvesim.HostCapacity{MemoryBytes: 4 << 40, CPUs: 1024, StorageBytes: 1 << 40, StorageFreeBytes: 900 << 30}})
 	c.sim.SetGuestFactory(func(int) pvesim.Guest { return &recGuest{MemGuest: pvesim.NewMemGuest()} })
 	c.sim.AddToken(pvesim.Token{ID: tokenID, Secret: c.secret, ACL: acl})
 	c.sim.AddPool(poolName)

@@ -416,6 +416,9 @@ func (s *soak) start() {
 			"--instance-types", types, "--offerings", offsFile,
 			"--state", filepath.Join(dir, "state"), "--installation-id", s.inst,
 			"--reconcile-interval", "15s", "--log-level", "info",
+			// Many one-vCPU guests on a 2-CPU host: allow that vCPU
+			// overcommit, or the Create check (default warn) fails them.
+			"--capacity-overcommit", "64",
 			"--libvirt-call-timeout", s.set.callTimeout.String(),
 			"--create-timeout", createTimeout.String(), "--configure-timeout", configureTimeout.String(),
 			"--drain-timeout", drainTimeout.String(), "--delete-timeout", deleteTimeout.String(),

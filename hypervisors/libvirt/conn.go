@@ -599,6 +599,11 @@ func classify(op string, err error) error {
 	if !errors.As(err, &le) {
 		return fmt.Errorf("%s: %w: %w", op, hypervisors.ErrTransient, err)
 	}
+	// qemu's and the storage backends' ENOMEM and ENOSPC reach us as
+	// internal or system errors: named, and terminal, not transient.
+	if r := hypervisors.ResourceOf(le.Message); r != "" {
+		return fmt.Errorf("%s: %w", op, &hypervisors.ResourceError{Resource: r, Err: err})
+	}
 	class := classOf(le)
 	if class == nil {
 		return fmt.Errorf("%s: %w", op, err)

@@ -429,10 +429,16 @@ func TestClassify(t *testing.T) {
 		{"invalid", le(golibvirt.ErrOperationInvalid, "domain is not running"), hypervisors.ErrInvalid},
 		{"busy", le(golibvirt.ErrResourceBusy, "busy"), hypervisors.ErrTransient},
 		{"io", io.ErrUnexpectedEOF, hypervisors.ErrTransient},
+		// qemu's ENOMEM at start and a pool's ENOSPC: named, terminal.
+		{"guest memory", le(golibvirt.ErrInternalError, "internal error: process exited while connecting to monitor: qemu-system-x86_64: cannot set up guest memory 'pc.ram': Cannot allocate memory"), hypervisors.ErrNoResources},
+		{"pool space", le(golibvirt.ErrSystemError, "cannot allocate 21474836480 bytes in file '/var/lib/libvirt/images/v.qcow2': No space left on device"), hypervisors.ErrNoResources},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			got := classify("op", tc.err)
+			if errors.Is(tc.want, hypervisors.ErrNoResources) && hypervisors.Retryable(got) {
+				t.Errorf("classify = %v: retryable, want terminal", got)
+			}
 			if !errors.Is(got, tc.want) {
 				t.Errorf("classify = %v, want %v", got, tc.want)
 			}

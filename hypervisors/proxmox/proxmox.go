@@ -196,6 +196,11 @@ func classify(err error) error {
 		return nil
 	}
 	msg := err.Error()
+	// A task that ran out of host memory or storage space (kvm's ENOMEM,
+	// a clone's ENOSPC): named, and terminal.
+	if r := hypervisors.ResourceOf(msg); r != "" {
+		return &hypervisors.ResourceError{Resource: r, Err: err}
+	}
 	var class error
 	var denied *DeniedError
 	switch {
@@ -288,6 +293,9 @@ func (a *Adapter) waitTask(ctx context.Context, t *pxapi.Task, what string) erro
 			}
 		} else if t.IsCompleted {
 			if t.ExitStatus != "OK" {
+				if r := hypervisors.ResourceOf(t.ExitStatus); r != "" {
+					return &hypervisors.ResourceError{Resource: r, Err: fmt.Errorf("%s: task %s failed: %s", what, t.UPID, t.ExitStatus)}
+				}
 				class := hypervisors.ErrTransient
 				if strings.Contains(t.ExitStatus, "can't lock file") || strings.Contains(t.ExitStatus, "locked") {
 					class = hypervisors.ErrLocked

@@ -236,6 +236,15 @@ func TestCloneFailures(t *testing.T) {
 			wantErr: hypervisors.ErrTransient,
 		},
 		{
+			// ENOSPC in the task's exit status: the resource is named and
+			// the step is terminal, so the machine fails saying so.
+			name: "clone out of storage space is named",
+			setup: func(e *env) {
+				e.sim.FailTasks(pvesim.KindClone, -1, "clone failed: qemu-img: error while writing at byte 2147483648: No space left on device")
+			},
+			wantErr: hypervisors.ErrNoResources,
+		},
+		{
 			name: "403 on clone is not retried",
 			setup: func(e *env) {
 				e.sim.InjectForbidden(pvesim.Match{Method: "POST", Path: "/clone"}, -1, "/vms/9000", "VM.Clone")
@@ -266,6 +275,10 @@ func TestCloneFailures(t *testing.T) {
 			_, err := e.a.CloneVM(ctxT(t, 10*time.Second), "pve1", cloneSpec("m-x"))
 			if !errors.Is(err, tt.wantErr) {
 				t.Fatalf("CloneVM error = %v, want %v", err, tt.wantErr)
+			}
+			var re *hypervisors.ResourceError
+			if errors.Is(tt.wantErr, hypervisors.ErrNoResources) && (!errors.As(err, &re) || re.Resource != "disk" || hypervisors.Retryable(err)) {
+				t.Fatalf("CloneVM error = %v: want a terminal ResourceError naming disk", err)
 			}
 			if tt.calls != "" {
 				if got := e.sim.RequestCount(tt.calls); got != tt.want {
