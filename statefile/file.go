@@ -1014,6 +1014,9 @@ func (f *File) commitLoop() {
 		f.mu.Unlock()
 
 		if b != nil {
+			if committerHook != nil {
+				committerHook()
+			}
 			if err := f.commit(b, path, current); err != nil {
 				f.mu.Lock()
 				f.failLocked(err)
@@ -1108,9 +1111,10 @@ func (f *File) post(dones []func(error), err error) {
 	})
 }
 
-// markerHook, set only by tests, is called each time the marker wakes for
-// work, before it takes the items.
-var markerHook func()
+// markerHook and committerHook, set only by tests, are called each time
+// the marker wakes for work, before it takes the items, and each time the
+// committer took a batch off the queue, before it writes it.
+var markerHook, committerHook func()
 
 // markLoop is the marker: it takes every item queued, writes the newest
 // mark among them (one fdatasync covers them all), checks the files are

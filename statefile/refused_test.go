@@ -120,3 +120,46 @@ func TestLaterFailureRefusesNoDurableFrame(t *testing.T) {
 		t.Errorf("Open after the first record got %v (-want +got):\n%s", first, diff)
 	}
 }
+
+// TestFailedMarkAcknowledgesNothingLater: once the mark could not be
+// written, no frame is acknowledged any more, not even one appended and
+// fsynced afterwards while the mark file works again: a record after a
+// refused one may depend on it. The committer is held with the second
+// batch taken off the queue while the first frame's mark write fails
+// (ENOSPC from /dev/full).
+func TestFailedMarkAcknowledgesNothingLater(t *testing.T) {
+	full, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
+	if err != nil {
+		t.Skipf("no /dev/full: %v", err)
+	}
+	defer full.Close()
+	f := mustOpen(t, statePath(t), Options{CompactBytes: -1})
+	mustApply(t, f, put("m/before", "1"))
+
+	markerHeld, releaseMarker := make(chan struct{}), make(chan struct{})
+	committerHeld, releaseCommitter := make(chan struct{}), make(chan struct{})
+	var markerOnce, committerOnce sync.Once
+	markerHook = func() { markerOnce.Do(func() { close(markerHeld); <-releaseMarker }) }
+	firstErr, secondErr := make(chan error, 1), make(chan error, 1)
+	f.Commit([]Op{put("m/first", "1")}, func(err error) { firstErr <- err })
+	<-markerHeld
+	committerHook = func() { committerOnce.Do(func() { close(committerHeld); <-releaseCommitter }) }
+	f.Commit([]Op{put("m/second", "1")}, func(err error) { secondErr <- err })
+	<-committerHeld
+	mark := f.mark.f
+	f.mark.f = full // the marker is held: it reads the field once released
+	close(releaseMarker)
+	<-f.Stopped()
+	f.mark.f = mark // the marker failed: it is idle until the next frame
+	close(releaseCommitter)
+	first, second := <-firstErr, <-secondErr
+	markerHook, committerHook = nil, nil
+	f.Close()
+
+	if !errors.Is(first, syscall.ENOSPC) {
+		t.Fatalf("the first frame, whose mark write failed: %v, want ENOSPC", first)
+	}
+	if second == nil {
+		t.Error("a frame was acknowledged after the mark write failed")
+	}
+}
