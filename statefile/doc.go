@@ -102,9 +102,18 @@
 //     reads it as that release recovered it, and Open upgrades it to format
 //     2 before accepting writes (see below).
 //   - After a write or fsync fails, or a Commit exceeds the 256 MiB record
-//     limit, the File stops: Healthy, every Wait and every later callback
-//     return that error, because after a failed fsync nothing about the page
-//     cache can be trusted, and later records may depend on a refused one.
+//     limit, the File stops: Healthy, every later callback and every Wait
+//     for a record not durable by then return that error, because after a
+//     failed fsync nothing about the page cache can be trusted, and later
+//     records may depend on a refused one. A frame appended and fsynced
+//     before the failure is still recorded in the mark and acknowledged:
+//     Open replays it, so refusing it would call a record "not applied"
+//     that a restart applies. The one exception is a failure of the mark
+//     write itself (or of the file check after it): then nothing more is
+//     acknowledged, and the frames it could not record are refused,
+//     although Open still replays them (a known gap; the mark file is
+//     written in place over allocated blocks, so a full disk does not
+//     cause it on file systems that overwrite in place).
 //     I/O errors name the file as it is called now.
 //
 // Compaction protocol (generation G to G+1), run when the journal outgrows

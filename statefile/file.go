@@ -610,8 +610,8 @@ func (f *File) removeStale(files []string) error {
 // Load returns a copy of every committed key/value pair: the recovered
 // state plus every batch queued so far, once those are durable. It is
 // meant to be called once, before the first Commit. Values are shared and
-// must not be modified. It fails with the store's failure, ErrClosed
-// after Close, or ctx's error.
+// must not be modified. It fails with the store's failure (unless all of
+// it was durable before), ErrClosed after Close, or ctx's error.
 func (f *File) Load(ctx context.Context) (map[string][]byte, error) {
 	f.mu.Lock()
 	if f.closing && f.err == nil {
@@ -780,7 +780,8 @@ func (f *File) queueLocked(ops []Op) *batch {
 }
 
 // Wait returns nil once the record seq and all before it are durable. If
-// the store has failed it returns that failure, for every seq, forever.
+// the store has failed it returns that failure for every seq that was not
+// durable by then, forever.
 // Records applied after Close began are never written: Wait returns
 // ErrClosed for them.
 func (f *File) Wait(ctx context.Context, seq uint64) error {
@@ -790,13 +791,14 @@ func (f *File) Wait(ctx context.Context, seq uint64) error {
 	for {
 		f.mu.Lock()
 		switch {
+		case seq <= f.durable:
+			// Also after a failure: a durable record is not refused.
+			f.mu.Unlock()
+			return nil
 		case f.err != nil:
 			err := f.err
 			f.mu.Unlock()
 			return err
-		case seq <= f.durable:
-			f.mu.Unlock()
-			return nil
 		case seq > f.lastSeq:
 			last := f.lastSeq
 			f.mu.Unlock()
@@ -1012,6 +1014,9 @@ func (f *File) commitLoop() {
 		f.mu.Unlock()
 
 		if b != nil {
+			if committerHook != nil {
+				committerHook()
+			}
 			if err := f.commit(b, path, current); err != nil {
 				f.mu.Lock()
 				f.failLocked(err)
@@ -1106,21 +1111,39 @@ func (f *File) post(dones []func(error), err error) {
 	})
 }
 
+// markerHook and committerHook, set only by tests, are called each time
+// the marker wakes for work, before it takes the items, and each time the
+// committer took a batch off the queue, before it writes it.
+var markerHook, committerHook func()
+
 // markLoop is the marker: it takes every item queued, writes the newest
 // mark among them (one fdatasync covers them all), checks the files are
 // still the ones a later Open reads, publishes the durable sequence number
-// and runs the callbacks in order. After a failure, nothing more is
-// acknowledged: the items get the store's failure.
+// and runs the callbacks in order.
+//
+// Every frame it is handed was appended and fsynced before any failure
+// that may have stopped the store since, and Open replays it whatever the
+// mark says, so it is marked and acknowledged even then: refusing it
+// would tell a caller "not applied" about a record a restart applies (a
+// full disk refusing the next frame while the marker was busy did that).
+// Only once the mark itself could not be written, or the files are no
+// longer the ones a later Open reads, nothing more is acknowledged: the
+// items get the store's failure.
 func (f *File) markLoop() {
 	defer close(f.markerDone)
+	var broken bool // a mark write or file check failed: no more marks
 	for {
 		f.mu.Lock()
 		for len(f.marks) == 0 && !f.markClose {
 			f.markWake.Wait()
 		}
+		f.mu.Unlock()
+		if markerHook != nil {
+			markerHook()
+		}
+		f.mu.Lock()
 		items := f.marks
 		f.marks = nil
-		failed := f.err
 		f.mu.Unlock()
 		if len(items) == 0 {
 			return
@@ -1131,19 +1154,22 @@ func (f *File) markLoop() {
 				newest = &items[i]
 			}
 		}
-		err := failed
-		if newest != nil && err == nil {
+		var err error
+		if newest != nil && !broken {
 			err = f.mark.write(*newest.mark)
 			if err == nil {
 				// The frames count only if a later Open will read them.
 				err = f.checkFiles()
 			}
 			if err != nil {
+				broken = true
 				f.fail(err)
-				f.mu.Lock()
-				err = f.err
-				f.mu.Unlock()
 			}
+		}
+		if newest != nil && (err != nil || broken) {
+			f.mu.Lock()
+			err = f.err
+			f.mu.Unlock()
 		}
 		if newest != nil && err == nil {
 			f.mu.Lock()
