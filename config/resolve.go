@@ -18,6 +18,7 @@ import (
 
 	"github.com/bigfleet-vm/provider/etcdstore"
 	"github.com/bigfleet-vm/provider/inventory"
+	"github.com/bigfleet-vm/provider/planner"
 	"github.com/bigfleet-vm/provider/plugin"
 	"github.com/bigfleet-vm/provider/statefile"
 	"github.com/hashicorp/go-multierror"
@@ -162,6 +163,11 @@ func (f *Flags) Resolve(fs *flag.FlagSet) (*Config, error) {
 	// backend's zones parsed cleanly.
 	now := time.Now()
 	c.Plugin = hv.f.Resolve(plugin.Env{Set: set, Real: real, DefaultZone: defaultZone, Now: now}, pluginProblems{p: &p, c: c, now: now})
+	if pl := c.Plugin.Planner(plugin.PlannerOptions{Simulated: !real}); pl != nil {
+		if err := planner.CheckPlugin(pl); err != nil {
+			p.add("hypervisor", "%v", err) // a defect of the build's plug-in, reported before anything runs
+		}
+	}
 	realZones, zonesFlag := c.Plugin.Zones()
 	capacity := c.Plugin.Capacity()
 	resolveTLS(c, *f.tlsCert, *f.tlsKey, *f.tlsCA, now, &p)

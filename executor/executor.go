@@ -390,12 +390,14 @@ func (e *Executor) runStep(ctx context.Context, machine, opID string, s planner.
 	if err := e.o.guard(); err != nil {
 		return 0, err
 	}
-	switch s.Action {
-	case planner.ActionExecBootstrap:
+	switch {
+	case s.Params.Plugin != nil:
+		// A plug-in step is the plug-in's, whatever its name.
+	case s.Action == planner.ActionExecBootstrap:
 		return 0, e.bootstrap(ctx, machine, opID, s)
-	case planner.ActionExecDrain:
+	case s.Action == planner.ActionExecDrain:
 		return 0, e.drain(ctx, machine, opID, s)
-	case planner.ActionExecReady:
+	case s.Action == planner.ActionExecReady:
 		return 0, e.ready(ctx, opID, s)
 	}
 	policy := e.policy
@@ -414,11 +416,18 @@ func (e *Executor) apply(ctx context.Context, machine string, s planner.Step, in
 	hv := e.o.Hypervisor
 	t := s.Target
 	p := s.Params
+	core := p.Plugin == nil
+	if core && coreInfo(s.Action) == nil {
+		return 0, fmt.Errorf("%w: step %s has no parameters for its action %q", hypervisors.ErrInvalid, s.ID, s.Action)
+	}
 	if info.OwnerCheck {
 		gone, err := e.checkOwned(ctx, machine, t)
 		if err != nil || gone {
 			return 0, err
 		}
+	}
+	if !core {
+		return hv.Apply(ctx, t, p.Plugin)
 	}
 	switch s.Action {
 	case planner.ActionStart:
@@ -432,10 +441,17 @@ func (e *Executor) apply(ctx context.Context, machine string, s planner.Step, in
 	case planner.ActionStop:
 		return 0, hv.Stop(ctx, t, time.Duration(p.Grace))
 	}
-	if p.Plugin == nil || info.Name != string(s.Action) {
-		return 0, fmt.Errorf("%w: step %s has no parameters for its action %q", hypervisors.ErrInvalid, s.ID, s.Action)
+	return 0, fmt.Errorf("%w: step %s: the executor does not run %q", hypervisors.ErrInvalid, s.ID, s.Action)
+}
+
+// coreInfo is the core action a's description, nil for any other.
+func coreInfo(a planner.Action) *hypervisors.ActionInfo {
+	for i := range planner.CoreActions {
+		if planner.CoreActions[i].Name == string(a) {
+			return &planner.CoreActions[i]
+		}
 	}
-	return hv.Apply(ctx, t, p.Plugin)
+	return nil
 }
 
 // checkOwned re-reads the live VM before a destructive step. gone is true
@@ -560,7 +576,7 @@ type prestaged struct {
 // one, its VM is known and the blob is in memory; nil otherwise.
 func (e *Executor) prestage(ctx context.Context, c planner.Change, opID string) *prestaged {
 	for _, s := range c.Steps {
-		if s.Action != planner.ActionExecBootstrap {
+		if s.Action != planner.ActionExecBootstrap || s.Params.Plugin != nil {
 			continue
 		}
 		blob, have := e.o.Blob(c.Machine, opID)

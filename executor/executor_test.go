@@ -14,6 +14,7 @@ import (
 	"github.com/bigfleet-vm/provider/hypervisors/libvirt"
 	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvespec"
+	"github.com/bigfleet-vm/provider/jsonplan"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
 )
@@ -240,5 +241,37 @@ func TestStepShape(t *testing.T) {
 				t.Errorf("calls (-want +got):\n%s", d)
 			}
 		})
+	}
+}
+
+// namedLikeBind is a plug-in step whose name is a core action's: the
+// executor must hand it to Apply, never run the core's bind with it.
+type namedLikeBind struct{}
+
+func (namedLikeBind) Info() hypervisors.ActionInfo {
+	return hypervisors.ActionInfo{Name: "bind", Effect: hypervisors.EffectChange, Heavy: true, Op: "x"}
+}
+func (namedLikeBind) PlanJSON(*jsonplan.Params) {}
+
+// TestPluginStepsGoToApply: a step carrying plug-in params is the
+// plug-in's whatever its name (here "bind": the core's bind would
+// dereference a nil marker), and a step of an action nobody defines is
+// refused before anything is looked up.
+func TestPluginStepsGoToApply(t *testing.T) {
+	hv := fake.NewLibvirt(fake.Options{Zones: []string{"z"}})
+	defer hv.Close()
+	tg := hypervisors.Target{Zone: "z", Name: "bf-vm"}
+	_, err := newExec(hv, nil).Run(context.Background(), planner.Change{Machine: "m", Steps: []planner.Step{
+		{ID: "z/bf-vm/bind", Action: "bind", Target: tg, Params: planner.Params{Plugin: namedLikeBind{}}}}}, "op")
+	if !errors.Is(err, hypervisors.ErrUnsupported) {
+		t.Errorf("a plug-in step named bind: %v, want the adapter's ErrUnsupported from Apply", err)
+	}
+	_, err = newExec(hv, nil).Run(context.Background(), planner.Change{Machine: "m", Steps: []planner.Step{
+		{ID: "z/bf-vm/teleport", Action: "teleport", Target: tg}}}, "op")
+	if !errors.Is(err, hypervisors.ErrInvalid) {
+		t.Errorf("a step of an unknown action without params: %v, want ErrInvalid", err)
+	}
+	if n := hv.Calls()["Lookup"]; n != 0 {
+		t.Errorf("%d lookups for steps that cannot run, want 0", n)
 	}
 }

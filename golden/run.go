@@ -261,6 +261,9 @@ func load(t *testing.T, path string, setups []Setup) *goldenCase {
 	if c.plugin, err = c.setup.Planner(c.cfg.Planner.Keys); err != nil {
 		t.Fatalf("config.yaml: planner: %v", err)
 	}
+	if err := planner.CheckPlugin(c.plugin); err != nil {
+		t.Fatal(err)
+	}
 	if c.cfg.Installation == "" {
 		c.cfg.Installation = "gold"
 	}

@@ -1,24 +1,26 @@
-// Package hypervisors is the contract between the executor, the
-// reconciler and the hypervisor adapters: a small common interface
-// (Hypervisor: observe, look up, power, marker, guest agent), the steps
-// of each shape (LibvirtSteps, ProxmoxSteps) and their parameters, the
-// optional interfaces an adapter may add (events, direct volume reads,
-// zone health) and the error classes adapters map raw errors to. The
-// adapters live below it: fake (in-memory simulators of both shapes),
-// libvirt (go-libvirt) and proxmox (go-proxmox, with its marker encoding
-// in proxmox/pvemarker); names come from package naming. The guest-agent
+// Package hypervisors is the runtime contract between the core (the
+// executor, the reconciler, metrics, server) and the hypervisor
+// plug-ins: a common interface (Hypervisor: observe, look up, power,
+// marker, guest agent, and Apply for the steps of the hypervisor's own
+// vocabulary), what a step is (StepParams, ActionInfo), the optional
+// parts an adapter may add (Capabilities: events, direct volume reads,
+// zone health, host capacity, the simulator's admin) and the error
+// classes adapters map raw errors to. The plug-ins live below it, one
+// room each: libvirt (vocabulary in libvirt/lvspec) and proxmox
+// (proxmox/pvespec, its marker encoding in proxmox/pvemarker); fake holds
+// their simulators, mem a test-only third hypervisor. The guest-agent
 // protocol all of them share lives once, in guest.
 //
-// Where things are: hypervisors.go (Shape, Target, the interfaces the
-// executor drives), steps.go (the step vocabulary), exec.go (a guest
+// Where things are: hypervisors.go (Target, the Hypervisor interface),
+// step.go (Effect, ActionInfo, StepParams, Applier), exec.go (a guest
 // command's result), optional.go (optional interfaces, among them
-// CapacityReader and its HostCapacity, Capabilities and Find), events.go
-// (change events), errors.go (error classes, Retryable).
+// CapacityReader and its HostCapacity, Simulator, Capabilities and Find),
+// events.go (change events), errors.go (error classes, Retryable).
 //
 // Invariants:
 //   - No go-libvirt or go-proxmox type crosses this package's API.
-//   - An adapter implements Hypervisor and the steps of exactly its shape;
-//     a step of the other shape is the executor's ErrUnsupported.
+//   - An adapter's Apply performs the steps of exactly its vocabulary;
+//     params of another are ErrUnsupported, terminal.
 //   - A wrapper is one type whatever it wraps: it declares its optional
 //     parts (Capabilities: passed through, or replaced by its own), and
 //     Find and CapabilitiesOf read them; no type per combination.

@@ -17,7 +17,7 @@ type Target struct {
 }
 
 // Hypervisor is the narrow interface the executor and observers drive: the
-// operations common to both shapes. One value serves every zone of one
+// operations every hypervisor has. One value serves every zone of one
 // hypervisor installation. Apply performs the steps of the hypervisor's
 // own vocabulary (its plug-in's StepParams); optional parts are reached
 // with Find or CapabilitiesOf.

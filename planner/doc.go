@@ -11,8 +11,10 @@
 //   - These types are not a wire format (they carry no JSON tags): the
 //     published form is jsonplan.Plan, reached only through Plan.JSON,
 //     which copies each field explicitly.
-//   - Whether an action is destructive is a property of the action
-//     (Action.Destructive), never derived from its rendering.
+//   - What an action is (its effect, whether it is destructive, needs an
+//     owner check or loads the host) is a property of the action
+//     (hypervisors.ActionInfo: CoreActions, or the plug-in's Actions,
+//     checked once by CheckPlugin), never derived from its rendering.
 //   - Planning one machine is O(1) index lookups (Machine); a full plan is
 //     linear in the fleet (Build).
 package planner

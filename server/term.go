@@ -105,7 +105,7 @@ func openTerm(ctx context.Context, cfg *config.Config, log *slog.Logger, m *metr
 	}
 	t.hv = metrics.Instrument(t.raw, m)
 	t.planner = plannerConfig(cfg, doc.Installation())
-	exec := executor.New(executor.Options{Hypervisor: t.hv, Installation: doc.Installation(), Blob: doc.Blob,
+	exec := executor.New(executor.Options{Hypervisor: t.hv, Identity: t.planner.Plugin.Observation().Identity, Installation: doc.Installation(), Blob: doc.Blob,
 		PerZone: cfg.MaxConcurrentPerZone, Logger: log, Observer: m,
 		// A guest command's start is committed before it is sent (for the
 		// record; the guest's own record of it decides what a re-driven

@@ -98,7 +98,6 @@ func New(cfg Config, logger *slog.Logger) (*Hypervisor, error) {
 	return h, nil
 }
 
-// Shape implements hypervisors.Hypervisor.
 // Apply performs one libvirt step.
 func (h *Hypervisor) Apply(ctx context.Context, t hypervisors.Target, p hypervisors.StepParams) (int, error) {
 	return lvspec.Apply(ctx, h, t, p)
