@@ -66,7 +66,7 @@ func gatherExported(t *testing.T) exported {
 	cfg, err := config.Parse(registry, []string{"--use-fake-backend", "--installation-id", "obs", "--seed-count", "4",
 		"--state", filepath.Join(dir, "state"), "--addr", grpcAddr, "--metrics-addr", metricsAddr,
 		"--reconcile-interval", "1h", "--shutdown-grace", "2s", "--fake-admin", "--tls-cert", certFile, "--tls-key", keyFile,
-		"--fake-host-cpus", "2", "--fake-host-memory-gib", "4"}, io.Discard)
+		"--fake-host-cpus", "2", "--fake-host-memory-gib", "64"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
