@@ -39,13 +39,13 @@ func TestOversizedIDsAreRefusedAndNotEchoed(t *testing.T) {
 	before, logBefore := size(), len(s.Output())
 	huge := strings.Repeat("x", 9<<20)
 	for i := range 20 {
-		_, err := create(s.c, t, huge+fmt.Sprint(i), tok{"s", 1, 1})
+		_, err := create(s.c, t, huge+fmt.Sprint(i), tok{Shard: "s", Epoch: 1, Seq: 1})
 		if code(err) != codes.InvalidArgument || len(err.Error()) > 1024 {
 			t.Fatalf("9 MiB machine_id: %d-byte error %.120v", len(fmt.Sprint(err)), err)
 		}
 	}
 	for name, call := range map[string]func() error{
-		"shard_id": func() error { _, err := create(s.c, t, id, tok{huge, 1, 1}); return err },
+		"shard_id": func() error { _, err := create(s.c, t, id, tok{Shard: huge, Epoch: 1, Seq: 1}); return err },
 		"cluster_id": func() error {
 			_, err := s.c.Configure(ctx(t), &pb.ConfigureRequest{MachineId: id, ClusterId: huge[:4<<20]})
 			return err
@@ -73,7 +73,7 @@ func TestFenceMarksPerMachineAreBounded(t *testing.T) {
 	var last error
 	n := 0
 	for ; n < 1000; n++ {
-		if _, last = drain(s.c, t, id, tok{fmt.Sprint("shard-", n), 1, 1}); code(last) == codes.ResourceExhausted {
+		if _, last = drain(s.c, t, id, tok{Shard: fmt.Sprint("shard-", n), Epoch: 1, Seq: 1}); code(last) == codes.ResourceExhausted {
 			break
 		}
 	}
@@ -81,7 +81,7 @@ func TestFenceMarksPerMachineAreBounded(t *testing.T) {
 		t.Fatalf("1000 shards on one machine, last answer %v", last)
 	}
 	t.Logf("refused the first contact of shard %d: %v", n, last)
-	if _, err := drain(s.c, t, id, tok{"shard-0", 1, 1}); code(err) != codes.FailedPrecondition {
+	if _, err := drain(s.c, t, id, tok{Shard: "shard-0", Epoch: 1, Seq: 1}); code(err) != codes.FailedPrecondition {
 		t.Errorf("the first shard's mark was dropped: %v", err)
 	}
 }
@@ -250,8 +250,8 @@ func TestDamagedJournalIsRefusedThenRecovered(t *testing.T) {
 	// The transitions stay in flight: the last frame is the second Create.
 	s := start(t, "--seed-count", "4", "--state", state, "--fake-latency", "1m")
 	ids := speculative(t, s.c, 2)
-	first := providertest.Must(t, "create")(create(s.c, t, ids[0], tok{"shard-a", 3, 1}))
-	second := providertest.Must(t, "create")(create(s.c, t, ids[1], tok{"shard-a", 3, 2}))
+	first := providertest.Must(t, "create")(create(s.c, t, ids[0], tok{Shard: "shard-a", Epoch: 3, Seq: 1}))
+	second := providertest.Must(t, "create")(create(s.c, t, ids[1], tok{Shard: "shard-a", Epoch: 3, Seq: 2}))
 	s.Kill()
 
 	journal := state + ".journal"
@@ -275,10 +275,10 @@ func TestDamagedJournalIsRefusedThenRecovered(t *testing.T) {
 	if m := providertest.Get(t, r.c, ids[1]); m.State != providertest.StSpeculative {
 		t.Fatalf("%s is %v, want SPECULATIVE (its Create was in the dropped frame)", ids[1], m.State)
 	}
-	if _, err := create(r.c, t, ids[1], tok{"shard-a", 3, 2}); code(err) != codes.FailedPrecondition {
+	if _, err := create(r.c, t, ids[1], tok{Shard: "shard-a", Epoch: 3, Seq: 2}); code(err) != codes.FailedPrecondition {
 		t.Errorf("the dropped Create's token again: %v, want FailedPrecondition", err)
 	}
-	again := providertest.Must(t, "create with a new epoch")(create(r.c, t, ids[1], tok{"shard-a", 4, 1}))
+	again := providertest.Must(t, "create with a new epoch")(create(r.c, t, ids[1], tok{Shard: "shard-a", Epoch: 4, Seq: 1}))
 	for _, old := range []string{first.OperationId, second.OperationId} {
 		if again.OperationId == old {
 			t.Errorf("op id %s issued again", old)

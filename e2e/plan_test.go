@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/bigfleet-vm/provider/internal/providertest"
+	"github.com/bigfleet-vm/provider/jsonplan"
 )
 
 // TestAdminAnswersOnceDurable: the simulator journals its world lazily,
@@ -26,12 +27,12 @@ func TestAdminAnswersOnceDurable(t *testing.T) {
 	s.Admin("resize?machine=" + id + "&vcpu=9&memory_mib=1536")
 	s.Kill()
 	out, _ := runRaw(t, "plan", "--json", "--use-fake-backend", "--seed-count", "4", "--state", state)
-	var p planJSON
-	if err := json.Unmarshal([]byte(out), &p); err != nil {
+	p, err := jsonplan.Decode([]byte(out))
+	if err != nil {
 		t.Fatalf("offline JSON plan: %v\n%s", err, out)
 	}
 	zone := strings.SplitN(id, "/", 2)[0]
-	if !hasDrift(p, zone, "resized") {
+	if !providertest.HasDrift(p, zone, "resized") {
 		t.Errorf("after kill -9 right after the admin answer, the resize is lost: drift %+v", p.Drift)
 	}
 }
@@ -91,28 +92,6 @@ func TestPlanTextEscapesClientStrings(t *testing.T) {
 	if len(p.Changes) != 1 || p.Changes[0].Intent == nil || p.Changes[0].Intent.Cluster != evil {
 		t.Errorf("JSON plan does not carry the exact cluster: %s", js)
 	}
-}
-
-type planJSON struct {
-	FormatVersion string `json:"format_version"`
-	Changes       []struct {
-		Machine string `json:"machine"`
-		Steps   []struct {
-			Action string `json:"action"`
-		} `json:"steps"`
-	} `json:"changes"`
-	Drift []struct {
-		Zone, Kind, Machine string
-	} `json:"drift"`
-}
-
-func hasDrift(p planJSON, zone, kind string) bool {
-	for _, d := range p.Drift {
-		if d.Zone == zone && d.Kind == kind {
-			return true
-		}
-	}
-	return false
 }
 
 // waitMetric waits until the metric is at least min.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
+	"github.com/bigfleet-vm/provider/jsonplan"
 )
 
 // The machine states, by the names the suites use.
@@ -324,3 +325,13 @@ func (RawCodec) Unmarshal(data []byte, v any) error {
 
 // Name is "proto": the server decodes the bytes as the protobuf they are.
 func (RawCodec) Name() string { return "proto" }
+
+// HasDrift reports whether plan p reports drift of kind in zone.
+func HasDrift(p *jsonplan.Plan, zone, kind string) bool {
+	for _, d := range p.Drift {
+		if d.Zone == zone && d.Kind == kind {
+			return true
+		}
+	}
+	return false
+}

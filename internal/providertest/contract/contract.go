@@ -170,30 +170,15 @@ func (s *server) bootstraps() float64 {
 }
 
 // tok is a fencing token; the zero value is "unfenced".
-type tok struct {
-	shard      string
-	epoch, seq int64
-}
+type tok = providertest.Token
 
-func (k tok) token() providertest.Token {
-	return providertest.Token{Shard: k.shard, Epoch: k.epoch, Seq: k.seq}
-}
-
-func create(c pb.CapacityProviderClient, t testing.TB, id string, k tok) (*pb.TransitionAck, error) {
-	return providertest.Create(c, t, id, k.token())
-}
-
-func configure(c pb.CapacityProviderClient, t testing.TB, id, cluster string, md map[string]string, k tok) (*pb.TransitionAck, error) {
-	return providertest.Configure(c, t, id, cluster, md, k.token())
-}
-
-func drain(c pb.CapacityProviderClient, t testing.TB, id string, k tok) (*pb.TransitionAck, error) {
-	return providertest.Drain(c, t, id, k.token())
-}
-
-func del(c pb.CapacityProviderClient, t testing.TB, id string, k tok) (*pb.TransitionAck, error) {
-	return providertest.Delete(c, t, id, k.token())
-}
+// The mutations, fenced by a tok.
+var (
+	create    = providertest.Create
+	configure = providertest.Configure
+	drain     = providertest.Drain
+	del       = providertest.Delete
+)
 
 // The toolkit's other helpers, by the names the tests use.
 var (

@@ -97,8 +97,8 @@ func testFailedIsSticky(t *testing.T, h Harness) {
 		{"configure other", func() error { _, err := configure(s.c, t, id, "ok", nil, tok{}); return err }},
 		{"drain", func() error { _, err := drain(s.c, t, id, tok{}); return err }},
 		{"delete", func() error { _, err := del(s.c, t, id, tok{}); return err }},
-		{"fenced create", func() error { _, err := create(s.c, t, id, tok{"s", 1, 1}); return err }},
-		{"fenced delete newer", func() error { _, err := del(s.c, t, id, tok{"s", 1, 2}); return err }},
+		{"fenced create", func() error { _, err := create(s.c, t, id, tok{Shard: "s", Epoch: 1, Seq: 1}); return err }},
+		{"fenced delete newer", func() error { _, err := del(s.c, t, id, tok{Shard: "s", Epoch: 1, Seq: 2}); return err }},
 	}
 	for _, c := range calls {
 		err := c.call()

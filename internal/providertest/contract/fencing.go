@@ -19,15 +19,15 @@ type fenceModel map[[2]string][2]int64
 
 // admit reports whether the token passes and advances the mark if so.
 func (f fenceModel) admit(machine string, k tok) bool {
-	if k.shard == "" && k.epoch == 0 && k.seq == 0 {
+	if k.Shard == "" && k.Epoch == 0 && k.Seq == 0 {
 		return true
 	}
-	key := [2]string{k.shard, machine}
+	key := [2]string{k.Shard, machine}
 	m, ok := f[key]
-	if ok && (k.epoch < m[0] || (k.epoch == m[0] && k.seq <= m[1])) {
+	if ok && (k.Epoch < m[0] || (k.Epoch == m[0] && k.Seq <= m[1])) {
 		return false
 	}
-	f[key] = [2]int64{k.epoch, k.seq}
+	f[key] = [2]int64{k.Epoch, k.Seq}
 	return true
 }
 
@@ -54,7 +54,7 @@ func (fc fencedCall) do(t testing.TB, c pb.CapacityProviderClient, id string, k 
 		if fc.badArgs {
 			grace = -1
 		}
-		_, err = c.Drain(ctx(t), &pb.DrainRequest{MachineId: id, GracePeriodSeconds: grace, ShardId: k.shard, ShardEpoch: k.epoch, SequenceNumber: k.seq})
+		_, err = c.Drain(ctx(t), &pb.DrainRequest{MachineId: id, GracePeriodSeconds: grace, ShardId: k.Shard, ShardEpoch: k.Epoch, SequenceNumber: k.Seq})
 	case "delete":
 		_, err = del(c, t, id, k)
 	}
@@ -87,7 +87,7 @@ func testFencingOracle(t *testing.T, h Harness) {
 	for i := range 400 {
 		id := machines[rng.IntN(len(machines))]
 		fc := fencedCall{kind: kinds[rng.IntN(len(kinds))], badArgs: rng.IntN(5) == 0}
-		k := tok{shard: shards[rng.IntN(len(shards))], epoch: pick(3), seq: pick(4)}
+		k := tok{Shard: shards[rng.IntN(len(shards))], Epoch: pick(3), Seq: pick(4)}
 		if rng.IntN(15) == 0 {
 			k = tok{}
 		}
@@ -144,46 +144,46 @@ func testFencingRules(t *testing.T, h Harness) {
 	}
 	steps := []call{
 		// First contact with int64 max values, then the same again.
-		{"max token first contact", func() error { _, err := create(s.c, t, a, tok{"s1", max, max}); return err }, codes.OK},
-		{"max token repeated is stale", func() error { _, err := create(s.c, t, a, tok{"s1", max, max}); return err }, codes.FailedPrecondition},
-		{"max epoch lower seq is stale", func() error { _, err := create(s.c, t, a, tok{"s1", max, 0}); return err }, codes.FailedPrecondition},
+		{"max token first contact", func() error { _, err := create(s.c, t, a, tok{Shard: "s1", Epoch: max, Seq: max}); return err }, codes.OK},
+		{"max token repeated is stale", func() error { _, err := create(s.c, t, a, tok{Shard: "s1", Epoch: max, Seq: max}); return err }, codes.FailedPrecondition},
+		{"max epoch lower seq is stale", func() error { _, err := create(s.c, t, a, tok{Shard: "s1", Epoch: max, Seq: 0}); return err }, codes.FailedPrecondition},
 		// Isolation: other shard, other machine.
-		{"other shard same machine", func() error { _, err := create(s.c, t, a, tok{"s2", 0, 1}); return err }, codes.OK},
-		{"same shard other machine", func() error { _, err := create(s.c, t, c2, tok{"s1", 0, 1}); return err }, codes.OK},
+		{"other shard same machine", func() error { _, err := create(s.c, t, a, tok{Shard: "s2", Epoch: 0, Seq: 1}); return err }, codes.OK},
+		{"same shard other machine", func() error { _, err := create(s.c, t, c2, tok{Shard: "s1", Epoch: 0, Seq: 1}); return err }, codes.OK},
 		// Unfenced always passes.
 		{"all-zero token", func() error { _, err := create(s.c, t, a, tok{}); return err }, codes.OK},
 		// Stale before NotFound.
-		{"unknown id first contact", func() error { _, err := create(s.c, t, "ghost/x/1", tok{"s1", 5, 5}); return err }, codes.NotFound},
-		{"unknown id stale", func() error { _, err := create(s.c, t, "ghost/x/1", tok{"s1", 5, 5}); return err }, codes.FailedPrecondition},
+		{"unknown id first contact", func() error { _, err := create(s.c, t, "ghost/x/1", tok{Shard: "s1", Epoch: 5, Seq: 5}); return err }, codes.NotFound},
+		{"unknown id stale", func() error { _, err := create(s.c, t, "ghost/x/1", tok{Shard: "s1", Epoch: 5, Seq: 5}); return err }, codes.FailedPrecondition},
 		// Mark advances on a rejected (out of position) op.
-		{"drain on IDLE passes fence, rejected", func() error { _, err := drain(s.c, t, b, tok{"s1", 2, 7}); return err }, codes.Aborted},
-		{"same token now stale", func() error { _, err := drain(s.c, t, b, tok{"s1", 2, 7}); return err }, codes.FailedPrecondition},
+		{"drain on IDLE passes fence, rejected", func() error { _, err := drain(s.c, t, b, tok{Shard: "s1", Epoch: 2, Seq: 7}); return err }, codes.Aborted},
+		{"same token now stale", func() error { _, err := drain(s.c, t, b, tok{Shard: "s1", Epoch: 2, Seq: 7}); return err }, codes.FailedPrecondition},
 		{"older token stale, before arg check", func() error {
 			_, err := s.c.Drain(ctx(t), &pb.DrainRequest{MachineId: b, GracePeriodSeconds: -1, ShardId: "s1", ShardEpoch: 2, SequenceNumber: 6})
 			return err
 		}, codes.FailedPrecondition},
-		{"higher epoch any seq", func() error { _, err := create(s.c, t, b, tok{"s1", 3, 0}); return err }, codes.OK},
+		{"higher epoch any seq", func() error { _, err := create(s.c, t, b, tok{Shard: "s1", Epoch: 3, Seq: 0}); return err }, codes.OK},
 		// Stale before the idempotency short-circuit.
-		{"idempotent retry with stale token", func() error { _, err := create(s.c, t, b, tok{"s1", 3, 0}); return err }, codes.FailedPrecondition},
+		{"idempotent retry with stale token", func() error { _, err := create(s.c, t, b, tok{Shard: "s1", Epoch: 3, Seq: 0}); return err }, codes.FailedPrecondition},
 		// Negative values are plain int64s: a first contact passes, a
 		// newer one passes, a stale one is fenced before anything else.
-		{"negative first contact", func() error { _, err := create(s.c, t, d, tok{"s9", -1, 0}); return err }, codes.OK},
-		{"negative stale", func() error { _, err := create(s.c, t, d, tok{"s9", -1, -1}); return err }, codes.FailedPrecondition},
-		{"negative newer", func() error { _, err := create(s.c, t, d, tok{"s9", 0, -1}); return err }, codes.OK},
+		{"negative first contact", func() error { _, err := create(s.c, t, d, tok{Shard: "s9", Epoch: -1, Seq: 0}); return err }, codes.OK},
+		{"negative stale", func() error { _, err := create(s.c, t, d, tok{Shard: "s9", Epoch: -1, Seq: -1}); return err }, codes.FailedPrecondition},
+		{"negative newer", func() error { _, err := create(s.c, t, d, tok{Shard: "s9", Epoch: 0, Seq: -1}); return err }, codes.OK},
 		{"stale and negative on a mark (6,1)", func() error {
-			if _, err := create(s.c, t, d, tok{"s8", 6, 1}); err != nil {
+			if _, err := create(s.c, t, d, tok{Shard: "s8", Epoch: 6, Seq: 1}); err != nil {
 				return err
 			}
-			_, err := create(s.c, t, d, tok{"s8", 6, -1})
+			_, err := create(s.c, t, d, tok{Shard: "s8", Epoch: 6, Seq: -1})
 			return err
 		}, codes.FailedPrecondition},
 		// Fence keys are unambiguous: NUL in the ids cannot make two
 		// pairs share a mark.
-		{"NUL pair first contact", func() error { _, err := create(s.c, t, "zz\x00"+c2, tok{"A", 1, 1}); return err }, codes.NotFound},
-		{"other NUL pair first contact", func() error { _, err := create(s.c, t, c2, tok{"A\x00zz", 1, 1}); return err }, codes.OK},
+		{"NUL pair first contact", func() error { _, err := create(s.c, t, "zz\x00"+c2, tok{Shard: "A", Epoch: 1, Seq: 1}); return err }, codes.NotFound},
+		{"other NUL pair first contact", func() error { _, err := create(s.c, t, c2, tok{Shard: "A\x00zz", Epoch: 1, Seq: 1}); return err }, codes.OK},
 		// Empty machine_id: the fence check runs first, so a token
 		// that passes still ends InvalidArgument.
-		{"empty id", func() error { _, err := create(s.c, t, "", tok{"s1", 1, 1}); return err }, codes.InvalidArgument},
+		{"empty id", func() error { _, err := create(s.c, t, "", tok{Shard: "s1", Epoch: 1, Seq: 1}); return err }, codes.InvalidArgument},
 	}
 	for _, st := range steps {
 		if got := code(st.err()); got != st.want {

@@ -1,7 +1,6 @@
 package contract
 
 import (
-	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -11,29 +10,8 @@ import (
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
 	"github.com/bigfleet-vm/provider/internal/providertest"
+	"github.com/bigfleet-vm/provider/jsonplan"
 )
-
-type planJSON struct {
-	FormatVersion string `json:"format_version"`
-	Changes       []struct {
-		Machine string `json:"machine"`
-		Steps   []struct {
-			Action string `json:"action"`
-		} `json:"steps"`
-	} `json:"changes"`
-	Drift []struct {
-		Zone, Kind, Machine string
-	} `json:"drift"`
-}
-
-func hasDrift(p planJSON, zone, kind string) bool {
-	for _, d := range p.Drift {
-		if d.Zone == zone && d.Kind == kind {
-			return true
-		}
-	}
-	return false
-}
 
 // testPlanAndDriftBlackBox induces drift through the simulator's admin
 // endpoints of a running provider and checks `provider plan` (offline and
@@ -73,24 +51,21 @@ func testPlanAndDriftBlackBox(t *testing.T, h Harness) {
 	s.Admin("resize?machine=" + a + "&vcpu=9&memory_mib=1536")
 	// An unreachable host: unknown, never empty.
 	s.Admin("unreachable?zone=" + zb + "&on=true")
-	live := func() planJSON {
+	live := func() *jsonplan.Plan {
 		out, code := h.runRaw(t, "plan", "--server", s.MetricsURL(), "--json", "--detailed-exitcode")
 		if code == 1 {
 			t.Fatalf("live plan failed:\n%s", out)
 		}
-		var p planJSON
-		if err := json.Unmarshal([]byte(out), &p); err != nil {
+		p, err := jsonplan.Decode([]byte(out)) // refuses a plan without format_version
+		if err != nil {
 			t.Fatalf("live plan JSON: %v\n%s", err, out)
-		}
-		if p.FormatVersion == "" {
-			t.Fatalf("plan without format_version:\n%s", out)
 		}
 		return p
 	}
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		p := live()
-		if hasDrift(p, za, "resized") && hasDrift(p, zb, "unknown-host") {
+		if providertest.HasDrift(p, za, "resized") && providertest.HasDrift(p, zb, "unknown-host") {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -110,8 +85,7 @@ func testPlanAndDriftBlackBox(t *testing.T, h Harness) {
 		t.Errorf("offline plan with report-only drift: exit %d\n%s", code, out)
 	}
 	out, _ = h.runRaw(t, append([]string{"plan", "--json"}, common...)...)
-	var off planJSON
-	if err := json.Unmarshal([]byte(out), &off); err != nil || !hasDrift(off, za, "resized") {
+	if off, err := jsonplan.Decode([]byte(out)); err != nil || !providertest.HasDrift(off, za, "resized") {
 		t.Errorf("offline JSON plan: %v\n%s", err, out)
 	}
 

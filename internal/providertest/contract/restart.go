@@ -57,9 +57,9 @@ func testRestartKill9(t *testing.T, h Harness) {
 	md := oddMetadata()
 
 	// Settled machines with history, fence marks and bindings.
-	opCreateBound := providertest.Must(t, "create")(create(s.c, t, bound, tok{"s1", 1, 1})).OperationId
+	opCreateBound := providertest.Must(t, "create")(create(s.c, t, bound, tok{Shard: "s1", Epoch: 1, Seq: 1})).OperationId
 	ops.fresh(t, "create bound", opCreateBound)
-	opCreateIdle := providertest.Must(t, "create")(create(s.c, t, idle, tok{"s2", 7, 7})).OperationId
+	opCreateIdle := providertest.Must(t, "create")(create(s.c, t, idle, tok{Shard: "s2", Epoch: 7, Seq: 7})).OperationId
 	ops.fresh(t, "create idle", opCreateIdle)
 	for _, id := range []string{inConfigure, inDrain, inDelete} {
 		ops.fresh(t, "create "+id, providertest.Must(t, "create")(create(s.c, t, id, tok{})).OperationId)
@@ -67,7 +67,7 @@ func testRestartKill9(t *testing.T, h Harness) {
 	for _, id := range []string{bound, idle, inConfigure, inDrain, inDelete} {
 		providertest.WaitState(t, s.c, id, providertest.StIdle, pollDeadline)
 	}
-	opConfigureBound := providertest.Must(t, "configure")(configure(s.c, t, bound, "c1", md, tok{"s1", 1, 5})).OperationId
+	opConfigureBound := providertest.Must(t, "configure")(configure(s.c, t, bound, "c1", md, tok{Shard: "s1", Epoch: 1, Seq: 5})).OperationId
 	ops.fresh(t, "configure bound", opConfigureBound)
 	ops.fresh(t, "configure drain", providertest.Must(t, "configure")(configure(s.c, t, inDrain, "c9", nil, tok{})).OperationId)
 	providertest.WaitState(t, s.c, bound, providertest.StConfigured, pollDeadline)
@@ -129,7 +129,9 @@ func testRestartKill9(t *testing.T, h Harness) {
 	}{
 		{"create on IDLE (unfenced retry)", func() (*pb.TransitionAck, error) { return create(s.c, t, idle, tok{}) }, opCreateIdle},
 		{"create re-driven after restart", func() (*pb.TransitionAck, error) { return create(s.c, t, inCreate, tok{}) }, opInCreate},
-		{"configure on CONFIGURED", func() (*pb.TransitionAck, error) { return configure(s.c, t, bound, "c1", md, tok{"s1", 1, 6}) }, opConfigureBound},
+		{"configure on CONFIGURED", func() (*pb.TransitionAck, error) {
+			return configure(s.c, t, bound, "c1", md, tok{Shard: "s1", Epoch: 1, Seq: 6})
+		}, opConfigureBound},
 	} {
 		a, err := c.got()
 		if err != nil || a.OperationId != c.want {
@@ -142,9 +144,9 @@ func testRestartKill9(t *testing.T, h Harness) {
 		err  error
 		want codes.Code
 	}{
-		{"s1 stale on bound", func() error { _, err := drain(s.c, t, bound, tok{"s1", 1, 6}); return err }(), codes.FailedPrecondition},
-		{"s2 stale on idle", func() error { _, err := create(s.c, t, idle, tok{"s2", 7, 7}); return err }(), codes.FailedPrecondition},
-		{"brand-new shard first token", func() error { _, err := create(s.c, t, idle, tok{"s-new", 0, 0}); return err }(), codes.OK},
+		{"s1 stale on bound", func() error { _, err := drain(s.c, t, bound, tok{Shard: "s1", Epoch: 1, Seq: 6}); return err }(), codes.FailedPrecondition},
+		{"s2 stale on idle", func() error { _, err := create(s.c, t, idle, tok{Shard: "s2", Epoch: 7, Seq: 7}); return err }(), codes.FailedPrecondition},
+		{"brand-new shard first token", func() error { _, err := create(s.c, t, idle, tok{Shard: "s-new", Epoch: 0, Seq: 0}); return err }(), codes.OK},
 	} {
 		if code(c.err) != c.want {
 			t.Errorf("%s: %v, want %v", c.name, c.err, c.want)
@@ -178,7 +180,7 @@ func testSIGTERMFlushes(t *testing.T, h Harness) {
 	sp := speculative(t, s.c, 3)
 	toConfigured(t, s.c, sp[0], "c1", map[string]string{"k": "v"})
 	toIdle(t, s.c, sp[1])
-	opIdle := providertest.Must(t, "create")(create(s.c, t, sp[1], tok{"s", 3, 3})).OperationId
+	opIdle := providertest.Must(t, "create")(create(s.c, t, sp[1], tok{Shard: "s", Epoch: 3, Seq: 3})).OperationId
 	before := providertest.ListAll(t, s.c)
 	if code := s.Terminate(); code != 0 {
 		t.Fatalf("SIGTERM exit code %d, want 0\nstderr:\n%s", code, s.Output())
@@ -188,10 +190,10 @@ func testSIGTERMFlushes(t *testing.T, h Harness) {
 		// Revision order is part of List; compare as sets by id.
 		t.Errorf("state after graceful restart (-before +after):\n%s", diff)
 	}
-	if a, err := create(s.c, t, sp[1], tok{"s", 3, 4}); err != nil || a.OperationId != opIdle {
+	if a, err := create(s.c, t, sp[1], tok{Shard: "s", Epoch: 3, Seq: 4}); err != nil || a.OperationId != opIdle {
 		t.Errorf("idempotent create after graceful restart: %v %v, want %q", a.GetOperationId(), err, opIdle)
 	}
-	if _, err := create(s.c, t, sp[1], tok{"s", 3, 4}); code(err) != codes.FailedPrecondition {
+	if _, err := create(s.c, t, sp[1], tok{Shard: "s", Epoch: 3, Seq: 4}); code(err) != codes.FailedPrecondition {
 		t.Errorf("fence mark lost across graceful restart: %v", err)
 	}
 	waitConverged(t, s)
