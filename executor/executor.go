@@ -417,7 +417,7 @@ func (e *Executor) apply(ctx context.Context, machine string, s planner.Step, in
 	t := s.Target
 	p := s.Params
 	core := p.Plugin == nil
-	if core && coreInfo(s.Action) == nil {
+	if _, known := planner.CoreAction(s.Action); core && !known {
 		return 0, fmt.Errorf("%w: step %s has no parameters for its action %q", hypervisors.ErrInvalid, s.ID, s.Action)
 	}
 	if info.OwnerCheck {
@@ -442,16 +442,6 @@ func (e *Executor) apply(ctx context.Context, machine string, s planner.Step, in
 		return 0, hv.Stop(ctx, t, time.Duration(p.Grace))
 	}
 	return 0, fmt.Errorf("%w: step %s: the executor does not run %q", hypervisors.ErrInvalid, s.ID, s.Action)
-}
-
-// coreInfo is the core action a's description, nil for any other.
-func coreInfo(a planner.Action) *hypervisors.ActionInfo {
-	for i := range planner.CoreActions {
-		if planner.CoreActions[i].Name == string(a) {
-			return &planner.CoreActions[i]
-		}
-	}
-	return nil
 }
 
 // checkOwned re-reads the live VM before a destructive step. gone is true

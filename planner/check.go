@@ -25,10 +25,11 @@ func CheckPlugin(pl Plugin) error {
 	var errs []error
 	seen := map[string]bool{}
 	for _, a := range pl.Actions() {
+		_, core := coreInfo[Action(a.Name)]
 		switch {
 		case !actionName.MatchString(a.Name):
 			errs = append(errs, fmt.Errorf("action %q: not a plan action name (^[a-z][a-z-]{0,31}$)", a.Name))
-		case coreInfo[Action(a.Name)].Name != "":
+		case core:
 			errs = append(errs, fmt.Errorf("action %q: a core action's name", a.Name))
 		case seen[a.Name]:
 			errs = append(errs, fmt.Errorf("action %q: declared twice", a.Name))

@@ -49,6 +49,12 @@ var coreInfo = func() map[Action]hypervisors.ActionInfo {
 	return m
 }()
 
+// CoreAction is the description of a, when a is a core action.
+func CoreAction(a Action) (hypervisors.ActionInfo, bool) {
+	i, ok := coreInfo[a]
+	return i, ok
+}
+
 // Actions lists every action a plug-in's plans use: the core actions,
 // then the plug-in's.
 func Actions(pl Plugin) []Action {
