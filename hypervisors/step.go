@@ -42,7 +42,9 @@ type ActionInfo struct {
 // looking inside.
 type StepParams interface {
 	Info() ActionInfo
-	// PlanJSON writes the step's published parameters into out.
+	// PlanJSON writes the step's published parameters into out: a 1.1
+	// action its own fields, a plug-in action params.ext's args (the core
+	// fills ext's effect from Info).
 	PlanJSON(out *jsonplan.Params)
 }
 

@@ -86,6 +86,10 @@ func (p *Params) json() jsonplan.Params {
 	}
 	if p.Plugin != nil {
 		p.Plugin.PlanJSON(&out)
+		if out.Ext != nil {
+			// The effect is the step's ActionInfo's: said once, by Info.
+			out.Ext.Effect = string(p.Plugin.Info().Effect)
+		}
 	}
 	if p.Marker != nil {
 		m := hypervisors.JSONMarker(*p.Marker)

@@ -48,7 +48,7 @@ type create struct {
 func (*create) Info() hypervisors.ActionInfo { return actions[0] }
 
 func (c *create) PlanJSON(out *jsonplan.Params) {
-	out.Ext = &jsonplan.Ext{Effect: string(hypervisors.EffectCreate), Args: map[string]string{"name": c.Name,
+	out.Ext = &jsonplan.Ext{Args: map[string]string{"name": c.Name,
 		"vcpu": strconv.Itoa(c.VCPU), "memory_mib": strconv.Itoa(c.MemoryMiB), "machine": c.Marker.MachineID}}
 }
 
@@ -58,7 +58,7 @@ type destroy struct{}
 func (*destroy) Info() hypervisors.ActionInfo { return actions[1] }
 
 func (*destroy) PlanJSON(out *jsonplan.Params) {
-	out.Ext = &jsonplan.Ext{Effect: string(hypervisors.EffectDestroy)}
+	out.Ext = &jsonplan.Ext{} // the core writes the effect from Info
 }
 
 // Step 4. Planning: pure, over the planner's Builder.
