@@ -1,47 +1,24 @@
 package libvirt
 
 import (
-	"flag"
-	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/fake"
 	"github.com/bigfleet-vm/provider/inventory"
 	"github.com/bigfleet-vm/provider/plugin"
+	"github.com/bigfleet-vm/provider/plugin/plugintest"
 	"github.com/google/go-cmp/cmp"
 )
-
-// problems records what a resolution reports, one line each.
-type problems struct{ lines []string }
-
-func (p *problems) Add(f, format string, args ...any) {
-	p.lines = append(p.lines, "--"+f+": "+fmt.Sprintf(format, args...))
-}
-func (p *problems) AddErr(f string, err error)          { p.Add(f, "%v", err) }
-func (p *problems) Duration(string, time.Duration) bool { return true }
-func (p *problems) Integer(string, int) bool            { return true }
-func (p *problems) CABundle(f, file string)             { p.Add(f, "CA bundle %s", file) }
 
 // resolve parses args as the plug-in's flags and resolves them.
 func resolve(t *testing.T, real bool, args ...string) (*Settings, []string) {
 	t.Helper()
-	fs := flag.NewFlagSet("t", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	f := Plugin().RegisterFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		t.Fatal(err)
-	}
-	set := map[string]bool{}
-	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
-	var p problems
-	r := f.Resolve(plugin.Env{Set: set, Real: real, DefaultZone: "local", Now: time.Now()}, &p)
-	return r.(*Settings), p.lines
+	r, lines := plugintest.Resolve(t, Plugin(), real, "local", args...)
+	return r.(*Settings), lines
 }
 
 // TestCerts: the real backend presents the client certificate of each
