@@ -98,7 +98,9 @@ func Sleep(ctx context.Context, d time.Duration) error {
 // Do calls op until it returns nil, returns an error retryable rejects,
 // the attempts are spent, or ctx is done. The error returned is op's last
 // error, or, when ctx ended first, one matching ctx.Err() that names op's
-// last error.
+// last error that said more than that the context ended (an attempt cut
+// short by the deadline reports only the deadline; the failure that made
+// the loop retry until then is the one an operator needs).
 func Do(ctx context.Context, p Policy, retryable func(error) bool, op func(context.Context) error) error {
 	_, err := Value(ctx, p, retryable, func(ctx context.Context) (struct{}, error) { return struct{}{}, op(ctx) })
 	return err
@@ -109,6 +111,7 @@ func Do(ctx context.Context, p Policy, retryable func(error) bool, op func(conte
 func Value[T any](ctx context.Context, p Policy, retryable func(error) bool, op func(context.Context) (T, error)) (T, error) {
 	b := p.Backoff()
 	attempts := p.withDefaults().Attempts
+	var cause error // the last failure that was not only ctx ending
 	for n := 1; ; n++ {
 		if p.Before != nil {
 			if err := p.Before(); err != nil {
@@ -123,8 +126,11 @@ func Value[T any](ctx context.Context, p Policy, retryable func(error) bool, op 
 		if retryable == nil || !retryable(err) || (attempts > 0 && n >= attempts) {
 			return v, err
 		}
+		if cause == nil || ctx.Err() == nil || !errors.Is(err, ctx.Err()) {
+			cause = err
+		}
 		if serr := Sleep(ctx, b.Next()); serr != nil {
-			return v, &interrupted{ctx: serr, last: err}
+			return v, &interrupted{ctx: serr, last: cause}
 		}
 	}
 }
@@ -140,8 +146,8 @@ type interrupted struct {
 func (e *interrupted) Error() string { return fmt.Sprintf("%v (last error: %v)", e.ctx, e.last) }
 func (e *interrupted) Unwrap() error { return e.ctx }
 
-// Last returns the last attempt's error of a loop its context ended, or
-// nil.
+// Last returns the last telling error of a loop its context ended (the
+// last attempt's, unless that one only says the context ended), or nil.
 func Last(err error) error {
 	var i *interrupted
 	if errors.As(err, &i) {

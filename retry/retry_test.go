@@ -3,6 +3,7 @@ package retry
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -136,6 +137,44 @@ func TestDoEndsWithContext(t *testing.T) {
 	}
 	if Last(errFinal) != nil {
 		t.Error("Last of a plain error is not nil")
+	}
+}
+
+// TestDeadlineKeepsTheCause is the regression of a Create whose clone
+// task always failed but whose last_error named only "wait for a clone
+// slot: context deadline exceeded": the attempt the deadline cut short
+// hid the failure that made the loop retry until then.
+func TestDeadlineKeepsTheCause(t *testing.T) {
+	errFull := errors.New("clone failed: storage 'local-lvm' is full")
+	ctx, cancel := context.WithCancel(context.Background())
+	calls := 0
+	err := Do(ctx, fast, func(error) bool { return true }, func(ctx context.Context) error {
+		calls++
+		switch calls {
+		case 1, 2:
+			return errFull
+		case 3:
+			cancel() // the deadline lands inside this attempt
+			return fmt.Errorf("wait for a slot: %w", ctx.Err())
+		}
+		t.Fatal("an attempt after the context ended")
+		return nil
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want context.Canceled", err)
+	}
+	if got := Last(err); got != errFull {
+		t.Errorf("Last = %v, want the failure before the deadline: %v", got, errFull)
+	}
+
+	// With nothing before it, the context error is all there is to say.
+	ctx, cancel = context.WithCancel(context.Background())
+	err = Do(ctx, fast, func(error) bool { return true }, func(ctx context.Context) error {
+		cancel()
+		return fmt.Errorf("wait for a slot: %w", ctx.Err())
+	})
+	if got := Last(err); got == nil || !errors.Is(got, context.Canceled) {
+		t.Errorf("Last = %v, want the only attempt's error", got)
 	}
 }
 
