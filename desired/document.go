@@ -718,18 +718,25 @@ func (d *Document) settle(c *change, err error) {
 		d.settleHistory(c)
 	}
 	d.mu.Unlock()
-	close(c.done)
+	// Notify before done: whoever waits for a change (an ack, Quiesce)
+	// knows its machines were handed on.
 	if c.err == nil && d.opts.Notify != nil {
 		for _, id := range c.notify {
 			d.opts.Notify(id)
 		}
 	}
+	close(c.done)
 }
 
 // wait blocks until the change is committed or failed.
 func (c *change) wait(ctx context.Context) error {
 	if c == nil {
 		return nil
+	}
+	select {
+	case <-c.done: // settled wins over a context that also ended
+		return c.err
+	default:
 	}
 	select {
 	case <-c.done:
@@ -869,6 +876,19 @@ func (d *Document) Refuse(reason string) {
 	d.mu.Lock()
 	d.refusing = reason
 	d.mu.Unlock()
+}
+
+// Quiesce waits until every change accepted before the call is committed
+// (or failed) and its machines were handed to Options.Notify, or ctx
+// ends. After Refuse it marks the moment from which no accepted mutation
+// can still reach the reconciler: a graceful stop calls it before it
+// stops the reconciler's queue, so a Drain accepted just before the stop
+// is worked on, not dropped until the next start.
+func (d *Document) Quiesce(ctx context.Context) error {
+	d.mu.RLock()
+	c := d.last // the store settles changes in Commit order
+	d.mu.RUnlock()
+	return c.wait(ctx)
 }
 
 // Healthy reports why the document cannot commit, nil while it can.

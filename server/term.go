@@ -167,16 +167,23 @@ func (t *term) start() {
 // queued and in-flight work finishes within grace, and then whatever is
 // left is interrupted (its durable intent is re-driven by the next term).
 func (t *term) drain(grace time.Duration, why string) {
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
 	t.doc.Refuse(why)
 	defer t.flushHistory()
 	if t.loopDone == nil {
 		return
 	}
+	// A mutation accepted just before the refusal reaches the queue only
+	// once its commit settles; the queue stops taking work after that.
+	if err := t.doc.Quiesce(ctx); err != nil {
+		t.log.Warn("changes accepted before the stop did not settle within the grace; they are re-driven at the next start", "err", err)
+	}
 	t.log.Info("finishing queued and in-flight work", "grace", grace, "queued", t.rec.Depth())
 	t.stopLoop()
 	select {
 	case <-t.loopDone:
-	case <-time.After(grace):
+	case <-ctx.Done():
 		t.log.Warn("queued and in-flight work did not finish within the shutdown grace; it is interrupted now and re-driven at the next start")
 	}
 	t.cancelWork()
