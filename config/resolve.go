@@ -483,7 +483,7 @@ func clip(s string) string {
 // the real backend's connection flag is set.
 func (f *Flags) resolveBackend(hv pluginFlags, set map[string]bool, p *problems) string {
 	b := hv.p.Info().Backend
-	realName := hv.p.Info().Name
+	realName := b.Real
 	name, conn := b.Flag, b.ConnFlag
 	value, connSet := hv.f.Backend()
 	switch v := strings.ToLower(strings.TrimSpace(value)); v {

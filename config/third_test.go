@@ -24,7 +24,7 @@ type third struct{}
 
 func (third) Info() plugin.Info {
 	return plugin.Info{Name: "third", Title: "Third", FlagGroup: "Third parameters", DefaultZone: "t", CreateTimeout: 3 * time.Minute,
-		Backend: plugin.Backend{Flag: "third-backend", ConnFlag: "third-url", RealNoun: "third host", RealNouns: "third hosts"}}
+		Backend: plugin.Backend{Flag: "third-backend", Real: "third", ConnFlag: "third-url", RealNoun: "third host", RealNouns: "third hosts"}}
 }
 
 type thirdFlags struct{ backend, url *string }

@@ -44,8 +44,11 @@ type Info struct {
 // e.g. {"proxmox-backend", "proxmox-api-url", "Proxmox cluster",
 // "Proxmox"}.
 type Backend struct {
-	// Flag is the backend flag (real name, fake or auto).
+	// Flag is the backend flag (Real, fake or auto).
 	Flag string
+	// Real is the backend flag's value that picks the real substrate
+	// (the hypervisor's own name, by convention).
+	Real string
 	// ConnFlag is the flag that, when set, makes auto pick the real
 	// backend.
 	ConnFlag string

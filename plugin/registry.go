@@ -82,6 +82,10 @@ func NewRegistry(ps ...Plugin) (*Registry, error) {
 					errs = append(errs, fmt.Errorf("%s: the backend flag --%s is not one of its flags", what, n))
 				}
 			}
+			switch strings.ToLower(in.Backend.Real) {
+			case "", "fake", "auto":
+				errs = append(errs, fmt.Errorf("%s: Backend.Real %q does not name a real substrate (the value of --%s that picks it)", what, in.Backend.Real, in.Backend.Flag))
+			}
 			b := fl.Bounds()
 			for n := range b.Durations {
 				if !names[n] {

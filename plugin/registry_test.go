@@ -24,7 +24,7 @@ type stub struct {
 
 func newStub(name string, flags ...string) *stub {
 	return &stub{info: plugin.Info{Name: name, Title: strings.ToUpper(name), FlagGroup: name + " flags", DefaultZone: "z",
-		CreateTimeout: time.Minute, Backend: plugin.Backend{Flag: flags[0], ConnFlag: flags[len(flags)-1]}}, flags: flags}
+		CreateTimeout: time.Minute, Backend: plugin.Backend{Flag: flags[0], Real: name, ConnFlag: flags[len(flags)-1]}}, flags: flags}
 }
 
 func (s *stub) Info() plugin.Info { return s.info }
@@ -84,6 +84,10 @@ func TestNewRegistryRefuses(t *testing.T) {
 			"registers --a-url without listing it in Names"},
 		{"a backend flag of someone else", []plugin.Plugin{with(newStub("a", "a-backend"), func(s *stub) { s.info.Backend.ConnFlag = "connect" })},
 			"the backend flag --connect is not one of its flags"},
+		{"no real backend value", []plugin.Plugin{with(newStub("a", "a-backend"), func(s *stub) { s.info.Backend.Real = "" })},
+			`Backend.Real "" does not name a real substrate`},
+		{"fake is not a real backend", []plugin.Plugin{with(newStub("a", "a-backend"), func(s *stub) { s.info.Backend.Real = "fake" })},
+			`Backend.Real "fake" does not name a real substrate`},
 		{"bounds of someone else's flag", []plugin.Plugin{with(newStub("a", "a-backend"), func(s *stub) {
 			s.bounds = plugin.Bounds{Ints: map[string]plugin.IntBound{"seed-count": {Min: 1, Max: 2}}}
 		})}, "bounds --seed-count, which is not one of its flags"},

@@ -29,7 +29,7 @@ type lvPlugin struct{}
 func (lvPlugin) Info() plugin.Info {
 	return plugin.Info{Name: "libvirt", Title: "libvirt", FlagGroup: "libvirt connection and launch parameters",
 		DefaultZone: "local", CreateTimeout: 5 * time.Minute,
-		Backend: plugin.Backend{Flag: "libvirt-backend", ConnFlag: "connect", RealNoun: "libvirt host", RealNouns: "hosts"}}
+		Backend: plugin.Backend{Flag: "libvirt-backend", Real: "libvirt", ConnFlag: "connect", RealNoun: "libvirt host", RealNouns: "hosts"}}
 }
 
 // flagValues are the libvirt flags registered on a FlagSet.

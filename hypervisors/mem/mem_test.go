@@ -132,7 +132,7 @@ func Plugin() plugin.Plugin { return memPlugin{} }
 
 func (memPlugin) Info() plugin.Info {
 	return plugin.Info{Name: "mem", Title: "mem", FlagGroup: "mem simulator parameters", DefaultZone: "mem", CreateTimeout: 5 * time.Minute,
-		Backend: plugin.Backend{Flag: "mem-backend", ConnFlag: "mem-backend", RealNoun: "mem host", RealNouns: "mem hosts"}}
+		Backend: plugin.Backend{Flag: "mem-backend", Real: "mem", ConnFlag: "mem-backend", RealNoun: "mem host", RealNouns: "mem hosts"}}
 }
 
 type memFlags struct{ backend *string }

@@ -33,7 +33,7 @@ type pxPlugin struct{}
 func (pxPlugin) Info() plugin.Info {
 	return plugin.Info{Name: "proxmox", Title: "Proxmox", FlagGroup: "Proxmox connection and clone parameters",
 		DefaultZone: "pve", CreateTimeout: 8 * time.Minute,
-		Backend: plugin.Backend{Flag: "proxmox-backend", ConnFlag: "proxmox-api-url", RealNoun: "Proxmox cluster", RealNouns: "Proxmox"}}
+		Backend: plugin.Backend{Flag: "proxmox-backend", Real: "proxmox", ConnFlag: "proxmox-api-url", RealNoun: "Proxmox cluster", RealNouns: "Proxmox"}}
 }
 
 // flagValues are the Proxmox flags registered on a FlagSet.

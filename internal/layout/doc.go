@@ -8,14 +8,18 @@
 //     module is classified as core, implementation (hypervisors/...),
 //     composition root (cmd/provider) or test-only; an unclassified one
 //     fails the test, so a new package is placed on one side on purpose.
-//   - No switch on the kind: no non-test file of a core package compares,
-//     switches on or keys a map literal with a hypervisor's name (the
-//     names the implementations register, found in their plugin.Info
-//     literals, plus libvirt, proxmox and mem), nor compares or switches
-//     on a selector named Hypervisor or Shape, or on the Name of a
-//     plug-in (plugin.Info.Name, planner.Plugin.Name()). Comments, flag
-//     help and messages may name a hypervisor: only comparisons, switch
-//     cases, map keys and constants count.
+//   - No switch on the kind: no non-test file of a core package holds a
+//     string literal that is a hypervisor's name in any case (the names
+//     the implementations register, found in their plugin.Info literals,
+//     plus libvirt, proxmox and mem): as an operand, a case, a map key or
+//     value, a constant, a variable or a call's argument it can only pick
+//     one hypervisor. Comments, flag help and messages may mention them
+//     (longer strings); the one exception is a versioned format's own
+//     vocabulary (jsonplan.Hypervisors11), listed with why. Nor does it
+//     compare or switch on a selector named Hypervisor or Shape, on the
+//     Name of a plug-in (plugin.Info.Name, planner.Plugin.Name()), or on
+//     a variable assigned from one. Looking a plug-in up by its name in a
+//     registry is dispatch, not a branch, and is allowed.
 //
 // Every violation is reported at once, sorted, as file:line: what.
 package layout

@@ -410,10 +410,7 @@ func typeCheck(t *testing.T, dir string, paths []string) []checked {
 	var pkgs []checked
 	for _, path := range paths {
 		p := byPath[path]
-		c := checked{fset: fset, info: &types.Info{
-			Types:      map[ast.Expr]types.TypeAndValue{},
-			Selections: map[*ast.SelectorExpr]*types.Selection{},
-		}}
+		c := checked{fset: fset, info: newInfo()}
 		for _, name := range append(slices.Clone(p.GoFiles), p.CgoFiles...) {
 			f, err := parser.ParseFile(fset, filepath.Join(p.Dir, name), nil, parser.SkipObjectResolution)
 			if err != nil {
@@ -437,6 +434,22 @@ func typeCheck(t *testing.T, dir string, paths []string) []checked {
 	return pkgs
 }
 
+// newInfo is the type information the checker reads.
+func newInfo() *types.Info {
+	return &types.Info{
+		Types:      map[ast.Expr]types.TypeAndValue{},
+		Selections: map[*ast.SelectorExpr]*types.Selection{},
+		Defs:       map[*ast.Ident]types.Object{},
+		Uses:       map[*ast.Ident]types.Object{},
+	}
+}
+
+// vocabulary are the core's own declarations allowed to hold hypervisor
+// names as values, each with why: a versioned format that defines them.
+var vocabulary = map[string]string{
+	"Hypervisors11": "jsonplan: the hypervisor names plan format 1.1 defines (a later format lets plug-ins add theirs)",
+}
+
 // checker collects one file's violations.
 type checker struct {
 	fset     *token.FileSet
@@ -444,6 +457,9 @@ type checker struct {
 	names    map[string]bool
 	dir      string
 	problems []string
+	// kinds are the variables that hold a hypervisor's kind (assigned
+	// from one), so comparing them is asking which hypervisor.
+	kinds map[types.Object]bool
 }
 
 func (c *checker) addf(pos token.Pos, format string, args ...any) {
@@ -456,14 +472,20 @@ func (c *checker) addf(pos token.Pos, format string, args ...any) {
 }
 
 func (c *checker) file(f *ast.File) {
+	c.kinds = map[types.Object]bool{}
+	c.defs(f)
 	ast.Inspect(f, func(n ast.Node) bool {
 		switch n := n.(type) {
+		case *ast.ValueSpec:
+			if len(n.Names) == 1 && vocabulary[n.Names[0].Name] != "" {
+				return false
+			}
+		case *ast.BasicLit:
+			c.literal(n)
 		case *ast.BinaryExpr:
 			if n.Op != token.EQL && n.Op != token.NEQ {
 				return true
 			}
-			c.literal(n.X)
-			c.literal(n.Y)
 			if !isEmpty(n.X) && !isEmpty(n.Y) {
 				c.kind(n.X, n.Op.String())
 				c.kind(n.Y, n.Op.String())
@@ -475,24 +497,7 @@ func (c *checker) file(f *ast.File) {
 			for _, s := range n.Body.List {
 				if cc, ok := s.(*ast.CaseClause); ok {
 					for _, e := range cc.List {
-						c.literal(e)
 						c.kind(e, "case")
-					}
-				}
-			}
-		case *ast.CompositeLit:
-			if c.isMap(n) {
-				for _, e := range n.Elts {
-					if kv, ok := e.(*ast.KeyValueExpr); ok {
-						c.literal(kv.Key)
-					}
-				}
-			}
-		case *ast.GenDecl:
-			if n.Tok == token.CONST {
-				for _, s := range n.Specs {
-					for _, v := range s.(*ast.ValueSpec).Values {
-						c.literal(v)
 					}
 				}
 			}
@@ -501,9 +506,52 @@ func (c *checker) file(f *ast.File) {
 	})
 }
 
-// literal reports e if it is a string literal naming a hypervisor.
+// defs records the variables a kind is assigned to (k := cfg.Hypervisor,
+// var k = p.Name()), so a later comparison of k counts as one of the
+// kind itself.
+func (c *checker) defs(f *ast.File) {
+	if c.info == nil {
+		return
+	}
+	mark := func(lhs []ast.Expr, rhs []ast.Expr) {
+		if len(lhs) != len(rhs) {
+			return
+		}
+		for i, l := range lhs {
+			id, ok := l.(*ast.Ident)
+			if !ok || !c.isKind(rhs[i]) {
+				continue
+			}
+			if o := c.info.Defs[id]; o != nil {
+				c.kinds[o] = true
+			} else if o := c.info.Uses[id]; o != nil {
+				c.kinds[o] = true
+			}
+		}
+	}
+	ast.Inspect(f, func(n ast.Node) bool {
+		switch n := n.(type) {
+		case *ast.AssignStmt:
+			mark(n.Lhs, n.Rhs)
+		case *ast.ValueSpec:
+			lhs := make([]ast.Expr, len(n.Names))
+			for i, id := range n.Names {
+				lhs[i] = id
+			}
+			mark(lhs, n.Values)
+		}
+		return true
+	})
+}
+
+// literal reports e if it is a string literal naming a hypervisor, in
+// any case (Libvirt, PROXMOX): wherever it stands in core code, as a
+// comparison's operand, a case, a map key or value, a constant, a
+// variable's value or a call's argument, it can only serve to pick one
+// hypervisor. Messages and help that mention hypervisors are longer
+// strings and do not count; declarations in vocabulary are skipped.
 func (c *checker) literal(e ast.Expr) {
-	if s, ok := stringLit(e); ok && c.names[s] {
+	if s, ok := stringLit(e); ok && c.names[strings.ToLower(s)] {
 		c.addf(e.Pos(), "literal %q names a hypervisor", s)
 	}
 }
@@ -514,6 +562,12 @@ func (c *checker) literal(e ast.Expr) {
 // call of such a method.
 func (c *checker) kind(e ast.Expr, how string) {
 	e = ast.Unparen(e)
+	if id, ok := e.(*ast.Ident); ok && c.info != nil {
+		if o := c.info.Uses[id]; o != nil && c.kinds[o] {
+			c.addf(id.Pos(), "%s on %s, which holds a hypervisor's kind: the core asks which hypervisor it serves", how, id.Name)
+		}
+		return
+	}
 	if call, ok := e.(*ast.CallExpr); ok {
 		if len(call.Args) == 1 && c.isType(call.Fun) {
 			c.kind(call.Args[0], how)
@@ -536,6 +590,13 @@ func (c *checker) kind(e ast.Expr, how string) {
 			c.addf(sel.Pos(), "%s on %s, the name of a %s: the core asks which hypervisor it serves", how, render(sel), typeName(s.Recv()))
 		}
 	}
+}
+
+// isKind reports whether e reads a hypervisor's kind (what kind reports).
+func (c *checker) isKind(e ast.Expr) bool {
+	probe := &checker{fset: c.fset, info: c.info, names: c.names, dir: c.dir, kinds: c.kinds}
+	probe.kind(e, "")
+	return len(probe.problems) > 0
 }
 
 // isType reports whether e denotes a type (a conversion's function).
@@ -628,6 +689,17 @@ func TestCheckerIsPrecise(t *testing.T) {
 		want      []string
 	}{
 		{"comparison with a name", `func f(s string) bool { return s == "proxmox" }`, []string{`x.go:3: literal "proxmox" names a hypervisor`}},
+		{"a name in another case", `func f(s string) bool { return s == "Libvirt" || s == "PROXMOX" }`,
+			[]string{`x.go:3: literal "Libvirt" names a hypervisor`, `x.go:3: literal "PROXMOX" names a hypervisor`}},
+		{"a name as a call's argument", `func f(get func(string) int) int { return get("proxmox") }`, []string{`x.go:3: literal "proxmox" names a hypervisor`}},
+		{"a name in a variable", `var which = "mem"; func f(s string) bool { return s == which }`, []string{`x.go:3: literal "mem" names a hypervisor`}},
+		{"a name as a map value", `var v = map[string]string{"default": "libvirt"}`, []string{`x.go:3: literal "libvirt" names a hypervisor`}},
+		{"a kind through a variable", `type c struct{ Hypervisor string }; func f(x c, y string) bool { k := x.Hypervisor; return k == y }`,
+			[]string{`x.go:3: == on k, which holds a hypervisor's kind: the core asks which hypervisor it serves`}},
+		{"a kind switched through a variable", `type c struct{ Hypervisor string }; func f(x c) { var k = x.Hypervisor; switch k {} }`,
+			[]string{`x.go:3: switch on k, which holds a hypervisor's kind: the core asks which hypervisor it serves`}},
+		{"a format's own vocabulary", `var Hypervisors11 = []string{"libvirt", "proxmox"}`, nil},
+		{"a registry looked up by a kind", `type c struct{ Hypervisor string }; func f(x c, reg map[string]int) int { return reg[x.Hypervisor] }`, nil},
 		{"case", `func f(s string) { switch s { case "a", "libvirt": } }`, []string{`x.go:3: literal "libvirt" names a hypervisor`}},
 		{"map key", `var m = map[string]int{"mem": 1, "other": 2}`, []string{`x.go:3: literal "mem" names a hypervisor`}},
 		{"constant", `const def = "libvirt"`, []string{`x.go:3: literal "libvirt" names a hypervisor`}},
@@ -638,9 +710,9 @@ func TestCheckerIsPrecise(t *testing.T) {
 		{"kind method through a conversion", `type h struct{}; func (h) Shape() int { return 0 }; func f(x h, y string) bool { return string(rune(x.Shape())) == y }`,
 			[]string{`x.go:3: == on x.Shape: the core asks which hypervisor it serves`}},
 		{"presence check", `type c struct{ Hypervisor string }; func f(x c) bool { return x.Hypervisor == "" }`, nil},
-		{"comment, message, help, call argument", "// libvirt and proxmox\n" +
-			`func f(g func(string, string) error) error { g("hypervisor", "libvirt or proxmox"); return g("proxmox", "x") }`, nil},
-		{"value, not a comparison", `var v = map[string]string{"default": "libvirt"}`, nil},
+		{"comment, message, help", "// libvirt and proxmox\n" +
+			`func f(g func(string, string) error) error { return g("hypervisor", "libvirt or proxmox") }`, nil},
+		{"a kind passed on, not compared", `type c struct{ Hypervisor string }; func f(x c, g func(string)) { k := x.Hypervisor; g(k) }`, nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -649,7 +721,7 @@ func TestCheckerIsPrecise(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			info := &types.Info{Types: map[ast.Expr]types.TypeAndValue{}, Selections: map[*ast.SelectorExpr]*types.Selection{}}
+			info := newInfo()
 			if _, err := (&types.Config{}).Check("x", fset, []*ast.File{f}, info); err != nil {
 				t.Fatal(err)
 			}
