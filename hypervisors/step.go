@@ -23,11 +23,10 @@ const (
 type ActionInfo struct {
 	// Name is the step's action in plans and metrics
 	// (^[a-z][a-z-]{0,31}$).
-	Name   string
+	Name string
+	// Effect is what the step does; EffectDestroy is a step that takes
+	// something a VM had (its power state, definition or disks).
 	Effect Effect
-	// Destructive: the step destroys something a VM had (its power state,
-	// definition or disks).
-	Destructive bool
 	// OwnerCheck: the executor re-reads the live marker right before the
 	// step and refuses it on a VM this installation does not own.
 	OwnerCheck bool

@@ -27,12 +27,13 @@ import (
 var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
 // TestActionProperties pins both properties of every action: the glyph
-// the human plan shows and whether the executor treats it as destructive.
-// They are independent facts; neither is derived from the other.
+// the human plan shows and whether the executor re-reads the live marker
+// before it (OwnerCheck). They are independent facts; neither is derived
+// from the other.
 func TestActionProperties(t *testing.T) {
 	type props struct {
-		Symbol      string
-		Destructive bool
+		Symbol     string
+		OwnerCheck bool
 	}
 	want := map[string]props{
 		"create-overlay": {"+", false}, "create-seed": {"+", false},
@@ -42,13 +43,13 @@ func TestActionProperties(t *testing.T) {
 		"bind": {"~", false}, "unbind": {"~", false}, "exec-bootstrap": {"~", false},
 		"exec-ready": {"~", false}, "exec-drain": {"~", false},
 		"stop": {"-", true}, "undefine": {"-", true},
-		"delete-volume": {"-", true}, "delete-vm": {"-", true},
+		"delete-volume": {"-", false}, "delete-vm": {"-", true},
 	}
 	glyph := map[hypervisors.Effect]string{hypervisors.EffectCreate: "+", hypervisors.EffectStart: ">",
 		hypervisors.EffectChange: "~", hypervisors.EffectDestroy: "-"}
 	got := map[string]props{}
 	for _, a := range shippedActions() {
-		got[a.Name] = props{planner.Action(a.Name).Symbol(), a.Destructive}
+		got[a.Name] = props{planner.Action(a.Name).Symbol(), a.OwnerCheck}
 		if g := glyph[a.Effect]; g != planner.Action(a.Name).Symbol() {
 			t.Errorf("%s: effect %s is %q in the human plan, but format 1.1 marks it %q", a.Name, a.Effect, g, planner.Action(a.Name).Symbol())
 		}

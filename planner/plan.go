@@ -28,7 +28,7 @@ const (
 
 // CoreActions describes the core actions. Power and marker changes load
 // the host (bounded per zone); waits and guest commands do not. Stop is
-// the one destructive core action, re-checked against the live marker.
+// the one core action that destroys, re-checked against the live marker.
 var CoreActions = []hypervisors.ActionInfo{
 	{Name: string(ActionStart), Effect: hypervisors.EffectStart, Heavy: true, Op: "start"},
 	{Name: string(ActionResume), Effect: hypervisors.EffectStart, Heavy: true, Op: "resume"},
@@ -38,7 +38,7 @@ var CoreActions = []hypervisors.ActionInfo{
 	{Name: string(ActionExecReady), Effect: hypervisors.EffectChange, Op: "agent_exec"},
 	{Name: string(ActionExecDrain), Effect: hypervisors.EffectChange, Op: "agent_exec"},
 	{Name: string(ActionUnbind), Effect: hypervisors.EffectChange, Heavy: true, Op: "set_marker"},
-	{Name: string(ActionStop), Effect: hypervisors.EffectDestroy, Destructive: true, OwnerCheck: true, Heavy: true, Op: "stop"},
+	{Name: string(ActionStop), Effect: hypervisors.EffectDestroy, OwnerCheck: true, Heavy: true, Op: "stop"},
 }
 
 var coreInfo = func() map[Action]hypervisors.ActionInfo {

@@ -34,7 +34,7 @@ const (
 
 var actions = []hypervisors.ActionInfo{
 	{Name: actionCreate, Effect: hypervisors.EffectCreate, Heavy: true, Op: "mem_create"},
-	{Name: actionDestroy, Effect: hypervisors.EffectDestroy, Destructive: true, OwnerCheck: true, Heavy: true, Op: "mem_destroy"},
+	{Name: actionDestroy, Effect: hypervisors.EffectDestroy, OwnerCheck: true, Heavy: true, Op: "mem_destroy"},
 }
 
 // create makes a VM named Name of a size, carrying Marker.

@@ -30,8 +30,8 @@ var Actions = []hypervisors.ActionInfo{
 	{Name: ActionCreateSeed, Effect: hypervisors.EffectCreate, Heavy: true, Op: "create_seed"},
 	{Name: ActionDefine, Effect: hypervisors.EffectCreate, Heavy: true, Op: "define_domain"},
 	{Name: ActionAutostart, Effect: hypervisors.EffectChange, Heavy: true, Op: "set_autostart"},
-	{Name: ActionUndefine, Effect: hypervisors.EffectDestroy, Destructive: true, OwnerCheck: true, Heavy: true, Op: "undefine_domain"},
-	{Name: ActionDeleteVolume, Effect: hypervisors.EffectDestroy, Destructive: true, Heavy: true, Op: "delete_volume"},
+	{Name: ActionUndefine, Effect: hypervisors.EffectDestroy, OwnerCheck: true, Heavy: true, Op: "undefine_domain"},
+	{Name: ActionDeleteVolume, Effect: hypervisors.EffectDestroy, Heavy: true, Op: "delete_volume"},
 }
 
 func info(name string) hypervisors.ActionInfo {

@@ -21,7 +21,7 @@ const (
 var Actions = []hypervisors.ActionInfo{
 	{Name: ActionClone, Effect: hypervisors.EffectCreate, Heavy: true, Op: "clone_vm"},
 	{Name: ActionConfigureVM, Effect: hypervisors.EffectChange, Heavy: true, Op: "configure_vm"},
-	{Name: ActionDeleteVM, Effect: hypervisors.EffectDestroy, Destructive: true, OwnerCheck: true, Heavy: true, Op: "delete_vm"},
+	{Name: ActionDeleteVM, Effect: hypervisors.EffectDestroy, OwnerCheck: true, Heavy: true, Op: "delete_vm"},
 }
 
 var (
