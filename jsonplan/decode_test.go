@@ -101,6 +101,8 @@ func TestMarshalWritesTheLowestVersion(t *testing.T) {
 		{"a 1.1 hypervisor", jsonplan.Plan{Hypervisor: "proxmox"}, "1.1"},
 		{"a plug-in hypervisor", jsonplan.Plan{Hypervisor: "mem"}, "1.2"},
 		{"a plug-in action", jsonplan.Plan{Hypervisor: "libvirt", Changes: []jsonplan.Change{{Steps: []jsonplan.Step{{Action: "snapshot"}}}}}, "1.2"},
+		{"a 1.1 drift kind", jsonplan.Plan{Hypervisor: "libvirt", Drift: []jsonplan.Drift{{Kind: "seed-mismatch"}}}, "1.1"},
+		{"a plug-in drift kind", jsonplan.Plan{Hypervisor: "libvirt", Drift: []jsonplan.Drift{{Kind: "snapshot-stale"}}}, "1.2"},
 	} {
 		b, err := jsonplan.Marshal(&tt.p)
 		if err != nil {

@@ -36,11 +36,17 @@ var additions = []struct {
 	in    func(*Plan) bool
 }{
 	{2, "capacity", func(p *Plan) bool { return p.Capacity != nil }},
-	{2, "a plug-in hypervisor (a hypervisor, a step action or params.ext format 1.1 does not define)", usesPlugin},
+	{2, "a plug-in hypervisor (a hypervisor, a step action, a drift kind or params.ext format 1.1 does not define)", usesPlugin},
 }
 
 // Hypervisors11 are the hypervisor names format 1.1 defines.
 var Hypervisors11 = []string{"libvirt", "proxmox"}
+
+// DriftKinds11 are the drift kinds format 1.1 defines: the core's and
+// those the libvirt and Proxmox plug-ins declare. A later format lets any
+// plug-in declare its own (^[a-z][a-z-]{0,31}$).
+var DriftKinds11 = []string{"missing", "stopped", "paused", "resized", "orphan", "unmanaged-name-collision", "unknown-host",
+	"leaked", "seed-mismatch"}
 
 // VersionFor is the format_version p is written in: the lowest that
 // expresses it (1.1 for a plan that uses no addition of a later minor).
@@ -230,6 +236,11 @@ var effectGlyphs = map[string]string{"create": "+", "start": ">", "change": "~",
 func usesPlugin(p *Plan) bool {
 	if p.Hypervisor != "" && !slices.Contains(Hypervisors11, p.Hypervisor) {
 		return true
+	}
+	for i := range p.Drift {
+		if !slices.Contains(DriftKinds11, p.Drift[i].Kind) {
+			return true
+		}
 	}
 	for i := range p.Changes {
 		for j := range p.Changes[i].Steps {

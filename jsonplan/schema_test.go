@@ -66,6 +66,8 @@ func TestSchemaIsClosedAndStrict(t *testing.T) {
 		{"ext in a 1.1 plan", `"params": {`, `"params": {"ext": {"effect": "create"},`},
 		{"another hypervisor in a 1.1 plan", `"hypervisor": "libvirt"`, `"hypervisor": "mem"`},
 		{"a plug-in action in a 1.1 plan", `"action": "define"`, `"action": "mem-create"`},
+		{"a plug-in drift kind in a 1.1 plan", `"drift": []`, `"drift": [{"zone": "h1", "kind": "mem-stale", "policy": "repair", "detail": "x"}]`},
+		{"a drift kind out of pattern", `"drift": []`, `"drift": [{"zone": "h1", "kind": "Stale", "policy": "repair", "detail": "x"}]`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -98,10 +100,8 @@ func TestSchemaEnumsMatchTheCode(t *testing.T) {
 	prop := func(def, p string) any {
 		return defs[def].(map[string]any)["properties"].(map[string]any)[p]
 	}
-	var kinds, policies []string
-	for _, k := range planner.DriftKinds {
-		kinds = append(kinds, string(k))
-	}
+	var policies []string
+	kinds := slices.Clone(jsonplan.DriftKinds11)
 	for _, p := range []planner.Policy{planner.PolicyRepair, planner.PolicyReport, planner.PolicyFail, planner.PolicyAdopt} {
 		policies = append(policies, string(p))
 	}
@@ -112,7 +112,7 @@ func TestSchemaEnumsMatchTheCode(t *testing.T) {
 		want, got []string
 	}{
 		{"action", jsonplan.Actions(), enum(defs["action11"])},
-		{"drift kind", kinds, enum(prop("drift", "kind"))},
+		{"drift kind of format 1.1", kinds, enum(defs["driftKind11"])},
 		{"drift policy", policies, enum(prop("drift", "policy"))},
 	} {
 		if diff := cmp.Diff(c.want, c.got); diff != "" {
@@ -144,6 +144,7 @@ func TestSchemaOfFormat12(t *testing.T) {
 			}
 		}
 	}
+	doc["drift"] = []any{map[string]any{"zone": "h1", "kind": "mem-stale", "policy": "repair", "detail": "a drift kind of the plug-in's own"}}
 	raw, _ := json.MarshalIndent(doc, "", "  ")
 	base := string(raw)
 	if err := planschema.Validate(raw); err != nil {

@@ -177,15 +177,18 @@ func (c *termCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	if p := t.totals.Load(); p != nil {
-		zones := map[string]bool{}
+		// Every zone reports every kind the plans may use (zeros
+		// included), and any other finding as it is.
+		reported := make(map[planner.DriftKey]bool, len(p.Zones)*len(p.DriftKinds))
 		for _, z := range p.Zones {
-			zones[z] = true
-			for _, k := range planner.DriftKinds {
-				gauge(driftDesc, float64(p.Drift[planner.DriftKey{Zone: z, Kind: k}]), z, string(k))
+			for _, k := range p.DriftKinds {
+				key := planner.DriftKey{Zone: z, Kind: k}
+				reported[key] = true
+				gauge(driftDesc, float64(p.Drift[key]), z, string(k))
 			}
 		}
 		for k, n := range p.Drift {
-			if !zones[k.Zone] {
+			if !reported[k] {
 				gauge(driftDesc, float64(n), k.Zone, string(k.Kind))
 			}
 		}

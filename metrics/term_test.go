@@ -55,7 +55,9 @@ func TestOnlyTheServingTermExports(t *testing.T) {
 	tm.ZoneCapacity([]capacity.Zone{{Zone: "a", Host: hypervisors.HostCapacity{CPUs: 4, MemoryBytes: 8 << 30},
 		Offered: capacity.Usage{VCPU: 8, MemoryBytes: 4 << 30}, Running: capacity.Usage{VCPU: 2, MemoryBytes: 1 << 30}}})
 	tm.PlanTotals(&planner.Totals{PlannedAt: time.Unix(1000, 0), Zones: []string{"a"},
-		Drift: map[planner.DriftKey]int{{Zone: "a", Kind: planner.DriftStopped}: 1}, Pending: map[planner.Action]int{planner.ActionStart: 1}, Steps: 1})
+		DriftKinds: []planner.DriftKind{planner.DriftStopped, "plugin-kind"},
+		Drift:      map[planner.DriftKey]int{{Zone: "a", Kind: planner.DriftStopped}: 1, {Zone: "b", Kind: planner.DriftPaused}: 2},
+		Pending:    map[planner.Action]int{planner.ActionStart: 1}, Steps: 1})
 	serving := func() map[string]float64 {
 		return series(t, m, "bigfleet_provider_serving", func(l map[string]string) string { return l["provider"] })
 	}
@@ -74,6 +76,12 @@ func TestOnlyTheServingTermExports(t *testing.T) {
 	check("standby before any term", 0, false)
 	m.Serve(tm)
 	check("serving", 1, true)
+	// Each zone reports each kind the plans may use, a plug-in's and
+	// zeros included, and any other finding as it is.
+	drift := series(t, m, "bigfleet_provider_drift", func(l map[string]string) string { return l["zone"] + "/" + l["kind"] })
+	if d := cmp.Diff(map[string]float64{"a/stopped": 1, "a/plugin-kind": 0, "b/paused": 2}, drift); d != "" {
+		t.Errorf("drift (-want +got):\n%s", d)
+	}
 	ratio := series(t, m, "bigfleet_provider_zone_overcommit_ratio", func(l map[string]string) string { return l["zone"] + "/" + l["resource"] })
 	if d := cmp.Diff(map[string]float64{"a/cpu": 2, "a/memory": 0.5}, ratio); d != "" {
 		t.Errorf("overcommit ratio (-want +got):\n%s", d)

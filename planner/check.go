@@ -42,6 +42,19 @@ func CheckPlugin(pl Plugin) error {
 			errs = append(errs, fmt.Errorf("action %q: metrics op %q is not a label value (^[a-z][a-z0-9_]*$)", a.Name, a.Op))
 		}
 	}
+	kinds := map[DriftKind]bool{}
+	for _, k := range DriftKinds {
+		kinds[k] = true
+	}
+	for _, k := range pl.DriftKinds() {
+		switch {
+		case !actionName.MatchString(string(k)):
+			errs = append(errs, fmt.Errorf("drift kind %q: not a plan drift kind (^[a-z][a-z-]{0,31}$)", k))
+		case kinds[k]:
+			errs = append(errs, fmt.Errorf("drift kind %q: a core kind or declared twice", k))
+		}
+		kinds[k] = true
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("hypervisor %s: %w", pl.Name(), err)
 	}

@@ -14,10 +14,12 @@ import (
 type vocab struct {
 	planner.Plugin
 	actions []hypervisors.ActionInfo
+	kinds   []planner.DriftKind
 }
 
 func (v vocab) Name() string                      { return "x" }
 func (v vocab) Actions() []hypervisors.ActionInfo { return v.actions }
+func (v vocab) DriftKinds() []planner.DriftKind   { return v.kinds }
 
 // TestCheckPlugin: the shipped vocabularies pass; a plug-in action named
 // as a core action (which the executor would run as the core's), twice,
@@ -36,12 +38,13 @@ func TestCheckPlugin(t *testing.T) {
 		{Name: "X2", Effect: hypervisors.EffectChange, Op: "x_two"},
 		{Name: "x-odd", Effect: "teleport", Op: ""},
 	}
-	err := planner.CheckPlugin(vocab{actions: bad})
+	err := planner.CheckPlugin(vocab{actions: bad, kinds: []planner.DriftKind{"x-stale", "x-stale", "stopped", "Odd kind"}})
 	if err == nil {
 		t.Fatal("a bad vocabulary passed")
 	}
 	for _, want := range []string{`"x-make": declared twice`, `"bind": a core action's name`, `"X2": not a plan action name`,
-		`"x-odd": effect "teleport"`, `"x-odd": metrics op ""`} {
+		`"x-odd": effect "teleport"`, `"x-odd": metrics op ""`, `drift kind "x-stale": a core kind or declared twice`,
+		`drift kind "stopped": a core kind`, `drift kind "Odd kind": not a plan drift kind`} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("the refusal does not say %s:\n%v", want, err)
 		}

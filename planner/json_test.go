@@ -63,6 +63,26 @@ func TestActionProperties(t *testing.T) {
 	}
 }
 
+// TestShippedDriftKindsAreFormat11: the core's drift kinds and those the
+// libvirt and Proxmox plug-ins declare are exactly the kinds plan format
+// 1.1 defines (a plug-in kind outside them makes a plan 1.2).
+func TestShippedDriftKindsAreFormat11(t *testing.T) {
+	var got []string
+	for _, pl := range []planner.Plugin{libvirt.Planner(libvirt.PlanSettings{}), proxmox.Planner(proxmox.PlanSettings{})} {
+		for _, k := range pl.DriftKinds() {
+			got = append(got, string(k))
+		}
+	}
+	for _, k := range planner.DriftKinds {
+		got = append(got, string(k))
+	}
+	slices.Sort(got)
+	want := slices.Sorted(slices.Values(jsonplan.DriftKinds11))
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("drift kinds (-format 1.1 +core and shipped plug-ins):\n%s", diff)
+	}
+}
+
 // shippedActions are the core actions and the libvirt and Proxmox
 // plug-ins' (format 1.1 knows exactly these).
 func shippedActions() []hypervisors.ActionInfo {

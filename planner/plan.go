@@ -1,6 +1,7 @@
 package planner
 
 import (
+	"slices"
 	"time"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
@@ -128,13 +129,17 @@ const (
 	DriftNameCollision DriftKind = "unmanaged-name-collision"
 	DriftUnknownHost   DriftKind = "unknown-host"
 	DriftLeaked        DriftKind = "leaked"
-	// DriftSeedMismatch: a libvirt seed volume does not carry the content
-	// identity of the seed the machine needs (repaired by rebuilding it).
-	DriftSeedMismatch DriftKind = "seed-mismatch"
 )
 
-// DriftKinds lists every kind, for metrics that must report zeros.
-var DriftKinds = []DriftKind{DriftMissing, DriftStopped, DriftPaused, DriftResized, DriftOrphan, DriftNameCollision, DriftUnknownHost, DriftLeaked, DriftSeedMismatch}
+// DriftKinds lists the core's kinds; a plug-in declares its own
+// (Plugin.DriftKinds).
+var DriftKinds = []DriftKind{DriftMissing, DriftStopped, DriftPaused, DriftResized, DriftOrphan, DriftNameCollision, DriftUnknownHost, DriftLeaked}
+
+// AllDriftKinds are the core's kinds and pl's, for metrics that must
+// report zeros.
+func AllDriftKinds(pl Plugin) []DriftKind {
+	return slices.Concat(DriftKinds, pl.DriftKinds())
+}
 
 // Policy says what the reconciler does about a drift.
 type Policy string

@@ -19,6 +19,9 @@ type Plugin interface {
 	Name() string
 	// Actions describes every action the plug-in's steps use.
 	Actions() []hypervisors.ActionInfo
+	// DriftKinds are the kinds of drift its plans report besides the
+	// core's (DriftKinds), such as a volume of its own that is wrong.
+	DriftKinds() []DriftKind
 	// Observation says how the reconciler finds a machine's VM and
 	// whether a listing is evidence about volumes.
 	Observation() Observation

@@ -22,7 +22,10 @@ type Totals struct {
 	// Actions are every action the plans may use (the pending gauge
 	// reports each, zeros included).
 	Actions []Action
-	Steps   int
+	// DriftKinds are every kind the plans may report (the drift gauge
+	// reports each per zone, zeros included).
+	DriftKinds []DriftKind
+	Steps      int
 }
 
 // Contribution is what one machine (or, under the empty id, no machine:

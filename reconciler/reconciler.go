@@ -145,7 +145,7 @@ func New(o Options) *Reconciler {
 	if o.Metrics != nil {
 		publish = o.Metrics.PlanTotals
 	}
-	r.totals = newTally(publish, planner.Actions(o.Planner.Plugin))
+	r.totals = newTally(publish, planner.Actions(o.Planner.Plugin), planner.AllDriftKinds(o.Planner.Plugin))
 	return r
 }
 

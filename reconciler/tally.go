@@ -25,6 +25,7 @@ import (
 type tally struct {
 	publish func(*planner.Totals)
 	actions []planner.Action
+	kinds   []planner.DriftKind
 
 	mu        sync.Mutex
 	by        map[string]dated
@@ -40,8 +41,8 @@ type dated struct {
 	c  planner.Contribution
 }
 
-func newTally(publish func(*planner.Totals), actions []planner.Action) *tally {
-	return &tally{publish: publish, actions: actions, by: map[string]dated{}, drift: map[planner.DriftKey]int{}, pending: map[planner.Action]int{}}
+func newTally(publish func(*planner.Totals), actions []planner.Action, kinds []planner.DriftKind) *tally {
+	return &tally{publish: publish, actions: actions, kinds: kinds, by: map[string]dated{}, drift: map[planner.DriftKey]int{}, pending: map[planner.Action]int{}}
 }
 
 // full replaces every contribution with a full plan's, observed at at,
@@ -120,7 +121,7 @@ func (t *tally) add(c planner.Contribution, sign int) {
 // publishLocked hands out a copy: the published Totals is never written
 // again.
 func (t *tally) publishLocked() {
-	out := &planner.Totals{PlannedAt: t.plannedAt, Zones: slices.Clone(t.zones), Steps: t.steps, Actions: t.actions,
+	out := &planner.Totals{PlannedAt: t.plannedAt, Zones: slices.Clone(t.zones), Steps: t.steps, Actions: t.actions, DriftKinds: t.kinds,
 		Drift: make(map[planner.DriftKey]int, len(t.drift)), Pending: make(map[planner.Action]int, len(t.pending))}
 	for k, n := range t.drift {
 		out.Drift[k] = n

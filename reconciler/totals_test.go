@@ -118,7 +118,7 @@ func TestTotalsFollowTheMachinesReconcile(t *testing.T) {
 // not bring back what that reconcile cleared.
 func TestTallyKeepsNewerContributions(t *testing.T) {
 	var got *planner.Totals
-	tl := newTally(func(t *planner.Totals) { got = t }, nil)
+	tl := newTally(func(t *planner.Totals) { got = t }, nil, nil)
 	t0 := time.Unix(100, 0)
 	stale := &planner.Plan{PlannedAt: t0, Zones: []planner.Zone{{Name: "z1"}},
 		Drift:   []planner.Drift{{Machine: "m", Zone: "z1", Kind: planner.DriftStopped}},

@@ -35,6 +35,12 @@ func (*plan) Name() string { return "libvirt" }
 
 func (*plan) Actions() []hypervisors.ActionInfo { return lvspec.Actions }
 
+// DriftSeedMismatch: a seed volume does not carry the content identity of
+// the seed the machine needs (repaired by rebuilding it).
+const DriftSeedMismatch planner.DriftKind = "seed-mismatch"
+
+func (*plan) DriftKinds() []planner.DriftKind { return []planner.DriftKind{DriftSeedMismatch} }
+
 func (*plan) Observation() planner.Observation {
 	return planner.Observation{Identity: planner.ByName, Volumes: true}
 }
@@ -82,7 +88,7 @@ func (p *plan) Create(b *planner.Builder, vm *observed.VM) {
 		if sv.Identity != "" {
 			detail = "seed volume " + seed + " was built from other inputs (" + sv.Identity + "); rebuilding it"
 		}
-		b.Drift(planner.DriftSeedMismatch, planner.PolicyRepair, m.VMName, detail)
+		b.Drift(DriftSeedMismatch, planner.PolicyRepair, m.VMName, detail)
 		deps = append(deps, b.AddAfter(t, "cidata", &want, "drift:seed-mismatch", nil))
 	}
 	b.AddAfter(t, "", &lvspec.DomainSpec{Name: m.VMName, VCPU: m.VCPU, MemoryMiB: m.MemoryMiB,

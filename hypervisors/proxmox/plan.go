@@ -31,6 +31,8 @@ func (*plan) Actions() []hypervisors.ActionInfo { return pvespec.Actions }
 
 func (*plan) Observation() planner.Observation { return planner.Observation{Identity: planner.ByID} }
 
+func (*plan) DriftKinds() []planner.DriftKind { return nil }
+
 func (p *plan) Create(b *planner.Builder, vm *observed.VM) {
 	m := b.Machine()
 	mk := b.Marker("")
