@@ -66,7 +66,7 @@ type memPlanner struct{}
 
 func (memPlanner) Name() string                      { return "mem" }
 func (memPlanner) Actions() []hypervisors.ActionInfo { return actions }
-func (memPlanner) DriftKinds() []planner.DriftKind { return nil }
+func (memPlanner) DriftKinds() []planner.DriftKind   { return nil }
 
 func (memPlanner) Observation() planner.Observation {
 	return planner.Observation{Identity: planner.ByName}
