@@ -210,3 +210,15 @@ func TestDiskStorages(t *testing.T) {
 		t.Errorf("disk storages (-want +got):\n%s", diff)
 	}
 }
+
+// TestReadCapacityNamesMissingPrivilege: a token without Datastore.Audit
+// (which the preflight does not require) gets an unknown capacity whose
+// error names the path and privilege, classed as a permission error.
+func TestReadCapacityNamesMissingPrivilege(t *testing.T) {
+	e := newEnv(t, nil, func(c *Config) { c.Templates = []int{template} })
+	e.sim.Revoke(testToken, "/", "Datastore.Audit")
+	_, err := e.a.ReadCapacity(ctxT(t, 10*time.Second), "pve1")
+	if !errors.Is(err, hypervisors.ErrPermission) || !strings.Contains(err.Error(), "/storage/local-lvm, Datastore.Audit") {
+		t.Errorf("ReadCapacity without Datastore.Audit = %v, want a permission error naming it", err)
+	}
+}
