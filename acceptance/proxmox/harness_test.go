@@ -91,6 +91,11 @@ type clusterOpts struct {
 	latencies *pvesim.Latencies      // default: pvesim.ZeroLatency()
 	acl       map[string][]string    // default: pvesim.FullAccess()
 	setup     func(s *pvesim.Server) // before serving
+	// storages are the cluster's storages besides local-lvm, and
+	// templateStorage the one holding the template's disk (default
+	// local-lvm).
+	storages        []pvesim.Storage
+	templateStorage string
 }
 
 func newCluster(t testing.TB, o clusterOpts) *cluster {
@@ -112,12 +117,13 @@ func newCluster(t testing.TB, o clusterOpts) *cluster {
 	// Create against its node's capacity (--capacity-check, default warn),
 	// and these tests are about other things.
 	c.sim = pvesim.New(pvesim.Options{Nodes: []string{"pve1", "pve2"}, Latencies: lat,
-		Host: pvesim.HostCapacity{MemoryBytes: 4 << 40, CPUs: 1024, StorageBytes: 1 << 40, StorageFreeBytes: 900 << 30}})
+		Host:     pvesim.HostCapacity{MemoryBytes: 4 << 40, CPUs: 1024, StorageBytes: 1 << 40, StorageFreeBytes: 900 << 30},
+		Storages: o.storages})
 	c.sim.SetGuestFactory(func(int) pvesim.Guest { return &recGuest{MemGuest: pvesim.NewMemGuest()} })
 	c.sim.AddToken(pvesim.Token{ID: tokenID, Secret: c.secret, ACL: acl})
 	c.sim.AddPool(poolName)
 	if err := c.sim.AddVM(pvesim.VMSpec{VMID: templateID, Node: "pve1", Name: "debian-12-tmpl", Template: true,
-		Cores: 1, MemoryMiB: 1024, Tags: []string{"golden"}}); err != nil {
+		Cores: 1, MemoryMiB: 1024, Tags: []string{"golden"}, Storage: o.templateStorage}); err != nil {
 		t.Fatal(err)
 	}
 	if o.setup != nil {

@@ -46,6 +46,10 @@ type Config struct {
 	// Storage is the target storage of full clones ("" keeps the
 	// template's); it is also the path of the Datastore.AllocateSpace check.
 	Storage string
+	// Templates are the VMIDs clones are made from (the catalog's). With
+	// Storage empty, the storages of their disks are the target storage
+	// ReadCapacity reads.
+	Templates []int
 	// Nodes are the cluster nodes managed, one zone each.
 	Nodes []string
 	// Installation names this provider installation (ownership tag and

@@ -318,12 +318,6 @@ func (x *Settings) Planner(plugin.PlannerOptions) planner.Plugin {
 // version, nodes, templates, token privileges), which reports every
 // problem at once.
 func (x *Settings) Open(ctx context.Context, o plugin.OpenOptions) (hypervisors.Hypervisor, error) {
-	a, err := New(Config{APIURL: x.APIURL, TokenID: x.TokenID, TokenSecret: x.TokenSecret.Reveal(),
-		CAFile: x.CAFile, Fingerprint: x.Fingerprint, Pool: x.Pool, Nodes: x.Nodes, Installation: o.Installation,
-		CloneConcurrency: o.MaxConcurrentPerZone, PollInterval: pollInterval(x.PollInterval)}, o.Logger.With("hypervisor", "proxmox"))
-	if err != nil {
-		return nil, err
-	}
 	seen := map[int]bool{}
 	var templates []int
 	for _, name := range o.Catalog.Names() {
@@ -331,6 +325,12 @@ func (x *Settings) Open(ctx context.Context, o plugin.OpenOptions) (hypervisors.
 			seen[v] = true
 			templates = append(templates, v)
 		}
+	}
+	a, err := New(Config{APIURL: x.APIURL, TokenID: x.TokenID, TokenSecret: x.TokenSecret.Reveal(),
+		CAFile: x.CAFile, Fingerprint: x.Fingerprint, Pool: x.Pool, Nodes: x.Nodes, Installation: o.Installation,
+		Templates: templates, CloneConcurrency: o.MaxConcurrentPerZone, PollInterval: pollInterval(x.PollInterval)}, o.Logger.With("hypervisor", "proxmox"))
+	if err != nil {
+		return nil, err
 	}
 	pctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()

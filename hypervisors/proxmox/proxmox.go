@@ -57,8 +57,13 @@ type Adapter struct {
 	listing *listing // nil: none, or forgotten by invalidate
 	listGen uint64   // bumped by invalidate
 	configs map[int]*cfgEntry
-	dirty   map[int]bool      // VMIDs this adapter changed since their last read
-	owners  map[int]ownerNote // VMIDs this adapter cloned or marked
+	dirty   map[int]bool // VMIDs this adapter changed since their last read
+	// tmplSem serialises reads of the templates' storages; tmplMu guards
+	// their cached answer.
+	tmplSem      chan struct{}
+	tmplMu       sync.Mutex
+	tmplStorages *templateStorages
+	owners       map[int]ownerNote // VMIDs this adapter cloned or marked
 	// observed counts Observe calls; polls counts finished polls.
 	observed atomic.Int64
 	polls    atomic.Int64
@@ -122,6 +127,7 @@ func New(cfg Config, logger *slog.Logger) (*Adapter, error) {
 		owners:   map[int]ownerNote{},
 		hc:       hc,
 		listSem:  make(chan struct{}, 1),
+		tmplSem:  make(chan struct{}, 1),
 		events:   hypervisors.NewEventQueue(),
 		health:   map[string]*nodeHealth{},
 		snap:     map[int]vmState{},

@@ -28,6 +28,13 @@
 //     (401 otherwise); privileges are checked per token and path like PVE
 //     (ACLs propagate down the path tree, /pool/<p> covers its members), a
 //     missing one is a 403 naming the path and privilege.
+//   - Nodes and storages have a configurable size (Options.Host,
+//     Options.Storages). A VM's disk lives on a named storage (scsi0 is
+//     "<storage>:vm-<vmid>-disk-0,size=8G"); a full clone lands on the
+//     "storage" parameter or else on its source's storage and takes
+//     CloneDiskBytes of it (of the clone's node, or of the one pool of a
+//     shared storage) until the clone is gone; a clone that does not fit
+//     fails its task with qemu-img's "No space left on device".
 //   - Faults are injected through the Faults API only; nothing is random.
 //   - The guest agent of each VM is an in-memory Guest by default
 //     (MemGuest, over a guestsim.Guest), or a real qemu-ga on a unix socket

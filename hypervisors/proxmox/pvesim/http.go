@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -535,20 +536,26 @@ func (s *Server) nodeList(q *request) (any, *apiError) {
 	return out, nil
 }
 
-// storageStatus is GET /nodes/{node}/storage/{storage}/status: only the
-// clone storage exists (PVE answers an unknown one with a 500).
+// storageStatus is GET /nodes/{node}/storage/{storage}/status: the
+// storage's size and what is free of it on node (PVE answers an unknown
+// storage with a 500).
 func (s *Server) storageStatus(q *request, node, storage string) (any, *apiError) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if e := s.check(q.tok, "/storage/"+storage, "Datastore.Audit"); e != nil {
 		return nil, e
 	}
-	if storage != s.opts.Storage {
+	st, ok := s.storageSpec(storage)
+	if !ok {
 		return nil, errf(500, "storage '%s' does not exist", storage)
 	}
-	h := s.opts.Host
-	return map[string]any{"type": "lvmthin", "content": "images,rootdir", "active": 1, "enabled": 1, "shared": 0,
-		"total": h.StorageBytes, "avail": h.StorageFreeBytes, "used": h.StorageBytes - h.StorageFreeBytes}, nil
+	typ, shared := "lvmthin", 0
+	if st.Shared {
+		typ, shared = "rbd", 1
+	}
+	free := s.storageFree(st, node)
+	return map[string]any{"type": typ, "content": "images,rootdir", "active": 1, "enabled": 1, "shared": shared,
+		"total": st.Bytes, "avail": free, "used": st.Bytes - min(free, st.Bytes)}, nil
 }
 
 func (s *Server) nodeStatus(q *request, node string) (any, *apiError) {
@@ -661,6 +668,9 @@ func (s *Server) configOf(v *vm) map[string]any {
 		"memory": strconv.Itoa(v.memory), // PVE 8 sends a string
 		"net0":   v.net0, "scsi0": v.scsi0, "scsihw": "virtio-scsi-single", "ostype": "l26", "boot": "order=scsi0;net0",
 		"vmgenid": "00000000-0000-4000-8000-000000000000", "smbios1": "uuid=00000000-0000-4000-8000-000000000001",
+	}
+	for k, d := range v.drives {
+		c[k] = d
 	}
 	if v.agent {
 		c["agent"] = "1"
@@ -983,14 +993,18 @@ func (s *Server) clone(q *request, node string, src int) (any, *apiError) {
 	if !full && !v.template {
 		return nil, errf(500, "Linked clone feature is not supported for drive 'scsi0'")
 	}
+	storage := v.storage // a linked clone, and a full one without a target storage, keep the source's
 	if full {
-		storage := q.p.str("storage")
-		if storage == "" {
-			storage = s.opts.Storage
+		if q.p.has("storage") {
+			storage = q.p.str("storage")
 		}
 		if e := s.check(q.tok, "/storage/"+storage, "Datastore.AllocateSpace"); e != nil {
 			return nil, e
 		}
+	}
+	st, ok := s.storageSpec(storage)
+	if !ok {
+		return nil, errf(500, "storage '%s' does not exist", storage)
 	}
 	name := q.p.str("name")
 	if name == "" {
@@ -1012,12 +1026,21 @@ func (s *Server) clone(q *request, node string, src int) (any, *apiError) {
 	nv := &vm{
 		vmid: newid, node: target, name: name, description: desc, tags: v.tags, cores: v.cores, sockets: v.sockets,
 		memory: v.memory, onboot: v.onboot, agent: v.agent, pool: pool, status: "stopped", lock: "clone",
-		guest: s.newGuest(newid),
-		net0:  fmt.Sprintf("virtio=BC:24:11:%02X:%02X:%02X,bridge=vmbr0", newid>>16&0xff, newid>>8&0xff, newid&0xff),
-		scsi0: fmt.Sprintf("%s:vm-%d-disk-0,size=8G", s.opts.Storage, newid),
+		guest:   s.newGuest(newid),
+		net0:    fmt.Sprintf("virtio=BC:24:11:%02X:%02X:%02X,bridge=vmbr0", newid>>16&0xff, newid>>8&0xff, newid&0xff),
+		scsi0:   fmt.Sprintf("%s:vm-%d-disk-0,size=8G", storage, newid),
+		storage: storage, drives: maps.Clone(v.drives),
+	}
+	// The copy fails once the target storage is full, as qemu-img does.
+	fits := s.storageFree(st, target) >= CloneDiskBytes
+	if full {
+		nv.diskBytes = CloneDiskBytes
 	}
 	s.vms[newid] = nv
 	return s.startTask(node, KindClone, src, q.tok.ID, newid, func(s *Server) string {
+		if full && !fits {
+			return fmt.Sprintf("clone failed: qemu-img: error while writing at byte %d: No space left on device", CloneDiskBytes/2)
+		}
 		nv.lock = ""
 		return "OK"
 	}, 0, func(s *Server) { // on failure PVE removes the half-made clone

@@ -182,3 +182,92 @@ func TestMemGuestScriptStopsAtFirstFailure(t *testing.T) {
 		t.Fatalf("failing drain: %+v", res)
 	}
 }
+
+// TestStorageConsumption: a full clone takes CloneDiskBytes of the
+// template's storage (of the clone's node for a local storage, of the one
+// pool for a shared one) until it is destroyed, a clone that does not fit
+// fails as qemu-img does, and the template's config names its disks'
+// storage.
+func TestStorageConsumption(t *testing.T) {
+	s := New(Options{Nodes: []string{"pve1", "pve2"}, Latencies: ZeroLatency(),
+		Storages: []Storage{{Name: "ceph", Shared: true, Bytes: 100 << 30, FreeBytes: 20 << 30}}})
+	s.AddToken(Token{ID: "u@pve!t", Secret: "sec", ACL: FullAccess()})
+	if err := s.AddVM(VMSpec{VMID: 9000, Node: "pve1", Name: "tmpl", Template: true, Storage: "ceph",
+		Drives: map[string]string{"ide2": "ceph:vm-9000-cloudinit,media=cdrom"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddVM(VMSpec{VMID: 9001, Node: "pve1", Name: "tmpl2", Template: true, Storage: "nfs"}); err == nil {
+		t.Error("AddVM on an unknown storage succeeded")
+	}
+	srv := s.NewTLSServer()
+	t.Cleanup(func() { srv.Close(); s.Close() })
+	c := pxapi.NewClient(srv.URL+"/api2/json", pxapi.WithHTTPClient(srv.Client()), pxapi.WithAPIToken("u@pve!t", "sec"))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	var conf map[string]any
+	if err := c.Get(ctx, "/nodes/pve1/qemu/9000/config", &conf); err != nil {
+		t.Fatal(err)
+	}
+	if conf["scsi0"] != "ceph:vm-9000-disk-0,size=8G" || conf["ide2"] != "ceph:vm-9000-cloudinit,media=cdrom" {
+		t.Errorf("template config scsi0=%v ide2=%v, want its disks on ceph", conf["scsi0"], conf["ide2"])
+	}
+	avail := func(node, storage string) uint64 {
+		t.Helper()
+		n, err := c.Node(ctx, node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := n.Storage(ctx, storage)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Avail
+	}
+	node, err := c.Node(ctx, "pve1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl, err := node.VirtualMachine(ctx, 9000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clone := func(id int, target string) *pxapi.Task {
+		t.Helper()
+		_, task, err := tmpl.Clone(ctx, &pxapi.VirtualMachineCloneOptions{NewID: id, Full: true, Name: "x", Target: target})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := task.Wait(ctx, 5*time.Millisecond, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		return task
+	}
+	// 20 GiB free: two 8 GiB clones fit, on either node (one shared pool).
+	for i, target := range []string{"pve1", "pve2"} {
+		if task := clone(101+i, target); !task.IsSuccessful {
+			t.Fatalf("clone %d: %s", 101+i, task.ExitStatus)
+		}
+	}
+	if got, want := avail("pve2", "ceph"), uint64(4<<30); got != want || avail("pve1", "ceph") != want {
+		t.Errorf("ceph avail after two clones = %d, want %d on every node", got, want)
+	}
+	task := clone(103, "pve1")
+	if !task.IsFailed || !strings.Contains(task.ExitStatus, "No space left on device") {
+		t.Errorf("clone past the free space: failed %v, exit %q; want ENOSPC", task.IsFailed, task.ExitStatus)
+	}
+	if _, ok := s.VM(103); ok {
+		t.Error("the clone that did not fit was kept")
+	}
+	if got := avail("pve1", "ceph"); got != 4<<30 {
+		t.Errorf("ceph avail after the failed clone = %d, want 4 GiB", got)
+	}
+	// The default storage is local: each node has its own, untouched.
+	if got := avail("pve1", "local-lvm"); got != 900<<30 {
+		t.Errorf("local-lvm avail = %d, want the default 900 GiB", got)
+	}
+	s.RemoveVM(101)
+	if got := avail("pve1", "ceph"); got != 12<<30 {
+		t.Errorf("ceph avail after a clone is removed = %d, want 12 GiB", got)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -69,12 +70,16 @@ type Options struct {
 	Latencies *Latencies
 	// LatencyScale multiplies every latency (0 means 1).
 	LatencyScale float64
-	// Storage is the storage clones land on (default local-lvm).
+	// Storage is the default storage (default local-lvm): a local storage
+	// on every node, sized by Host, holding the disks of the VMs added
+	// without VMSpec.Storage.
 	Storage string
 	// Host is every node's capacity as its status and the storage's status
 	// report it (default: 64 GiB, 16 CPUs, a 1 TiB storage with 900 GiB
 	// free).
 	Host HostCapacity
+	// Storages are the cluster's further storages.
+	Storages []Storage
 	// Logger receives one debug line per request (never a secret).
 	Logger *slog.Logger
 }
@@ -86,6 +91,24 @@ type HostCapacity struct {
 	StorageBytes     uint64 // the clone storage's total
 	StorageFreeBytes uint64 // and what is free on it
 }
+
+// Storage is a simulated storage. A full clone takes CloneDiskBytes of
+// it (on the clone's node, or of the one pool when Shared) until the
+// clone is destroyed; a clone that does not fit fails as PVE's does, with
+// "No space left on device".
+type Storage struct {
+	Name string
+	// Shared storages (ceph, nfs) are one pool every node sees; the others
+	// are one pool per node.
+	Shared bool
+	// Bytes and FreeBytes are each pool's size and its free space before
+	// any clone this simulator makes.
+	Bytes, FreeBytes uint64
+}
+
+// CloneDiskBytes is the size of every simulated VM's one disk (scsi0,
+// size=8G): what a full clone takes of its target storage.
+const CloneDiskBytes = 8 << 30
 
 // Token is an API token with its ACLs.
 type Token struct {
@@ -123,6 +146,14 @@ type VMSpec struct {
 	// NoAgent leaves "agent" unset in the config ("No QEMU guest agent
 	// configured").
 	NoAgent bool
+	// Storage holds the VM's disk, scsi0 (default Options.Storage). The
+	// disk of a VM added here is counted in the storage's FreeBytes
+	// already.
+	Storage string
+	// Drives are further config entries, key to value, e.g. "efidisk0":
+	// "ceph:vm-9000-disk-1,size=4M" or "ide2":
+	// "local-lvm:vm-9000-cloudinit,media=cdrom"; a clone copies them.
+	Drives map[string]string
 }
 
 type vm struct {
@@ -146,7 +177,12 @@ type vm struct {
 	agentAt     time.Time // agent answers from then on
 	guest       Guest
 	net0, scsi0 string
-	ignoreACPI  bool
+	// storage holds scsi0; diskBytes is what the VM takes of it beyond
+	// the storage's FreeBytes (a clone's disk; 0 for VMs added by AddVM).
+	storage    string
+	diskBytes  uint64
+	drives     map[string]string
+	ignoreACPI bool
 }
 
 func (v *vm) digest() string {
@@ -323,13 +359,20 @@ func (s *Server) AddVM(spec VMSpec) error {
 	if spec.MemoryMiB == 0 {
 		spec.MemoryMiB = 512
 	}
+	if spec.Storage == "" {
+		spec.Storage = s.opts.Storage
+	}
+	if _, ok := s.storageSpec(spec.Storage); !ok {
+		return fmt.Errorf("storage %q does not exist", spec.Storage)
+	}
 	v := &vm{
 		vmid: spec.VMID, node: spec.Node, name: spec.Name, template: spec.Template,
 		cores: spec.Cores, sockets: 1, memory: spec.MemoryMiB, tags: strings.Join(spec.Tags, ";"),
 		description: spec.Description, pool: spec.Pool, onboot: spec.OnBoot, agent: !spec.NoAgent,
 		status: "stopped", guest: s.newGuest(spec.VMID),
-		net0:  fmt.Sprintf("virtio=BC:24:11:%02X:%02X:%02X,bridge=vmbr0", spec.VMID>>16&0xff, spec.VMID>>8&0xff, spec.VMID&0xff),
-		scsi0: fmt.Sprintf("%s:vm-%d-disk-0,size=8G", s.opts.Storage, spec.VMID),
+		net0:    fmt.Sprintf("virtio=BC:24:11:%02X:%02X:%02X,bridge=vmbr0", spec.VMID>>16&0xff, spec.VMID>>8&0xff, spec.VMID&0xff),
+		scsi0:   fmt.Sprintf("%s:vm-%d-disk-0,size=8G", spec.Storage, spec.VMID),
+		storage: spec.Storage, drives: maps.Clone(spec.Drives),
 	}
 	if spec.Running {
 		v.status = "running"
@@ -338,6 +381,44 @@ func (s *Server) AddVM(spec VMSpec) error {
 	}
 	s.vms[spec.VMID] = v
 	return nil
+}
+
+// storageSpec is the storage named name. s.mu must be held or opts
+// unchanged since New.
+func (s *Server) storageSpec(name string) (Storage, bool) {
+	if name == s.opts.Storage {
+		return Storage{Name: name, Bytes: s.opts.Host.StorageBytes, FreeBytes: s.opts.Host.StorageFreeBytes}, true
+	}
+	for _, st := range s.opts.Storages {
+		if st.Name == name {
+			return st, true
+		}
+	}
+	return Storage{}, false
+}
+
+// storageFree is what is free of st on node: its FreeBytes less the disks
+// of the clones on it. s.mu must be held.
+func (s *Server) storageFree(st Storage, node string) uint64 {
+	var used uint64
+	for _, v := range s.vms {
+		if v.storage == st.Name && (st.Shared || v.node == node) {
+			used += v.diskBytes
+		}
+	}
+	return st.FreeBytes - min(used, st.FreeBytes)
+}
+
+// StorageFree is what is free of the storage named name on node, as its
+// status reports it (false: no such storage).
+func (s *Server) StorageFree(node, name string) (uint64, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st, ok := s.storageSpec(name)
+	if !ok {
+		return 0, false
+	}
+	return s.storageFree(st, node), true
 }
 
 // RemoveVM deletes a VM out of band (as an operator would); it reports
