@@ -109,6 +109,7 @@ var resourceMessages = []struct{ fragment, resource string }{
 	{"not enough space", "disk"},
 	{"not enough free space", "disk"},
 	{"insufficient space", "disk"},
+	{"insufficient free space", "disk"}, // LVM: a volume group out of extents (thick local-lvm)
 	{"disk quota exceeded", "disk"},
 }
 
