@@ -827,7 +827,7 @@ func chartCases() []chartCase {
 				if x.TokenSecret.Reveal() != fx.token || x.BootstrapPath != "/var/lib/bigfleet-bootstrap" || !cmp.Equal(x.BootstrapExec, []string{"/usr/bin/python3"}) {
 					t.Errorf("proxmox %+v", x)
 				}
-				if it, ok := cfg.Catalog["pve.gpu"]; !ok || it.TemplateVMID != 9100 || it.VCPU != 8 {
+				if it, ok := cfg.Catalog["pve.gpu"]; !ok || it.Source != 9100 || it.VCPU != 8 {
 					t.Errorf("catalog %+v", cfg.Catalog)
 				}
 				if !hasArg(r.container(t), "--prices=pve.gpu=0.9,pve.small=0.011") || cfg.Reflection {

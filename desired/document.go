@@ -36,7 +36,7 @@ type Slot struct {
 	Capacity     string
 	VCPU         int
 	MemoryMiB    int
-	TemplateVMID int
+	Source       int // inventory.InstanceType.Source
 	Price        float64
 	Resources    map[string]string
 	Labels       map[string]string
@@ -390,7 +390,7 @@ func Open(ctx context.Context, opts Options, slots []Slot) (*Document, LoadRepor
 		old := d.work[s.ID]
 		if old == nil {
 			t.put(&Machine{ID: s.ID, Zone: s.Zone, InstanceType: s.InstanceType, Capacity: s.Capacity,
-				VCPU: s.VCPU, MemoryMiB: s.MemoryMiB, TemplateVMID: s.TemplateVMID, Price: s.Price,
+				VCPU: s.VCPU, MemoryMiB: s.MemoryMiB, Source: s.Source, Price: s.Price,
 				Resources: s.Resources, Labels: s.Labels, State: Speculative, Since: now,
 				Ops: map[Kind]OpRecord{}, memo: &memo{}})
 			d.fences.known(s.ID)
@@ -399,7 +399,7 @@ func Open(ctx context.Context, opts Options, slots []Slot) (*Document, LoadRepor
 		}
 		if !slotMatches(old, s) {
 			m := old.clone()
-			m.Capacity, m.VCPU, m.MemoryMiB, m.TemplateVMID = s.Capacity, s.VCPU, s.MemoryMiB, s.TemplateVMID
+			m.Capacity, m.VCPU, m.MemoryMiB, m.Source = s.Capacity, s.VCPU, s.MemoryMiB, s.Source
 			m.Price, m.Resources, m.Labels, m.Slotless = s.Price, s.Resources, s.Labels, false
 			t.put(m)
 		}
@@ -541,7 +541,7 @@ func checkSlots(machines []*Machine, slots []Slot) error {
 
 func slotMatches(m *Machine, s Slot) bool {
 	return m.Capacity == s.Capacity && m.VCPU == s.VCPU && m.MemoryMiB == s.MemoryMiB &&
-		m.TemplateVMID == s.TemplateVMID && m.Price == s.Price && !m.Slotless &&
+		m.Source == s.Source && m.Price == s.Price && !m.Slotless &&
 		mapsEqual(m.Resources, s.Resources) && mapsEqual(m.Labels, s.Labels)
 }
 

@@ -104,16 +104,19 @@ type OpRecord struct {
 // published: every change makes a copy, so a *Machine handed to a reader
 // never changes underneath it.
 type Machine struct {
-	ID           string            `json:"id"`
-	Zone         string            `json:"zone"`
-	InstanceType string            `json:"instance_type"`
-	Capacity     string            `json:"capacity"`
-	VCPU         int               `json:"vcpu"`
-	MemoryMiB    int               `json:"memory_mib"`
-	TemplateVMID int               `json:"template_vmid,omitempty"`
-	Price        float64           `json:"price"`
-	Resources    map[string]string `json:"resources,omitempty"`
-	Labels       map[string]string `json:"labels,omitempty"`
+	ID           string `json:"id"`
+	Zone         string `json:"zone"`
+	InstanceType string `json:"instance_type"`
+	Capacity     string `json:"capacity"`
+	VCPU         int    `json:"vcpu"`
+	MemoryMiB    int    `json:"memory_mib"`
+	// Source is the instance type's source of a clone, opaque to the
+	// core (inventory.InstanceType.Source). Its key keeps the name it had
+	// when only Proxmox used it.
+	Source    int               `json:"template_vmid,omitempty"`
+	Price     float64           `json:"price"`
+	Resources map[string]string `json:"resources,omitempty"`
+	Labels    map[string]string `json:"labels,omitempty"`
 	// Slotless marks a machine whose offering slot is gone; it stays
 	// visible while a VM backs it and disappears once deleted.
 	Slotless bool `json:"slotless,omitempty"`

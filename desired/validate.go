@@ -38,8 +38,8 @@ func validMachine(key string, m *Machine) error {
 		return fmt.Errorf("capacity %s is not %s or %s", Clip(m.Capacity, maxEcho), OnDemand, BareMetal)
 	}
 	switch {
-	case m.VCPU < 0 || m.MemoryMiB < 0 || m.TemplateVMID < 0 || m.VMID < 0 || m.Cycle < 0:
-		return fmt.Errorf("negative size, id or cycle (vcpu %d, memory %d MiB, template %d, vmid %d, cycle %d)", m.VCPU, m.MemoryMiB, m.TemplateVMID, m.VMID, m.Cycle)
+	case m.VCPU < 0 || m.MemoryMiB < 0 || m.Source < 0 || m.VMID < 0 || m.Cycle < 0:
+		return fmt.Errorf("negative size, id or cycle (vcpu %d, memory %d MiB, source %d, vmid %d, cycle %d)", m.VCPU, m.MemoryMiB, m.Source, m.VMID, m.Cycle)
 	case math.IsNaN(m.Price) || math.IsInf(m.Price, 0) || m.Price < 0:
 		return fmt.Errorf("price %v is not a price", m.Price)
 	case m.Rev == 0:

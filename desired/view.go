@@ -45,7 +45,7 @@ func Inspect(stored map[string][]byte, opts Options, slots []Slot) (*View, error
 	for _, s := range slots {
 		if !known[s.ID] {
 			v.Machines = append(v.Machines, &Machine{ID: s.ID, Zone: s.Zone, InstanceType: s.InstanceType, Capacity: s.Capacity,
-				VCPU: s.VCPU, MemoryMiB: s.MemoryMiB, TemplateVMID: s.TemplateVMID, Price: s.Price,
+				VCPU: s.VCPU, MemoryMiB: s.MemoryMiB, Source: s.Source, Price: s.Price,
 				Resources: s.Resources, Labels: s.Labels, State: Speculative, Since: now,
 				Ops: map[Kind]OpRecord{}, memo: &memo{}})
 		}

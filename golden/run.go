@@ -85,24 +85,24 @@ type intentYAML struct {
 }
 
 type machineYAML struct {
-	ID           string            `yaml:"id"`
-	Zone         string            `yaml:"zone"`
-	Type         string            `yaml:"type"`
-	Capacity     string            `yaml:"capacity"`
-	VCPU         int               `yaml:"vcpu"`
-	MemoryMiB    int               `yaml:"memory_mib"`
-	TemplateVMID int               `yaml:"template_vmid"`
-	State        string            `yaml:"state"`
-	Since        string            `yaml:"since"`
-	Host         string            `yaml:"host"`
-	Cycle        int               `yaml:"cycle"`
-	VMName       string            `yaml:"vm_name"`
-	VMID         int               `yaml:"vmid"`
-	Cluster      string            `yaml:"cluster"`
-	LastError    string            `yaml:"last_error"`
-	Slotless     bool              `yaml:"slotless"`
-	Intent       *intentYAML       `yaml:"intent"`
-	Ops          map[string]string `yaml:"ops"`
+	ID        string            `yaml:"id"`
+	Zone      string            `yaml:"zone"`
+	Type      string            `yaml:"type"`
+	Capacity  string            `yaml:"capacity"`
+	VCPU      int               `yaml:"vcpu"`
+	MemoryMiB int               `yaml:"memory_mib"`
+	Source    int               `yaml:"template_vmid"`
+	State     string            `yaml:"state"`
+	Since     string            `yaml:"since"`
+	Host      string            `yaml:"host"`
+	Cycle     int               `yaml:"cycle"`
+	VMName    string            `yaml:"vm_name"`
+	VMID      int               `yaml:"vmid"`
+	Cluster   string            `yaml:"cluster"`
+	LastError string            `yaml:"last_error"`
+	Slotless  bool              `yaml:"slotless"`
+	Intent    *intentYAML       `yaml:"intent"`
+	Ops       map[string]string `yaml:"ops"`
 	// Blob is the in-memory bootstrap blob of a Configure; it must never
 	// appear in a plan.
 	Blob string `yaml:"blob"`
@@ -173,7 +173,7 @@ type Setup struct {
 	// Zones are the zones of a case that names none.
 	Zones []string
 	// Type is the instance type of a machine that names none, and
-	// SourceID its TemplateVMID (0: none).
+	// SourceID its Source (0: none).
 	Type     string
 	SourceID int
 	// Planner builds the plug-in's planner from the plug-in's keys of
@@ -382,7 +382,7 @@ func (c *goldenCase) machines(t *testing.T) []*desired.Machine {
 		}
 		m := &desired.Machine{
 			ID: y.ID, Zone: y.Zone, InstanceType: y.Type, Capacity: y.Capacity,
-			VCPU: y.VCPU, MemoryMiB: y.MemoryMiB, TemplateVMID: y.TemplateVMID,
+			VCPU: y.VCPU, MemoryMiB: y.MemoryMiB, Source: y.Source,
 			Slotless: y.Slotless, State: state, Since: c.at(t, y.Since, c.now.Add(-time.Hour)),
 			Host: y.Host, Cycle: y.Cycle, VMName: c.vmName(y), VMID: y.VMID, Cluster: y.Cluster,
 			LastError: y.LastError, Ops: map[desired.Kind]desired.OpRecord{},
@@ -402,8 +402,8 @@ func (c *goldenCase) machines(t *testing.T) []*desired.Machine {
 		if m.MemoryMiB == 0 {
 			m.MemoryMiB = 2048
 		}
-		if m.TemplateVMID == 0 {
-			m.TemplateVMID = c.setup.SourceID
+		if m.Source == 0 {
+			m.Source = c.setup.SourceID
 		}
 		if m.Cycle == 0 && m.VMName != "" {
 			m.Cycle = 1
@@ -784,7 +784,7 @@ func (c *goldenCase) document(t *testing.T, clk *clock) *desired.Document {
 		state["m/"+m.ID] = raw
 		if !m.Slotless {
 			slots = append(slots, desired.Slot{ID: m.ID, Zone: m.Zone, InstanceType: m.InstanceType, Capacity: m.Capacity,
-				VCPU: m.VCPU, MemoryMiB: m.MemoryMiB, TemplateVMID: m.TemplateVMID})
+				VCPU: m.VCPU, MemoryMiB: m.MemoryMiB, Source: m.Source})
 		}
 	}
 	meta, _ := json.Marshal(map[string]any{"version": 1, "lineage": "golden", "installation": c.cfg.Installation,

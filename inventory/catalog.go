@@ -13,14 +13,15 @@ import (
 	"github.com/hashicorp/go-multierror"
 )
 
-// InstanceType is a named VM flavour. TemplateVMID is the hypervisor's
-// source of a clone of this type (a Proxmox template VMID); it is zero
-// for hypervisors that build VMs from an image.
+// InstanceType is a named VM flavour. Source is what the hypervisor
+// clones a VM of this type from, opaque to the core: what the plug-in's
+// CatalogRules.Source made of the entry's template_vmid key (a Proxmox
+// template VMID); zero for hypervisors that build VMs from an image.
 type InstanceType struct {
-	Name         string `json:"name"`
-	VCPU         int    `json:"vcpu"`
-	MemoryMiB    int    `json:"memory_mib"`
-	TemplateVMID int    `json:"template_vmid,omitempty"`
+	Name      string `json:"name"`
+	VCPU      int    `json:"vcpu"`
+	MemoryMiB int    `json:"memory_mib"`
+	Source    int    `json:"template_vmid,omitempty"`
 }
 
 // Catalog maps an instance-type name to its definition; the key always
@@ -32,10 +33,10 @@ type CatalogRules struct {
 	// Prefix starts the built-in types' names: Prefix+"small", "medium",
 	// "large" and "xlarge".
 	Prefix string
-	// DefaultSource is the TemplateVMID of the built-in types.
+	// DefaultSource is the Source of the built-in types.
 	DefaultSource int
 	// Source reads an entry's optional template_vmid key (nil: absent)
-	// and returns the type's TemplateVMID, or why the key is refused.
+	// and returns the type's Source, or why the key is refused.
 	Source func(v *int) (int, error)
 	// Keys lists the keys an entry allows, for the strict-decoding error
 	// ("vcpu, memory_mib").
@@ -51,7 +52,7 @@ func Builtin(r CatalogRules) Catalog {
 		vcpu, mib int
 	}{{"small", 2, 4096}, {"medium", 4, 8192}, {"large", 8, 16384}, {"xlarge", 16, 32768}} {
 		name := r.Prefix + s.size
-		c[name] = InstanceType{Name: name, VCPU: s.vcpu, MemoryMiB: s.mib, TemplateVMID: r.DefaultSource}
+		c[name] = InstanceType{Name: name, VCPU: s.vcpu, MemoryMiB: s.mib, Source: r.DefaultSource}
 	}
 	return c
 }
@@ -192,7 +193,7 @@ func parseCatalogEntry(name string, raw json.RawMessage, r CatalogRules) (Instan
 		if err != nil {
 			errs = multierror.Append(errs, err)
 		}
-		it.TemplateVMID = src
+		it.Source = src
 	} else if e.TemplateVMID != nil {
 		errs = multierror.Append(errs, errors.New("template_vmid is not a setting of this hypervisor; remove the key"))
 	}

@@ -36,10 +36,10 @@ func problems(err error) []string {
 
 func TestBuiltin(t *testing.T) {
 	want := Catalog{
-		"pve.small":  {Name: "pve.small", VCPU: 2, MemoryMiB: 4096, TemplateVMID: 9001},
-		"pve.medium": {Name: "pve.medium", VCPU: 4, MemoryMiB: 8192, TemplateVMID: 9001},
-		"pve.large":  {Name: "pve.large", VCPU: 8, MemoryMiB: 16384, TemplateVMID: 9001},
-		"pve.xlarge": {Name: "pve.xlarge", VCPU: 16, MemoryMiB: 32768, TemplateVMID: 9001},
+		"pve.small":  {Name: "pve.small", VCPU: 2, MemoryMiB: 4096, Source: 9001},
+		"pve.medium": {Name: "pve.medium", VCPU: 4, MemoryMiB: 8192, Source: 9001},
+		"pve.large":  {Name: "pve.large", VCPU: 8, MemoryMiB: 16384, Source: 9001},
+		"pve.xlarge": {Name: "pve.xlarge", VCPU: 16, MemoryMiB: 32768, Source: 9001},
 	}
 	if diff := cmp.Diff(want, Builtin(px.catalog(9001))); diff != "" {
 		t.Errorf("Builtin(proxmox) (-want +got):\n%s", diff)
@@ -77,9 +77,9 @@ func TestParseCatalog(t *testing.T) {
 			shape: px,
 			in:    `{"a": {"vcpu": 1, "memory_mib": 512, "template_vmid": 0}, "b": {"vcpu": 1, "memory_mib": 512}, "c": {"vcpu": 1, "memory_mib": 512, "template_vmid": 9100}}`,
 			want: Catalog{
-				"a": {Name: "a", VCPU: 1, MemoryMiB: 512, TemplateVMID: 9000},
-				"b": {Name: "b", VCPU: 1, MemoryMiB: 512, TemplateVMID: 9000},
-				"c": {Name: "c", VCPU: 1, MemoryMiB: 512, TemplateVMID: 9100},
+				"a": {Name: "a", VCPU: 1, MemoryMiB: 512, Source: 9000},
+				"b": {Name: "b", VCPU: 1, MemoryMiB: 512, Source: 9000},
+				"c": {Name: "c", VCPU: 1, MemoryMiB: 512, Source: 9100},
 			},
 		},
 		{name: "not json", shape: lv, in: `{`, wantErr: []string{"not valid JSON: unexpected end of input"}},
@@ -400,7 +400,7 @@ func TestDefaultOfferings(t *testing.T) {
 		},
 		{
 			name: "one-type catalog and one zone merge everything", shape: px,
-			catalog: Catalog{"only": {Name: "only", VCPU: 1, MemoryMiB: 1024, TemplateVMID: 9000}},
+			catalog: Catalog{"only": {Name: "only", VCPU: 1, MemoryMiB: 1024, Source: 9000}},
 			zones:   []string{"pve1"}, seed: 5, ct: OnDemand,
 			want: []Offering{{InstanceType: "only", Zone: "pve1", CapacityType: OnDemand, Count: 5, Resources: res}},
 		},

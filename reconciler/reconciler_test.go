@@ -39,7 +39,7 @@ func newRig(t *testing.T, shape string, mem *desired.MemoryStore, fo fake.Option
 	var slots []desired.Slot
 	for i := 0; i < 4; i++ {
 		slots = append(slots, desired.Slot{ID: fmt.Sprintf("z1/t/%03d", i), Zone: "z1", InstanceType: "t", Capacity: desired.OnDemand,
-			VCPU: 2, MemoryMiB: 2048, TemplateVMID: 9000})
+			VCPU: 2, MemoryMiB: 2048, Source: 9000})
 	}
 	r := &rig{hv: hv}
 	doc, _, err := desired.Open(context.Background(), desired.Options{Store: mem, DefaultInstallation: "inst", DeleteSupported: true, VMName: naming.VMName,

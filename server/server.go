@@ -202,7 +202,7 @@ func desiredSlots(cfg *config.Config) []desired.Slot {
 	slots := make([]desired.Slot, 0, len(cfg.Slots))
 	for _, s := range cfg.Slots {
 		slots = append(slots, desired.Slot{ID: s.ID, Zone: s.Zone, InstanceType: s.Type.Name, Capacity: string(s.Capacity),
-			VCPU: s.Type.VCPU, MemoryMiB: s.Type.MemoryMiB, TemplateVMID: s.Type.TemplateVMID, Price: s.PricePerHour,
+			VCPU: s.Type.VCPU, MemoryMiB: s.Type.MemoryMiB, Source: s.Type.Source, Price: s.PricePerHour,
 			Resources: s.Resources, Labels: s.Labels})
 	}
 	return slots

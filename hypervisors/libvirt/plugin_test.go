@@ -62,7 +62,7 @@ func TestCatalogRules(t *testing.T) {
 	if _, err := r.Source(&n); err == nil || err.Error() != "template_vmid is a Proxmox setting; libvirt types boot from --image, remove the key" {
 		t.Errorf("Source(9000) error %v", err)
 	}
-	if c := inventory.Builtin(r); c["kvm.small"].TemplateVMID != 0 || len(c) != 4 {
+	if c := inventory.Builtin(r); c["kvm.small"].Source != 0 || len(c) != 4 {
 		t.Errorf("built-in catalog %+v", c)
 	}
 	if ct, err := inventory.ParseCapacityType("metal", s.CapacityRules()); ct != inventory.BareMetal || err != nil {

@@ -46,7 +46,7 @@ func (p *plan) Create(b *planner.Builder, vm *observed.VM) {
 		return
 	}
 	t := hypervisors.Target{Zone: m.Zone, Name: m.VMName}
-	b.Add(t, "", &pvespec.CloneSpec{Name: m.VMName, TemplateVMID: m.TemplateVMID, Pool: p.s.Pool, Marker: mk, Labels: m.Labels}, "missing")
+	b.Add(t, "", &pvespec.CloneSpec{Name: m.VMName, TemplateVMID: m.Source, Pool: p.s.Pool, Marker: mk, Labels: m.Labels}, "missing")
 	b.Add(t, "", size, "intent:create")
 	b.Start(t, "intent:create")
 }

@@ -321,7 +321,7 @@ func (x *Settings) Open(ctx context.Context, o plugin.OpenOptions) (hypervisors.
 	seen := map[int]bool{}
 	var templates []int
 	for _, name := range o.Catalog.Names() {
-		if v := o.Catalog[name].TemplateVMID; v != 0 && !seen[v] {
+		if v := o.Catalog[name].Source; v != 0 && !seen[v] {
 			seen[v] = true
 			templates = append(templates, v)
 		}
@@ -357,8 +357,8 @@ func (x *Settings) OpenSimulator(o plugin.SimOptions) (hypervisors.Hypervisor, e
 	opts := fake.Options{Zones: o.Zones, Latency: o.Latency, Faults: o.Faults, SlowOK: o.SlowOK, Host: o.Host,
 		TemplateVMID: x.TemplateVMID, BootstrapPath: x.BootstrapPath, State: o.State, ReadOnly: o.ReadOnly}
 	for _, it := range o.Catalog {
-		if it.TemplateVMID != 0 && it.TemplateVMID != x.TemplateVMID {
-			opts.Templates = append(opts.Templates, fake.Template{VMID: it.TemplateVMID, Zone: o.Zones[0], Name: fmt.Sprintf("template-%d", it.TemplateVMID)})
+		if it.Source != 0 && it.Source != x.TemplateVMID {
+			opts.Templates = append(opts.Templates, fake.Template{VMID: it.Source, Zone: o.Zones[0], Name: fmt.Sprintf("template-%d", it.Source)})
 		}
 	}
 	if o.Journal != nil {

@@ -85,7 +85,7 @@ func TestCatalogRules(t *testing.T) {
 			t.Errorf("Source(%v) = %v, %v; want %v", tt.in, got, err, tt.want)
 		}
 	}
-	if c := inventory.Builtin(r); c["pve.small"].TemplateVMID != 9001 || len(c) != 4 {
+	if c := inventory.Builtin(r); c["pve.small"].Source != 9001 || len(c) != 4 {
 		t.Errorf("built-in catalog %+v", c)
 	}
 	if _, err := inventory.ParseCapacityType("bare_metal", s.CapacityRules()); err == nil || !strings.Contains(err.Error(), "not supported on Proxmox") {
