@@ -10,20 +10,22 @@ import (
 	"time"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
-	"github.com/bigfleet-vm/provider/hypervisors/fake"
 	"github.com/bigfleet-vm/provider/hypervisors/guest"
 	"github.com/bigfleet-vm/provider/hypervisors/libvirt"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/libvirtsim"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/proxmoxsim"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvespec"
+	"github.com/bigfleet-vm/provider/hypervisors/simcore"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
 )
 
 // failNth fails the n-th hook call (counting every op, from 0) with err
 // and returns the calls seen so far.
-func failNth(n int, err error) (fake.Hook, func() []fake.Call) {
+func failNth(n int, err error) (simcore.Hook, func() []simcore.Call) {
 	var mu sync.Mutex
-	var seen []fake.Call
-	return func(_ context.Context, c fake.Call) error {
+	var seen []simcore.Call
+	return func(_ context.Context, c simcore.Call) error {
 			mu.Lock()
 			defer mu.Unlock()
 			seen = append(seen, c)
@@ -31,10 +33,10 @@ func failNth(n int, err error) (fake.Hook, func() []fake.Call) {
 				return err
 			}
 			return nil
-		}, func() []fake.Call {
+		}, func() []simcore.Call {
 			mu.Lock()
 			defer mu.Unlock()
-			return append([]fake.Call(nil), seen...)
+			return append([]simcore.Call(nil), seen...)
 		}
 }
 
@@ -69,14 +71,14 @@ func (s *execStarts) count() int {
 // with its bootstrap step.
 type guestVM struct {
 	hv        hypervisors.Hypervisor
-	setHook   func(fake.Hook)
-	guest     func() fake.GuestState
+	setHook   func(simcore.Hook)
+	guest     func() simcore.GuestState
 	bootstrap planner.Step
 	drain     planner.Step
 	ready     planner.Step
 }
 
-func newGuestVM(t *testing.T, shape string, opts fake.Options) guestVM {
+func newGuestVM(t *testing.T, shape string, opts simcore.Options) guestVM {
 	t.Helper()
 	ctx := context.Background()
 	opts.Zones = []string{"z"}
@@ -85,16 +87,16 @@ func newGuestVM(t *testing.T, shape string, opts fake.Options) guestVM {
 	var tg hypervisors.Target
 	switch shape {
 	case "libvirt":
-		hv := fake.NewLibvirt(opts)
+		hv := libvirtsim.NewLibvirt(opts)
 		if err := hv.AddOwnedVM("z", "vm", mk, observed.PowerRunning); err != nil {
 			t.Fatal(err)
 		}
 		tg = hypervisors.Target{Zone: "z", Name: "vm"}
-		g = guestVM{hv: hv, setHook: hv.SetHook, guest: func() fake.GuestState { s, _ := hv.Guest(tg); return s }}
+		g = guestVM{hv: hv, setHook: hv.SetHook, guest: func() simcore.GuestState { s, _ := hv.Guest(tg); return s }}
 		g.bootstrap = step(planner.ActionExecBootstrap, tg, planner.Params{Exec: []string{libvirt.HookPath, "c-1"}, BlobPath: libvirt.BlobPath})
 	case "proxmox":
-		hv := fake.NewProxmox(opts)
-		id, err := hv.CloneVM(ctx, "z", pvespec.CloneSpec{Name: "vm", TemplateVMID: fake.DefaultTemplateVMID, Marker: mk})
+		hv := proxmoxsim.NewProxmox(opts)
+		id, err := hv.CloneVM(ctx, "z", pvespec.CloneSpec{Name: "vm", TemplateVMID: proxmoxsim.DefaultTemplateVMID, Marker: mk})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -102,11 +104,11 @@ func newGuestVM(t *testing.T, shape string, opts fake.Options) guestVM {
 		if err := hv.Start(ctx, tg); err != nil {
 			t.Fatal(err)
 		}
-		g = guestVM{hv: hv, setHook: hv.SetHook, guest: func() fake.GuestState { s, _ := hv.Guest(tg); return s }}
-		g.bootstrap = step(planner.ActionExecBootstrap, tg, planner.Params{Exec: []string{"/bin/sh", fake.DefaultBootstrapPath}, BlobPath: fake.DefaultBootstrapPath})
+		g = guestVM{hv: hv, setHook: hv.SetHook, guest: func() simcore.GuestState { s, _ := hv.Guest(tg); return s }}
+		g.bootstrap = step(planner.ActionExecBootstrap, tg, planner.Params{Exec: []string{"/bin/sh", simcore.DefaultBootstrapPath}, BlobPath: simcore.DefaultBootstrapPath})
 	}
 	g.drain = step(planner.ActionExecDrain, tg, planner.Params{Exec: planner.DrainArgv(30)})
-	g.ready = step(planner.ActionExecReady, tg, planner.Params{Exec: []string{fake.DefaultReadyCommand}})
+	g.ready = step(planner.ActionExecReady, tg, planner.Params{Exec: []string{simcore.DefaultReadyCommand}})
 	t.Cleanup(func() { g.hv.Close() })
 	return g
 }
@@ -122,7 +124,7 @@ var shapes = []string{"libvirt", "proxmox"}
 func TestBootstrapRunsAtMostOnceUnderFaults(t *testing.T) {
 	blob := []byte("kubeadm join --token abcdef.0123456789abcdef")
 	for _, shape := range shapes {
-		clean := newGuestVM(t, shape, fake.Options{})
+		clean := newGuestVM(t, shape, simcore.Options{})
 		hook, seenClean := failNth(-1, nil)
 		clean.setHook(hook)
 		if _, err := newExec(clean.hv, blob).Run(context.Background(), planner.Change{Machine: "m", Steps: []planner.Step{clean.bootstrap}}, "op"); err != nil {
@@ -152,7 +154,7 @@ func TestBootstrapRunsAtMostOnceUnderFaults(t *testing.T) {
 		for n, c := range sequence {
 			for _, fault := range []error{hypervisors.ErrTransient, hypervisors.ErrAgentNotReady, errors.New("connection reset by peer")} {
 				t.Run(fmt.Sprintf("%s/%02d-%s-%s/%v", shape, n, phase[n], c.Op, fault), func(t *testing.T) {
-					g := newGuestVM(t, shape, fake.Options{})
+					g := newGuestVM(t, shape, simcore.Options{})
 					hook, _ := failNth(n, fault)
 					g.setHook(hook)
 					starts := &execStarts{}
@@ -175,7 +177,7 @@ func TestBootstrapRunsAtMostOnceUnderFaults(t *testing.T) {
 					// is asked again and recovered. The blob's staging as
 					// the Run starts is done again by the step if it failed.
 					terminal := !hypervisors.Retryable(fault) && (phase[n] == "deliver" || phase[n] == "hook") &&
-						(c.Op == "AgentWriteFile" || c.Op == "AgentExec" || c.Op == fake.AgentExecOp || c.Op == fake.AgentWriteOp)
+						(c.Op == "AgentWriteFile" || c.Op == "AgentExec" || c.Op == simcore.AgentExecOp || c.Op == simcore.AgentWriteOp)
 					wantStarting := 1
 					if terminal && phase[n] == "deliver" {
 						wantStarting = 0
@@ -206,21 +208,21 @@ func TestBootstrapRunsAtMostOnceUnderFaults(t *testing.T) {
 func TestDrainRunsAtMostOnce(t *testing.T) {
 	tests := []struct {
 		name       string
-		hook       func() fake.Hook
+		hook       func() simcore.Hook
 		wantErr    error
 		wantDrains int
 	}{
 		{name: "clean", wantDrains: 1},
-		{name: "agent not ready twice", hook: func() fake.Hook { return fake.FailN("AgentExec", 2, hypervisors.ErrAgentNotReady) }, wantDrains: 1},
-		{name: "answer lost", hook: func() fake.Hook { return fake.FailN(fake.ExecAnswerOp, 1, hypervisors.ErrTransient) },
+		{name: "agent not ready twice", hook: func() simcore.Hook { return simcore.FailN("AgentExec", 2, hypervisors.ErrAgentNotReady) }, wantDrains: 1},
+		{name: "answer lost", hook: func() simcore.Hook { return simcore.FailN(simcore.ExecAnswerOp, 1, hypervisors.ErrTransient) },
 			wantDrains: 1},
-		{name: "permission", hook: func() fake.Hook { return fake.FailN("AgentExec", 1, hypervisors.ErrPermission) },
+		{name: "permission", hook: func() simcore.Hook { return simcore.FailN("AgentExec", 1, hypervisors.ErrPermission) },
 			wantErr: hypervisors.ErrPermission},
 	}
 	for _, shape := range shapes {
 		for _, tc := range tests {
 			t.Run(string(shape)+"/"+tc.name, func(t *testing.T) {
-				g := newGuestVM(t, shape, fake.Options{})
+				g := newGuestVM(t, shape, simcore.Options{})
 				if tc.hook != nil {
 					g.setHook(tc.hook())
 				}
@@ -247,7 +249,7 @@ func TestDrainRunsAtMostOnce(t *testing.T) {
 func TestExecStartingRefusalSendsNothing(t *testing.T) {
 	for _, shape := range shapes {
 		t.Run(string(shape), func(t *testing.T) {
-			g := newGuestVM(t, shape, fake.Options{})
+			g := newGuestVM(t, shape, simcore.Options{})
 			refused := &hypervisors.UnknownOutcomeError{Command: "bootstrap hook", Why: "a previous run of this operation sent it"}
 			starts := &execStarts{err: refused}
 			ex := newExec(g.hv, []byte("blob"))
@@ -277,12 +279,12 @@ func TestExecStartingRefusalSendsNothing(t *testing.T) {
 func TestBootstrapDeadlineIsUnknownOutcome(t *testing.T) {
 	for _, shape := range shapes {
 		t.Run(string(shape), func(t *testing.T) {
-			g := newGuestVM(t, shape, fake.Options{Faults: true})
-			if err := g.hv.SetMarker(context.Background(), g.bootstrap.Target, observed.Marker{Installation: inst, MachineID: "m", Cluster: fake.FaultTimeout}); err != nil {
+			g := newGuestVM(t, shape, simcore.Options{Faults: true})
+			if err := g.hv.SetMarker(context.Background(), g.bootstrap.Target, observed.Marker{Installation: inst, MachineID: "m", Cluster: simcore.FaultTimeout}); err != nil {
 				t.Fatal(err)
 			}
 			if shape == "libvirt" {
-				g.bootstrap.Params.Exec[1] = fake.FaultTimeout
+				g.bootstrap.Params.Exec[1] = simcore.FaultTimeout
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 			defer cancel()
@@ -304,12 +306,12 @@ func TestBootstrapDeadlineIsUnknownOutcome(t *testing.T) {
 func TestReadinessProbeLostAnswerDoesNotEndGate(t *testing.T) {
 	for _, shape := range shapes {
 		t.Run(string(shape), func(t *testing.T) {
-			g := newGuestVM(t, shape, fake.Options{})
+			g := newGuestVM(t, shape, simcore.Options{})
 			ex := newExec(g.hv, []byte("blob"))
 			if _, err := ex.Run(context.Background(), planner.Change{Machine: "m", Steps: []planner.Step{g.bootstrap}}, "op-1"); err != nil {
 				t.Fatal(err)
 			}
-			g.setHook(fake.FailN(fake.ExecAnswerOp, 1, hypervisors.ErrTransient))
+			g.setHook(simcore.FailN(simcore.ExecAnswerOp, 1, hypervisors.ErrTransient))
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			if _, err := ex.Run(ctx, planner.Change{Machine: "m", Steps: []planner.Step{g.ready}}, "op-1"); err != nil {
@@ -328,10 +330,10 @@ func TestReadinessProbeLostAnswerDoesNotEndGate(t *testing.T) {
 func TestBlobStagedAsRunStarts(t *testing.T) {
 	for _, fail := range []bool{false, true} {
 		t.Run(fmt.Sprint("bind fails=", fail), func(t *testing.T) {
-			hv := fake.NewLibvirt(fake.Options{Zones: []string{"z"}})
+			hv := libvirtsim.NewLibvirt(simcore.Options{Zones: []string{"z"}})
 			tg := owned(t, hv, "vm")
 			staged := guest.StagePath(opKey("op-1", planner.ActionExecBootstrap))
-			hv.SetHook(func(ctx context.Context, c fake.Call) error {
+			hv.SetHook(func(ctx context.Context, c simcore.Call) error {
 				if c.Op != "SetMarker" {
 					return nil
 				}

@@ -10,10 +10,12 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
-	"github.com/bigfleet-vm/provider/hypervisors/fake"
 	"github.com/bigfleet-vm/provider/hypervisors/libvirt"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/libvirtsim"
 	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/proxmoxsim"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvespec"
+	"github.com/bigfleet-vm/provider/hypervisors/simcore"
 	"github.com/bigfleet-vm/provider/jsonplan"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
@@ -53,7 +55,7 @@ func TestScrub(t *testing.T) {
 }
 
 func TestDestructiveStepRefusesForeignVM(t *testing.T) {
-	hv := fake.NewLibvirt(fake.Options{Zones: []string{"z"}})
+	hv := libvirtsim.NewLibvirt(simcore.Options{Zones: []string{"z"}})
 	if err := hv.AddForeignVM("z", "victim", &observed.Marker{Installation: "someone-else", MachineID: "m"}); err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +71,7 @@ func TestDestructiveStepRefusesForeignVM(t *testing.T) {
 }
 
 func TestDestructiveStepOnMissingVMSucceeds(t *testing.T) {
-	hv := fake.NewLibvirt(fake.Options{Zones: []string{"z"}})
+	hv := libvirtsim.NewLibvirt(simcore.Options{Zones: []string{"z"}})
 	tg := hypervisors.Target{Zone: "z", Name: "gone"}
 	if _, err := newExec(hv, nil).Run(context.Background(), planner.Change{Machine: "m", Steps: chain(
 		step(planner.ActionStop, tg, planner.Params{}), step(planner.Action(lvspec.ActionUndefine), tg, planner.Params{Plugin: &lvspec.Undefine{}}))}, "op"); err != nil {
@@ -78,7 +80,7 @@ func TestDestructiveStepOnMissingVMSucceeds(t *testing.T) {
 }
 
 // owned creates a running owned VM with a connected agent.
-func owned(t *testing.T, hv *fake.Libvirt, name string) hypervisors.Target {
+func owned(t *testing.T, hv *libvirtsim.Libvirt, name string) hypervisors.Target {
 	t.Helper()
 	if err := hv.AddOwnedVM("z", name, observed.Marker{Installation: inst, MachineID: "m"}, observed.PowerRunning); err != nil {
 		t.Fatal(err)
@@ -87,14 +89,14 @@ func owned(t *testing.T, hv *fake.Libvirt, name string) hypervisors.Target {
 }
 
 func TestTransientErrorsAreRetriedTerminalAreNot(t *testing.T) {
-	hv := fake.NewLibvirt(fake.Options{Zones: []string{"z"}})
+	hv := libvirtsim.NewLibvirt(simcore.Options{Zones: []string{"z"}})
 	tg := owned(t, hv, "vm")
-	hv.SetHook(fake.FailN("AgentPing", 3, hypervisors.ErrTransient))
+	hv.SetHook(simcore.FailN("AgentPing", 3, hypervisors.ErrTransient))
 	if _, err := newExec(hv, nil).Run(context.Background(), planner.Change{Machine: "m",
 		Steps: []planner.Step{step(planner.ActionWaitAgent, tg, planner.Params{})}}, "op"); err != nil {
 		t.Fatalf("transient errors should be retried: %v", err)
 	}
-	hv.SetHook(fake.FailN("AgentPing", 1, hypervisors.ErrPermission))
+	hv.SetHook(simcore.FailN("AgentPing", 1, hypervisors.ErrPermission))
 	calls := hv.Calls()["AgentPing"]
 	_, err := newExec(hv, nil).Run(context.Background(), planner.Change{Machine: "m",
 		Steps: []planner.Step{step(planner.ActionWaitAgent, tg, planner.Params{})}}, "op")
@@ -107,7 +109,7 @@ func TestTransientErrorsAreRetriedTerminalAreNot(t *testing.T) {
 }
 
 func TestBootstrapDeliversBlobAndRemovesIt(t *testing.T) {
-	hv := fake.NewLibvirt(fake.Options{Zones: []string{"z"}, Faults: true})
+	hv := libvirtsim.NewLibvirt(simcore.Options{Zones: []string{"z"}, Faults: true})
 	tg := owned(t, hv, "vm")
 	blob := []byte("kubeadm join --token abc")
 	ex := newExec(hv, blob)
@@ -144,7 +146,7 @@ func TestBootstrapDeliversBlobAndRemovesIt(t *testing.T) {
 }
 
 func TestReadinessGateWaitsUntilDeadline(t *testing.T) {
-	hv := fake.NewLibvirt(fake.Options{Zones: []string{"z"}, Faults: true})
+	hv := libvirtsim.NewLibvirt(simcore.Options{Zones: []string{"z"}, Faults: true})
 	tg := owned(t, hv, "vm")
 	if err := hv.SetMarker(context.Background(), tg, observed.Marker{Installation: inst, MachineID: "m", Cluster: "fault-readiness-block"}); err != nil {
 		t.Fatal(err)
@@ -152,14 +154,14 @@ func TestReadinessGateWaitsUntilDeadline(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	_, err := newExec(hv, nil).Run(ctx, planner.Change{Machine: "m", Steps: []planner.Step{
-		step(planner.ActionExecReady, tg, planner.Params{Exec: []string{fake.DefaultReadyCommand}})}}, "op")
+		step(planner.ActionExecReady, tg, planner.Params{Exec: []string{simcore.DefaultReadyCommand}})}}, "op")
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("err = %v, want the deadline", err)
 	}
 }
 
 func TestCloneVMIDFlowsToLaterSteps(t *testing.T) {
-	hv := fake.NewProxmox(fake.Options{Zones: []string{"z"}})
+	hv := proxmoxsim.NewProxmox(simcore.Options{Zones: []string{"z"}})
 	mk := observed.Marker{Installation: inst, MachineID: "m"}
 	tg := hypervisors.Target{Zone: "z", Name: "vm"}
 	out, err := newExec(hv, nil).Run(context.Background(), planner.Change{Machine: "m", Steps: chain(
@@ -188,10 +190,10 @@ func (b bare) Unwrap() hypervisors.Hypervisor { return b.Hypervisor }
 func TestStepShape(t *testing.T) {
 	mk := observed.Marker{Installation: inst, MachineID: "m"}
 	tg := hypervisors.Target{Zone: "z", Name: "bf-vm"}
-	clone := step(planner.Action(pvespec.ActionClone), tg, planner.Params{Plugin: &pvespec.CloneSpec{Name: "bf-vm", TemplateVMID: fake.DefaultTemplateVMID, Marker: mk}})
-	overlay := step(planner.Action(lvspec.ActionCreateOverlay), tg, planner.Params{Plugin: &lvspec.OverlaySpec{Pool: fake.DefaultPool, Name: "bf-vm-disk.qcow2", BaseImage: fake.DefaultImage}})
-	delVol := step(planner.Action(lvspec.ActionDeleteVolume), tg, planner.Params{Plugin: &lvspec.DeleteVolume{Pool: fake.DefaultPool, Volume: "bf-vm-disk.qcow2"}})
-	opts := fake.Options{Zones: []string{"z"}}
+	clone := step(planner.Action(pvespec.ActionClone), tg, planner.Params{Plugin: &pvespec.CloneSpec{Name: "bf-vm", TemplateVMID: proxmoxsim.DefaultTemplateVMID, Marker: mk}})
+	overlay := step(planner.Action(lvspec.ActionCreateOverlay), tg, planner.Params{Plugin: &lvspec.OverlaySpec{Pool: libvirtsim.DefaultPool, Name: "bf-vm-disk.qcow2", BaseImage: libvirtsim.DefaultImage}})
+	delVol := step(planner.Action(lvspec.ActionDeleteVolume), tg, planner.Params{Plugin: &lvspec.DeleteVolume{Pool: libvirtsim.DefaultPool, Volume: "bf-vm-disk.qcow2"}})
+	opts := simcore.Options{Zones: []string{"z"}}
 	tests := []struct {
 		name string
 		hv   func() (hypervisors.Hypervisor, func() map[string]int)
@@ -199,27 +201,27 @@ func TestStepShape(t *testing.T) {
 		want error
 	}{
 		{"clone on libvirt", func() (hypervisors.Hypervisor, func() map[string]int) {
-			hv := fake.NewLibvirt(opts)
+			hv := libvirtsim.NewLibvirt(opts)
 			return hv, hv.Calls
 		}, clone, hypervisors.ErrUnsupported},
 		{"overlay on proxmox", func() (hypervisors.Hypervisor, func() map[string]int) {
-			hv := fake.NewProxmox(opts)
+			hv := proxmoxsim.NewProxmox(opts)
 			return hv, hv.Calls
 		}, overlay, hypervisors.ErrUnsupported},
 		{"delete volume on proxmox", func() (hypervisors.Hypervisor, func() map[string]int) {
-			hv := fake.NewProxmox(opts)
+			hv := proxmoxsim.NewProxmox(opts)
 			return hv, hv.Calls
 		}, delVol, hypervisors.ErrUnsupported},
 		{"overlay on wrapped libvirt", func() (hypervisors.Hypervisor, func() map[string]int) {
-			hv := fake.NewLibvirt(opts)
+			hv := libvirtsim.NewLibvirt(opts)
 			return bare{hv}, hv.Calls
 		}, overlay, nil},
 		{"clone on wrapped proxmox", func() (hypervisors.Hypervisor, func() map[string]int) {
-			hv := fake.NewProxmox(opts)
+			hv := proxmoxsim.NewProxmox(opts)
 			return bare{hv}, hv.Calls
 		}, clone, nil},
 		{"clone on wrapped libvirt", func() (hypervisors.Hypervisor, func() map[string]int) {
-			hv := fake.NewLibvirt(opts)
+			hv := libvirtsim.NewLibvirt(opts)
 			return bare{hv}, hv.Calls
 		}, clone, hypervisors.ErrUnsupported},
 	}
@@ -258,7 +260,7 @@ func (namedLikeBind) PlanJSON(*jsonplan.Params) {}
 // dereference a nil marker), and a step of an action nobody defines is
 // refused before anything is looked up.
 func TestPluginStepsGoToApply(t *testing.T) {
-	hv := fake.NewLibvirt(fake.Options{Zones: []string{"z"}})
+	hv := libvirtsim.NewLibvirt(simcore.Options{Zones: []string{"z"}})
 	defer hv.Close()
 	tg := hypervisors.Target{Zone: "z", Name: "bf-vm"}
 	_, err := newExec(hv, nil).Run(context.Background(), planner.Change{Machine: "m", Steps: []planner.Step{

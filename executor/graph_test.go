@@ -13,9 +13,11 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
-	"github.com/bigfleet-vm/provider/hypervisors/fake"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/libvirtsim"
 	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/proxmoxsim"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvespec"
+	"github.com/bigfleet-vm/provider/hypervisors/simcore"
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
@@ -28,12 +30,12 @@ func libvirtCreate(name string) []planner.Step {
 	mk := observed.Marker{Installation: inst, MachineID: "m-" + name}
 	overlay, seed := naming.OverlayVolume(name), naming.SeedVolume(name)
 	disk := planner.Step{ID: "z/" + name + "/create-overlay:disk", Action: planner.Action(lvspec.ActionCreateOverlay), Target: tg,
-		Params: planner.Params{Plugin: &lvspec.OverlaySpec{Pool: fake.DefaultPool, Name: overlay, BaseImage: fake.DefaultImage}}}
+		Params: planner.Params{Plugin: &lvspec.OverlaySpec{Pool: libvirtsim.DefaultPool, Name: overlay, BaseImage: libvirtsim.DefaultImage}}}
 	cidata := planner.Step{ID: "z/" + name + "/create-seed:cidata", Action: planner.Action(lvspec.ActionCreateSeed), Target: tg,
-		Params: planner.Params{Plugin: &lvspec.SeedSpec{Pool: fake.DefaultPool, Name: seed, InstanceID: name, Hostname: name}}}
+		Params: planner.Params{Plugin: &lvspec.SeedSpec{Pool: libvirtsim.DefaultPool, Name: seed, InstanceID: name, Hostname: name}}}
 	define := planner.Step{ID: "z/" + name + "/define", Action: planner.Action(lvspec.ActionDefine), Target: tg, DependsOn: []string{disk.ID, cidata.ID},
 		Params: planner.Params{Plugin: &lvspec.DomainSpec{Name: name, VCPU: 2, MemoryMiB: 2048, DomainType: "kvm",
-			Pool: fake.DefaultPool, Overlay: overlay, Seed: seed, Network: fake.DefaultNetwork, Marker: mk}}}
+			Pool: libvirtsim.DefaultPool, Overlay: overlay, Seed: seed, Network: libvirtsim.DefaultNetwork, Marker: mk}}}
 	rest := chain(define,
 		step(planner.ActionStart, tg, planner.Params{}),
 		step(planner.Action(lvspec.ActionAutostart), tg, planner.Params{Plugin: &lvspec.Autostart{On: true}}),
@@ -58,7 +60,7 @@ func TestGraphIsValidated(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			hv := fake.NewLibvirt(fake.Options{Zones: []string{"z"}})
+			hv := libvirtsim.NewLibvirt(simcore.Options{Zones: []string{"z"}})
 			_, err := newExec(hv, nil).Run(context.Background(), planner.Change{Machine: "m", Steps: tc.steps}, "op")
 			if !errors.Is(err, hypervisors.ErrInvalid) {
 				t.Fatalf("err = %v, want ErrInvalid", err)
@@ -73,14 +75,14 @@ func TestGraphIsValidated(t *testing.T) {
 // The order of the slice does not matter: every permutation of a create
 // converges on the same world as the planner's order.
 func TestShuffledStepsConverge(t *testing.T) {
-	observe := func(hv *fake.Libvirt) *observed.Zone {
+	observe := func(hv *libvirtsim.Libvirt) *observed.Zone {
 		z, err := hv.Observe(context.Background(), "z")
 		if err != nil {
 			t.Fatal(err)
 		}
 		return z
 	}
-	ordered := fake.NewLibvirt(fake.Options{Zones: []string{"z"}})
+	ordered := libvirtsim.NewLibvirt(simcore.Options{Zones: []string{"z"}})
 	if _, err := newExec(ordered, nil).Run(context.Background(), planner.Change{Machine: "m-vm", Steps: libvirtCreate("vm")}, "op"); err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +94,7 @@ func TestShuffledStepsConverge(t *testing.T) {
 	for i := range 20 {
 		steps := libvirtCreate("vm")
 		rng.Shuffle(len(steps), func(a, b int) { steps[a], steps[b] = steps[b], steps[a] })
-		hv := fake.NewLibvirt(fake.Options{Zones: []string{"z"}})
+		hv := libvirtsim.NewLibvirt(simcore.Options{Zones: []string{"z"}})
 		if _, err := newExec(hv, nil).Run(context.Background(), planner.Change{Machine: "m-vm", Steps: steps}, "op"); err != nil {
 			t.Fatalf("permutation %d: %v", i, err)
 		}
@@ -105,7 +107,7 @@ func TestShuffledStepsConverge(t *testing.T) {
 // The VMID a clone learns reaches its dependants even when they come
 // first in the slice.
 func TestVMIDFlowsAlongDependencies(t *testing.T) {
-	hv := fake.NewProxmox(fake.Options{Zones: []string{"z"}})
+	hv := proxmoxsim.NewProxmox(simcore.Options{Zones: []string{"z"}})
 	mk := observed.Marker{Installation: inst, MachineID: "m"}
 	tg := hypervisors.Target{Zone: "z", Name: "vm"}
 	steps := chain(
@@ -127,7 +129,7 @@ func TestVMIDFlowsAlongDependencies(t *testing.T) {
 // barrier lets n calls of the given ops through only once all n are in
 // flight together; a scheduler that ran them one after another would
 // never release them (the test's context ends the wait as a failure).
-func barrier(n int, ops ...string) (fake.Hook, func() int) {
+func barrier(n int, ops ...string) (simcore.Hook, func() int) {
 	var mu sync.Mutex
 	arrived := 0
 	all := make(chan struct{})
@@ -135,7 +137,7 @@ func barrier(n int, ops ...string) (fake.Hook, func() int) {
 	for _, op := range ops {
 		match[op] = true
 	}
-	return func(ctx context.Context, c fake.Call) error {
+	return func(ctx context.Context, c simcore.Call) error {
 			if !match[c.Op] {
 				return nil
 			}
@@ -160,7 +162,7 @@ func barrier(n int, ops ...string) (fake.Hook, func() int) {
 
 func TestIndependentStepsOverlap(t *testing.T) {
 	hook, _ := barrier(2, "CreateOverlay", "CreateSeed")
-	hv := fake.NewLibvirt(fake.Options{Zones: []string{"z"}, Hook: hook})
+	hv := libvirtsim.NewLibvirt(simcore.Options{Zones: []string{"z"}, Hook: hook})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := newExec(hv, nil).Run(ctx, planner.Change{Machine: "m-vm", Steps: libvirtCreate("vm")}, "op"); err != nil {
@@ -171,11 +173,11 @@ func TestIndependentStepsOverlap(t *testing.T) {
 // inflight records the most heavy calls in flight at once. Each call
 // stays until the bound is reached (proving calls do overlap up to it) or
 // a while has passed (so that a broken bound lets more pile up).
-func inflight(bound int) (fake.Hook, func() int) {
+func inflight(bound int) (simcore.Hook, func() int) {
 	var mu sync.Mutex
 	cur, peak := 0, 0
 	full := make(chan struct{})
-	return func(ctx context.Context, c fake.Call) error {
+	return func(ctx context.Context, c simcore.Call) error {
 			if c.Op != "CreateOverlay" && c.Op != "CreateSeed" {
 				return nil
 			}
@@ -210,7 +212,7 @@ func TestPerZoneBoundHolds(t *testing.T) {
 	for _, bound := range []int{1, 2, 3} {
 		t.Run(fmt.Sprint(bound), func(t *testing.T) {
 			hook, peak := inflight(bound)
-			hv := fake.NewLibvirt(fake.Options{Zones: []string{"z"}, Hook: hook})
+			hv := libvirtsim.NewLibvirt(simcore.Options{Zones: []string{"z"}, Hook: hook})
 			ex := New(Options{Hypervisor: hv, Installation: inst, PerZone: bound, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
 			var wg sync.WaitGroup
 			errs := make([]error, 4)
@@ -238,7 +240,7 @@ func TestPerZoneBoundHolds(t *testing.T) {
 func TestFirstFailureCancelsTheRest(t *testing.T) {
 	seedCancelled := make(chan struct{})
 	seedIn := make(chan struct{})
-	hook := func(ctx context.Context, c fake.Call) error {
+	hook := func(ctx context.Context, c simcore.Call) error {
 		switch c.Op {
 		case "CreateSeed":
 			close(seedIn)
@@ -251,7 +253,7 @@ func TestFirstFailureCancelsTheRest(t *testing.T) {
 		}
 		return nil
 	}
-	hv := fake.NewLibvirt(fake.Options{Zones: []string{"z"}, Hook: hook})
+	hv := libvirtsim.NewLibvirt(simcore.Options{Zones: []string{"z"}, Hook: hook})
 	_, err := newExec(hv, nil).Run(context.Background(), planner.Change{Machine: "m-vm", Steps: libvirtCreate("vm")}, "op")
 	var se *StepError
 	if !errors.As(err, &se) || se.Step != "z/vm/create-overlay:disk" || !errors.Is(err, hypervisors.ErrNotFound) {

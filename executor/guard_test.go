@@ -11,7 +11,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
-	"github.com/bigfleet-vm/provider/hypervisors/fake"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/libvirtsim"
+	"github.com/bigfleet-vm/provider/hypervisors/simcore"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
 )
@@ -41,15 +42,15 @@ func TestGuardBeforeEveryAttempt(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			g := newGuestVM(t, "libvirt", fake.Options{})
-			lv := g.hv.(*fake.Libvirt)
+			g := newGuestVM(t, "libvirt", simcore.Options{})
+			lv := g.hv.(*libvirtsim.Libvirt)
 			if err := lv.AddOwnedVM("z", "stopped", observed.Marker{Installation: inst, MachineID: "m"}, observed.PowerStopped); err != nil {
 				t.Fatal(err)
 			}
 			var deposed atomic.Bool
 			var mu sync.Mutex
 			calls := map[string]int{}
-			g.setHook(func(_ context.Context, c fake.Call) error {
+			g.setHook(func(_ context.Context, c simcore.Call) error {
 				mu.Lock()
 				defer mu.Unlock()
 				calls[c.Op]++
@@ -101,11 +102,11 @@ func TestRepairAttemptsBudget(t *testing.T) {
 		{"operation", "op-1", context.DeadlineExceeded, func(n int) bool { return n > 3 }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			hv := fake.NewLibvirt(fake.Options{Zones: []string{"z"}})
+			hv := libvirtsim.NewLibvirt(simcore.Options{Zones: []string{"z"}})
 			if err := hv.AddOwnedVM("z", "vm", observed.Marker{Installation: inst, MachineID: "m"}, observed.PowerStopped); err != nil {
 				t.Fatal(err)
 			}
-			hv.SetHook(fake.FailN("Start", 1<<30, hypervisors.ErrTransient))
+			hv.SetHook(simcore.FailN("Start", 1<<30, hypervisors.ErrTransient))
 			ex := New(Options{Hypervisor: hv, Installation: inst, MinBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond, RepairAttempts: 3})
 			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 			defer cancel()

@@ -10,7 +10,7 @@ import (
 
 	"github.com/bigfleet-vm/provider/desired"
 	"github.com/bigfleet-vm/provider/hypervisors"
-	"github.com/bigfleet-vm/provider/hypervisors/fake"
+	"github.com/bigfleet-vm/provider/hypervisors/simcore"
 	"github.com/bigfleet-vm/provider/planner"
 )
 
@@ -34,7 +34,7 @@ func (r *recorded) record(machine string, ev desired.Event) {
 func TestRunRecordsStepsAndGuestCommands(t *testing.T) {
 	for _, shape := range shapes {
 		t.Run(string(shape), func(t *testing.T) {
-			g := newGuestVM(t, shape, fake.Options{})
+			g := newGuestVM(t, shape, simcore.Options{})
 			rec := &recorded{}
 			ex := newExec(g.hv, nil)
 			ex.o.Record = rec.record
@@ -42,7 +42,7 @@ func TestRunRecordsStepsAndGuestCommands(t *testing.T) {
 				t.Fatal(err)
 			}
 			// A step that fails terminally records its class and error.
-			g.setHook(fake.FailN("AgentExec", 1, hypervisors.ErrPermission))
+			g.setHook(simcore.FailN("AgentExec", 1, hypervisors.ErrPermission))
 			_, err := ex.Run(context.Background(), planner.Change{Machine: "m", Steps: []planner.Step{g.drain}}, "op2")
 			if !errors.Is(err, hypervisors.ErrPermission) {
 				t.Fatalf("err = %v", err)

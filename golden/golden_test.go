@@ -11,10 +11,12 @@ import (
 	"time"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
-	"github.com/bigfleet-vm/provider/hypervisors/fake"
 	"github.com/bigfleet-vm/provider/hypervisors/libvirt"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/libvirtsim"
 	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/proxmoxsim"
+	"github.com/bigfleet-vm/provider/hypervisors/simcore"
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
@@ -49,25 +51,25 @@ var libvirtSetup = Setup{
 		if err := keys(k, "user_data", "kernel"); err != nil {
 			return nil, err
 		}
-		return libvirt.Planner(libvirt.PlanSettings{Pool: fake.DefaultPool, Image: fake.DefaultImage, Network: fake.DefaultNetwork,
+		return libvirt.Planner(libvirt.PlanSettings{Pool: libvirtsim.DefaultPool, Image: libvirtsim.DefaultImage, Network: libvirtsim.DefaultNetwork,
 			DomainType: "kvm", UserData: k["user_data"], Kernel: k["kernel"]}), nil
 	},
 	World: func(zones []string, now func() time.Time) World {
-		return lvWorld{fake.NewLibvirt(fake.Options{Zones: zones, Clock: now})}
+		return lvWorld{libvirtsim.NewLibvirt(simcore.Options{Zones: zones, Clock: now})}
 	},
 }
 
 var proxmoxSetup = Setup{
-	Name: "proxmox", Zones: []string{"pve-a", "pve-b"}, Type: "pve.small", SourceID: fake.DefaultTemplateVMID,
+	Name: "proxmox", Zones: []string{"pve-a", "pve-b"}, Type: "pve.small", SourceID: proxmoxsim.DefaultTemplateVMID,
 	Planner: func(k map[string]string) (planner.Plugin, error) {
 		if err := keys(k, "proxmox_pool"); err != nil {
 			return nil, err
 		}
-		return proxmox.Planner(proxmox.PlanSettings{Pool: k["proxmox_pool"], BootstrapPath: fake.DefaultBootstrapPath,
+		return proxmox.Planner(proxmox.PlanSettings{Pool: k["proxmox_pool"], BootstrapPath: simcore.DefaultBootstrapPath,
 			BootstrapExec: []string{"/bin/sh"}}), nil
 	},
 	World: func(zones []string, now func() time.Time) World {
-		return pveWorld{fake.NewProxmox(fake.Options{Zones: zones, Clock: now})}
+		return pveWorld{proxmoxsim.NewProxmox(simcore.Options{Zones: zones, Clock: now})}
 	},
 }
 
@@ -91,7 +93,7 @@ func setPower(s outOfBand, t hypervisors.Target, p observed.Power) error {
 	return fmt.Errorf("power %q", p)
 }
 
-type lvWorld struct{ *fake.Libvirt }
+type lvWorld struct{ *libvirtsim.Libvirt }
 
 func (w lvWorld) AddVM(zone, name string, _ int, mk *observed.Marker, owned bool, power observed.Power) (hypervisors.Target, error) {
 	t := hypervisors.Target{Zone: zone, Name: name}
@@ -112,11 +114,11 @@ func (w lvWorld) AddFixture(zone, line string, fx Fixture) error {
 	name, how, _ := strings.Cut(line, " ")
 	switch {
 	case strings.HasSuffix(name, "-disk.qcow2"):
-		return w.CreateOverlay(ctx, zone, lvspec.OverlaySpec{Pool: fake.DefaultPool, Name: name, BaseImage: fake.DefaultImage})
+		return w.CreateOverlay(ctx, zone, lvspec.OverlaySpec{Pool: libvirtsim.DefaultPool, Name: name, BaseImage: libvirtsim.DefaultImage})
 	case strings.HasSuffix(name, "-cidata.iso") && how == "blank":
-		return w.AddBlankSeedVolume(zone, fake.DefaultPool, name)
+		return w.AddBlankSeedVolume(zone, libvirtsim.DefaultPool, name)
 	case strings.HasSuffix(name, "-cidata.iso") && (how == "" || how == "stale"):
-		spec := lvspec.SeedSpec{Pool: fake.DefaultPool, Name: name, InstanceID: name, Hostname: name}
+		spec := lvspec.SeedSpec{Pool: libvirtsim.DefaultPool, Name: name, InstanceID: name, Hostname: name}
 		for vm, id := range fx.Machines {
 			if naming.SeedVolume(vm) == name && how == "" {
 				spec.InstanceID, spec.Hostname, spec.UserData = id, vm, fx.Keys["user_data"]
@@ -127,7 +129,7 @@ func (w lvWorld) AddFixture(zone, line string, fx Fixture) error {
 	return errors.New(`a volume name ends in -disk.qcow2 or -cidata.iso (a seed optionally followed by " blank" or " stale")`)
 }
 
-type pveWorld struct{ *fake.Proxmox }
+type pveWorld struct{ *proxmoxsim.Proxmox }
 
 func (w pveWorld) AddVM(zone, name string, vmid int, mk *observed.Marker, owned bool, power observed.Power) (hypervisors.Target, error) {
 	t := hypervisors.Target{Zone: zone, Name: name}

@@ -12,12 +12,14 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
-	"github.com/bigfleet-vm/provider/hypervisors/fake"
 	"github.com/bigfleet-vm/provider/hypervisors/libvirt"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/libvirtsim"
 	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/proxmoxsim"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvesim"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvespec"
+	"github.com/bigfleet-vm/provider/hypervisors/simcore"
 )
 
 // hvCalls reads hypervisor_calls_total as "op outcome" -> count.
@@ -69,7 +71,7 @@ func TestInstrumentForwardsShapes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	lv, px := newLibvirt(t), newProxmox(t)
-	fakeLv, fakePx := fake.NewLibvirt(fake.Options{}), fake.NewProxmox(fake.Options{})
+	fakeLv, fakePx := libvirtsim.NewLibvirt(simcore.Options{}), proxmoxsim.NewProxmox(simcore.Options{})
 	defer fakeLv.Close()
 	defer fakePx.Close()
 	deleteVolume := func(zone string) func(hypervisors.Hypervisor) {
@@ -209,7 +211,7 @@ func hvDurations(t *testing.T, m *Metrics) map[string]uint64 {
 func TestCallDurationsByZoneAndProcedure(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	fk := fake.NewLibvirt(fake.Options{})
+	fk := libvirtsim.NewLibvirt(simcore.Options{})
 	defer fk.Close()
 	r := &reporting{Hypervisor: fk}
 	m := New(nil, nil)

@@ -12,8 +12,9 @@ import (
 	"github.com/bigfleet-vm/provider/desired"
 	"github.com/bigfleet-vm/provider/executor"
 	"github.com/bigfleet-vm/provider/hypervisors"
-	"github.com/bigfleet-vm/provider/hypervisors/fake"
 	"github.com/bigfleet-vm/provider/hypervisors/libvirt"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/libvirtsim"
+	"github.com/bigfleet-vm/provider/hypervisors/simcore"
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/planner"
 )
@@ -43,7 +44,7 @@ func quietRig(t *testing.T, hv hypervisors.Hypervisor, tune ...func(*Options)) *
 	return New(o)
 }
 
-func volumeNames(t *testing.T, sim *fake.Libvirt) []string {
+func volumeNames(t *testing.T, sim *libvirtsim.Libvirt) []string {
 	t.Helper()
 	var out []string
 	for _, v := range sim.Volumes("z1") {
@@ -59,7 +60,7 @@ func volumeNames(t *testing.T, sim *fake.Libvirt) []string {
 // pass, without waiting for a full listing to show them (issue 12: they
 // leaked until the next full pass).
 func TestFailedMachineVolumesReapedInSamePass(t *testing.T) {
-	sim := fake.NewLibvirt(fake.Options{Zones: []string{"z1"}})
+	sim := libvirtsim.NewLibvirt(simcore.Options{Zones: []string{"z1"}})
 	defer sim.Close()
 	r := quietRig(t, sim)
 	ctx := context.Background()
@@ -68,7 +69,7 @@ func TestFailedMachineVolumesReapedInSamePass(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Every start fails terminally: the Create fails after define.
-	sim.SetHook(func(_ context.Context, c fake.Call) error {
+	sim.SetHook(func(_ context.Context, c simcore.Call) error {
 		if c.Op == "Start" {
 			return fmt.Errorf("start refused: %w", hypervisors.ErrInvalid)
 		}
@@ -93,7 +94,7 @@ func TestFailedMachineVolumesReapedInSamePass(t *testing.T) {
 
 // eventHV adds an event channel to the simulator.
 type eventHV struct {
-	*fake.Libvirt
+	*libvirtsim.Libvirt
 	ch chan hypervisors.Event
 }
 
@@ -107,7 +108,7 @@ func (e *eventHV) Events() <-chan hypervisors.Event { return e.ch }
 // for its zone is an hour away (issue 18: with the default 1 s retry the
 // test passed with the zone-up handler deleted).
 func TestEventsWakeWork(t *testing.T) {
-	sim := fake.NewLibvirt(fake.Options{Zones: []string{"z1"}})
+	sim := libvirtsim.NewLibvirt(simcore.Options{Zones: []string{"z1"}})
 	defer sim.Close()
 	hv := &eventHV{Libvirt: sim, ch: make(chan hypervisors.Event, 16)}
 	r := quietRig(t, hv, func(o *Options) { o.RetryMin, o.RetryMax = time.Hour, time.Hour })

@@ -8,7 +8,8 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/bigfleet-vm/provider/desired"
-	"github.com/bigfleet-vm/provider/hypervisors/fake"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/libvirtsim"
+	"github.com/bigfleet-vm/provider/hypervisors/simcore"
 )
 
 // queueProbe is a workqueue.MetricsProvider that records when the queue
@@ -74,10 +75,10 @@ func (p *queueProbe) snapshot() ([]time.Time, float64) {
 func TestQueueBacksOffPerMachineAndReports(t *testing.T) {
 	probe := &queueProbe{}
 	const retryMin = 10 * time.Millisecond
-	r := newRig(t, "libvirt", desired.NewMemoryStore(nil), fake.Options{}, func(o *Options) {
+	r := newRig(t, "libvirt", desired.NewMemoryStore(nil), simcore.Options{}, func(o *Options) {
 		o.QueueMetrics, o.RetryMin, o.RetryMax, o.Interval = probe, retryMin, time.Minute, 0
 	})
-	r.hv.(*fake.Libvirt).SetUnreachable("z1", true)
+	r.hv.(*libvirtsim.Libvirt).SetUnreachable("z1", true)
 	id := "z1/t/001"
 	r.mutate(t, desired.Request{Kind: desired.KindCreate, MachineID: id})
 	deadline := time.Now().Add(30 * time.Second)

@@ -10,9 +10,11 @@ import (
 	"github.com/bigfleet-vm/provider/desired"
 	"github.com/bigfleet-vm/provider/executor"
 	"github.com/bigfleet-vm/provider/hypervisors"
-	"github.com/bigfleet-vm/provider/hypervisors/fake"
 	"github.com/bigfleet-vm/provider/hypervisors/libvirt"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/libvirtsim"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/proxmoxsim"
+	"github.com/bigfleet-vm/provider/hypervisors/simcore"
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/planner"
 )
@@ -24,16 +26,16 @@ type rig struct {
 	stop func()
 }
 
-func newRig(t *testing.T, shape string, mem *desired.MemoryStore, fo fake.Options, tune ...func(*Options)) *rig {
+func newRig(t *testing.T, shape string, mem *desired.MemoryStore, fo simcore.Options, tune ...func(*Options)) *rig {
 	t.Helper()
 	fo.Zones = []string{"z1"}
 	var hv hypervisors.Hypervisor
 	pc := planner.Config{Installation: "inst", StopGrace: time.Second, ReapFailed: true}
 	if shape == "libvirt" {
-		hv = fake.NewLibvirt(fo)
+		hv = libvirtsim.NewLibvirt(fo)
 		pc.Plugin = libvirt.Planner(libvirt.PlanSettings{Pool: "default", Image: "golden.qcow2", Network: "default", DomainType: "kvm"})
 	} else {
-		hv = fake.NewProxmox(fo)
+		hv = proxmoxsim.NewProxmox(fo)
 		pc.Plugin = proxmox.Planner(proxmox.PlanSettings{BootstrapPath: "/run/bigfleet-bootstrap", BootstrapExec: []string{"/bin/sh"}})
 	}
 	var slots []desired.Slot
@@ -90,7 +92,7 @@ func (r *rig) await(t *testing.T, id string, want desired.State) *desired.Machin
 func TestLifecycleBothShapes(t *testing.T) {
 	for _, shape := range []string{"libvirt", "proxmox"} {
 		t.Run(string(shape), func(t *testing.T) {
-			r := newRig(t, shape, desired.NewMemoryStore(nil), fake.Options{})
+			r := newRig(t, shape, desired.NewMemoryStore(nil), simcore.Options{})
 			id := "z1/t/000"
 			r.mutate(t, desired.Request{Kind: desired.KindCreate, MachineID: id})
 			m := r.await(t, id, desired.Idle)
@@ -101,7 +103,7 @@ func TestLifecycleBothShapes(t *testing.T) {
 			r.await(t, id, desired.Configured)
 			tg := hypervisors.Target{Zone: "z1", Name: m.VMName, VMID: m.VMID}
 			type bootstrapper interface {
-				Bootstraps(hypervisors.Target) []fake.Bootstrap
+				Bootstraps(hypervisors.Target) []simcore.Bootstrap
 			}
 			bs := r.hv.(bootstrapper).Bootstraps(tg)
 			if len(bs) != 1 || string(bs[0].Blob) != "join-secret" || bs[0].Cluster != "c1" {
@@ -119,7 +121,7 @@ func TestLifecycleBothShapes(t *testing.T) {
 }
 
 func TestHookFailureIsScrubbedAndSticky(t *testing.T) {
-	r := newRig(t, "libvirt", desired.NewMemoryStore(nil), fake.Options{Faults: true})
+	r := newRig(t, "libvirt", desired.NewMemoryStore(nil), simcore.Options{Faults: true})
 	id := "z1/t/001"
 	r.mutate(t, desired.Request{Kind: desired.KindCreate, MachineID: id})
 	r.await(t, id, desired.Idle)
@@ -131,8 +133,8 @@ func TestHookFailureIsScrubbedAndSticky(t *testing.T) {
 }
 
 func TestVanishedVMFailsAndStoppedVMIsRestarted(t *testing.T) {
-	r := newRig(t, "libvirt", desired.NewMemoryStore(nil), fake.Options{})
-	sim := r.hv.(*fake.Libvirt)
+	r := newRig(t, "libvirt", desired.NewMemoryStore(nil), simcore.Options{})
+	sim := r.hv.(*libvirtsim.Libvirt)
 	a, b := "z1/t/000", "z1/t/001"
 	r.mutate(t, desired.Request{Kind: desired.KindCreate, MachineID: a})
 	r.mutate(t, desired.Request{Kind: desired.KindCreate, MachineID: b})
@@ -164,10 +166,10 @@ func TestVanishedVMFailsAndStoppedVMIsRestarted(t *testing.T) {
 // does), not only when a full pass finds it.
 func TestRepairDelayHoldsEveryRepair(t *testing.T) {
 	const delay = 400 * time.Millisecond
-	r := newRig(t, "libvirt", desired.NewMemoryStore(nil), fake.Options{}, func(o *Options) {
+	r := newRig(t, "libvirt", desired.NewMemoryStore(nil), simcore.Options{}, func(o *Options) {
 		o.RepairDelay, o.Interval = delay, time.Hour
 	})
-	sim := r.hv.(*fake.Libvirt)
+	sim := r.hv.(*libvirtsim.Libvirt)
 	id := "z1/t/000"
 	r.mutate(t, desired.Request{Kind: desired.KindCreate, MachineID: id})
 	m := r.await(t, id, desired.Idle)
@@ -202,11 +204,11 @@ func TestRestartRedrivesCreate(t *testing.T) {
 	mem := desired.NewMemoryStore(nil)
 	// The first provider accepts a Create but its hypervisor is slow; it
 	// stops before the transition finishes.
-	r := newRig(t, "proxmox", mem, fake.Options{Latency: time.Hour})
+	r := newRig(t, "proxmox", mem, simcore.Options{Latency: time.Hour})
 	id := "z1/t/002"
 	op := r.mutate(t, desired.Request{Kind: desired.KindCreate, MachineID: id}).OpID
 	r.stop()
-	r2 := newRig(t, "proxmox", desired.NewMemoryStore(snapshot(t, mem)), fake.Options{})
+	r2 := newRig(t, "proxmox", desired.NewMemoryStore(snapshot(t, mem)), simcore.Options{})
 	m := r2.await(t, id, desired.Idle)
 	if m.Ops[desired.KindCreate].ID != op {
 		t.Fatalf("op %s, want %s", m.Ops[desired.KindCreate].ID, op)
@@ -238,8 +240,8 @@ func TestHostFitHoldsACreate(t *testing.T) {
 			return ""
 		}
 	}
-	r := newRig(t, "libvirt", desired.NewMemoryStore(nil), fake.Options{}, fit)
-	lv := r.hv.(*fake.Libvirt)
+	r := newRig(t, "libvirt", desired.NewMemoryStore(nil), simcore.Options{}, fit)
+	lv := r.hv.(*libvirtsim.Libvirt)
 	r.mutate(t, desired.Request{Kind: desired.KindCreate, MachineID: "z1/t/000"})
 	m := r.await(t, "z1/t/000", desired.Failed)
 	if want := "create failed: host memory: zone z1 has 1024 MiB free, the machine needs 2048 MiB"; m.LastError != want {
@@ -250,7 +252,7 @@ func TestHostFitHoldsACreate(t *testing.T) {
 			t.Errorf("%d %s calls for a Create the host cannot hold, want 0", n, op)
 		}
 	}
-	lv.SetHook(func(_ context.Context, c fake.Call) error {
+	lv.SetHook(func(_ context.Context, c simcore.Call) error {
 		if c.Op == "Start" {
 			return &hypervisors.ResourceError{Resource: "memory", Err: fmt.Errorf("cannot set up guest memory 'pc.ram': Cannot allocate memory")}
 		}

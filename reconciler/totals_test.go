@@ -13,7 +13,8 @@ import (
 	"github.com/bigfleet-vm/provider/desired"
 	"github.com/bigfleet-vm/provider/executor"
 	"github.com/bigfleet-vm/provider/hypervisors"
-	"github.com/bigfleet-vm/provider/hypervisors/fake"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/libvirtsim"
+	"github.com/bigfleet-vm/provider/hypervisors/simcore"
 	"github.com/bigfleet-vm/provider/planner"
 )
 
@@ -95,7 +96,7 @@ func (s *sink) await(t *testing.T, what string, ok func(*planner.Totals) bool) (
 // stayed at 1 until the next pass, 95 s later).
 func TestTotalsFollowTheMachinesReconcile(t *testing.T) {
 	s := &sink{}
-	r := newRig(t, "libvirt", desired.NewMemoryStore(nil), fake.Options{}, func(o *Options) {
+	r := newRig(t, "libvirt", desired.NewMemoryStore(nil), simcore.Options{}, func(o *Options) {
 		o.Metrics, o.Interval = s, 0
 		// The repair is held long enough for the pending state to be seen.
 		o.RepairDelay = 300 * time.Millisecond
@@ -103,7 +104,7 @@ func TestTotalsFollowTheMachinesReconcile(t *testing.T) {
 	id := "z1/t/000"
 	r.mutate(t, desired.Request{Kind: desired.KindCreate, MachineID: id})
 	m := r.await(t, id, desired.Idle)
-	if err := r.hv.(*fake.Libvirt).StopVM(hypervisors.Target{Zone: "z1", Name: m.VMName}); err != nil {
+	if err := r.hv.(*libvirtsim.Libvirt).StopVM(hypervisors.Target{Zone: "z1", Name: m.VMName}); err != nil {
 		t.Fatal(err)
 	}
 	r.rec.Trigger()
@@ -143,7 +144,7 @@ func TestTallyKeepsNewerContributions(t *testing.T) {
 // refreshed the drift gauges).
 func TestPlanIsARead(t *testing.T) {
 	s := &sink{}
-	r := newRig(t, "libvirt", desired.NewMemoryStore(nil), fake.Options{}, func(o *Options) {
+	r := newRig(t, "libvirt", desired.NewMemoryStore(nil), simcore.Options{}, func(o *Options) {
 		o.Metrics, o.Interval = s, 0
 		o.RepairDelay = time.Hour
 	})
@@ -155,7 +156,7 @@ func TestPlanIsARead(t *testing.T) {
 	s.mu.Lock()
 	before, observedBefore := len(s.totals), s.observed
 	s.mu.Unlock()
-	if err := r.hv.(*fake.Libvirt).StopVM(hypervisors.Target{Zone: "z1", Name: m.VMName}); err != nil {
+	if err := r.hv.(*libvirtsim.Libvirt).StopVM(hypervisors.Target{Zone: "z1", Name: m.VMName}); err != nil {
 		t.Fatal(err)
 	}
 	p := r.rec.Plan(context.Background())
@@ -188,13 +189,13 @@ func TestRepairBudget(t *testing.T) {
 			s := &sink{}
 			var flapping atomic.Bool
 			flapping.Store(true)
-			hook := func(_ context.Context, c fake.Call) error {
+			hook := func(_ context.Context, c simcore.Call) error {
 				if c.Op == "Start" && flapping.Load() {
 					return hypervisors.ErrTransient
 				}
 				return nil
 			}
-			r := newRig(t, "libvirt", desired.NewMemoryStore(nil), fake.Options{}, func(o *Options) {
+			r := newRig(t, "libvirt", desired.NewMemoryStore(nil), simcore.Options{}, func(o *Options) {
 				o.Metrics, o.Interval = s, 0
 				o.RetryMin, o.RetryMax = 10*time.Millisecond, 50*time.Millisecond
 				o.RepairTimeout = tc.timeout
@@ -204,7 +205,7 @@ func TestRepairBudget(t *testing.T) {
 			id := "z1/t/000"
 			r.mutate(t, desired.Request{Kind: desired.KindCreate, MachineID: id})
 			m := r.await(t, id, desired.Idle)
-			lv := r.hv.(*fake.Libvirt)
+			lv := r.hv.(*libvirtsim.Libvirt)
 			lv.SetHook(hook)
 			if err := lv.StopVM(hypervisors.Target{Zone: "z1", Name: m.VMName}); err != nil {
 				t.Fatal(err)

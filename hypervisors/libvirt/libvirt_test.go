@@ -22,7 +22,7 @@ import (
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
 	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvuri"
-	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvespec"
+	"github.com/bigfleet-vm/provider/jsonplan"
 	"github.com/bigfleet-vm/provider/observed"
 )
 
@@ -545,12 +545,22 @@ func TestNewDoesNotBlockOnDeadZone(t *testing.T) {
 	if _, err := h.Observe(ctx, "nope"); !errors.Is(err, hypervisors.ErrInvalid) {
 		t.Errorf("unknown zone: %v, want ErrInvalid", err)
 	}
-	// The Proxmox steps are not offered at all: the executor answers a
-	// step of the other shape with ErrUnsupported.
-	if _, err := h.Apply(ctx, hypervisors.Target{Zone: "z"}, &pvespec.DeleteVM{}); !errors.Is(err, hypervisors.ErrUnsupported) {
-		t.Errorf("a Proxmox step on the libvirt adapter: %v, want ErrUnsupported", err)
+	// Another vocabulary's steps are not offered at all: the executor
+	// answers a step of another hypervisor with ErrUnsupported.
+	if _, err := h.Apply(ctx, hypervisors.Target{Zone: "z"}, foreignStep{}); !errors.Is(err, hypervisors.ErrUnsupported) {
+		t.Errorf("another hypervisor's step on the libvirt adapter: %v, want ErrUnsupported", err)
 	}
 }
+
+// foreignStep is a step of another hypervisor's vocabulary (a room never
+// imports another room's, so it is made here).
+type foreignStep struct{}
+
+func (foreignStep) Info() hypervisors.ActionInfo {
+	return hypervisors.ActionInfo{Name: "delete-vm", Effect: hypervisors.EffectDestroy}
+}
+
+func (foreignStep) PlanJSON(*jsonplan.Params) {}
 
 // A call that never answers times out, and the connection is marked broken
 // so that the background loop redials.

@@ -12,8 +12,9 @@ import (
 
 	"github.com/bigfleet-vm/provider/conffile"
 	"github.com/bigfleet-vm/provider/hypervisors"
-	"github.com/bigfleet-vm/provider/hypervisors/fake"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/libvirtsim"
 	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvuri"
+	"github.com/bigfleet-vm/provider/hypervisors/simcore"
 	"github.com/bigfleet-vm/provider/inventory"
 	"github.com/bigfleet-vm/provider/planner"
 	"github.com/bigfleet-vm/provider/plugin"
@@ -236,7 +237,7 @@ func (l *Settings) Planner(o plugin.PlannerOptions) planner.Plugin {
 	s := PlanSettings{Pool: l.StoragePool, ZonePools: l.ZonePools, Image: l.Image, Network: l.Network, DomainType: l.DomainType,
 		UserData: string(l.BaseUserData), Kernel: l.Kernel, Initrd: l.Initrd, Cmdline: l.Cmdline}
 	if s.Image == "" && o.Simulated {
-		s.Image = fake.DefaultImage
+		s.Image = libvirtsim.DefaultImage
 	}
 	return Planner(s)
 }
@@ -255,12 +256,12 @@ func (l *Settings) Open(_ context.Context, o plugin.OpenOptions) (hypervisors.Hy
 // OpenSimulator opens the libvirt-shaped simulator with the pool,
 // network and image the flags name.
 func (l *Settings) OpenSimulator(o plugin.SimOptions) (hypervisors.Hypervisor, error) {
-	opts := fake.Options{Zones: o.Zones, Latency: o.Latency, Faults: o.Faults, SlowOK: o.SlowOK, Host: o.Host,
+	opts := simcore.Options{Zones: o.Zones, Latency: o.Latency, Faults: o.Faults, SlowOK: o.SlowOK, Host: o.Host,
 		Pool: l.StoragePool, Network: l.Network, Image: l.Image, State: o.State, ReadOnly: o.ReadOnly}
 	if o.Journal != nil {
 		opts.Store = o.Journal
 	}
-	return fake.OpenLibvirt(opts)
+	return libvirtsim.OpenLibvirt(opts)
 }
 
 // String summarises the settings (never the base user data).

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
-	"github.com/bigfleet-vm/provider/hypervisors/fake"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/libvirtsim"
 	"github.com/bigfleet-vm/provider/inventory"
 	"github.com/bigfleet-vm/provider/plugin"
 	"github.com/bigfleet-vm/provider/plugin/plugintest"
@@ -74,8 +74,8 @@ func TestCatalogRules(t *testing.T) {
 // simulator's golden image; the real backend requires --image.
 func TestPlannerImage(t *testing.T) {
 	s, _ := resolve(t, false)
-	if got := s.Planner(plugin.PlannerOptions{Simulated: true}).(*plan).s.Image; got != fake.DefaultImage {
-		t.Errorf("simulated image %q, want %q", got, fake.DefaultImage)
+	if got := s.Planner(plugin.PlannerOptions{Simulated: true}).(*plan).s.Image; got != libvirtsim.DefaultImage {
+		t.Errorf("simulated image %q, want %q", got, libvirtsim.DefaultImage)
 	}
 	s, probs := resolve(t, true, "--connect", "qemu:///system")
 	if got := s.Planner(plugin.PlannerOptions{}).(*plan).s.Image; got != "" {

@@ -8,7 +8,7 @@
 // registry holds only mem.
 //
 // Its VMs live in memory. The runtime reuses the libvirt-shaped
-// simulator of hypervisors/fake as its substrate (power, the simulated
+// simulator of hypervisors/libvirt/libvirtsim as its substrate (power, the simulated
 // guest and its agent, journaling into the provider's state), reached
 // only through that simulator's exported API: mem's own steps decide
 // what a create and a destroy are.

@@ -13,8 +13,9 @@ import (
 	"github.com/bigfleet-vm/provider/desired"
 	"github.com/bigfleet-vm/provider/golden"
 	"github.com/bigfleet-vm/provider/hypervisors"
-	"github.com/bigfleet-vm/provider/hypervisors/fake"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/libvirtsim"
 	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
+	"github.com/bigfleet-vm/provider/hypervisors/simcore"
 	"github.com/bigfleet-vm/provider/inventory"
 	"github.com/bigfleet-vm/provider/jsonplan"
 	"github.com/bigfleet-vm/provider/naming"
@@ -90,7 +91,7 @@ func (memPlanner) Destroy(b *planner.Builder, vm *observed.VM, reason string, _ 
 }
 
 func (memPlanner) Bootstrap(m *desired.Machine) ([]string, string) {
-	return []string{fake.DefaultBootstrapHook, m.Cluster}, "/opt/bigfleet/bootstrap.blob"
+	return []string{simcore.DefaultBootstrapHook, m.Cluster}, "/opt/bigfleet/bootstrap.blob"
 }
 
 func (memPlanner) Volumes(*desired.Machine) (string, []string) { return "", nil }
@@ -98,26 +99,26 @@ func (memPlanner) Volumes(*desired.Machine) (string, []string) { return "", nil 
 // Step 3. The runtime: the libvirt-shaped simulator is the substrate
 // (power, the guest and its agent, journaling, the Simulator capability);
 // Apply decides what mem's own steps are.
-type world struct{ *fake.Libvirt }
+type world struct{ *libvirtsim.Libvirt }
 
 func (w world) Apply(ctx context.Context, t hypervisors.Target, p hypervisors.StepParams) (int, error) {
 	switch p := p.(type) {
 	case *create:
 		disk, seed := naming.OverlayVolume(t.Name), naming.SeedVolume(t.Name)
-		if err := w.CreateOverlay(ctx, t.Zone, lvspec.OverlaySpec{Pool: fake.DefaultPool, Name: disk, BaseImage: fake.DefaultImage}); err != nil {
+		if err := w.CreateOverlay(ctx, t.Zone, lvspec.OverlaySpec{Pool: libvirtsim.DefaultPool, Name: disk, BaseImage: libvirtsim.DefaultImage}); err != nil {
 			return 0, err
 		}
-		if err := w.CreateSeed(ctx, t.Zone, lvspec.SeedSpec{Pool: fake.DefaultPool, Name: seed, InstanceID: p.Marker.MachineID, Hostname: t.Name}); err != nil {
+		if err := w.CreateSeed(ctx, t.Zone, lvspec.SeedSpec{Pool: libvirtsim.DefaultPool, Name: seed, InstanceID: p.Marker.MachineID, Hostname: t.Name}); err != nil {
 			return 0, err
 		}
 		return 0, w.DefineDomain(ctx, t.Zone, lvspec.DomainSpec{Name: t.Name, VCPU: p.VCPU, MemoryMiB: p.MemoryMiB, DomainType: "kvm",
-			Pool: fake.DefaultPool, Overlay: disk, Seed: seed, Network: fake.DefaultNetwork, Marker: p.Marker, Labels: p.Labels})
+			Pool: libvirtsim.DefaultPool, Overlay: disk, Seed: seed, Network: libvirtsim.DefaultNetwork, Marker: p.Marker, Labels: p.Labels})
 	case *destroy:
 		if err := w.UndefineDomain(ctx, t); err != nil {
 			return 0, err
 		}
 		for _, v := range []string{naming.OverlayVolume(t.Name), naming.SeedVolume(t.Name)} {
-			if err := w.DeleteVolume(ctx, t.Zone, fake.DefaultPool, v); err != nil {
+			if err := w.DeleteVolume(ctx, t.Zone, libvirtsim.DefaultPool, v); err != nil {
 				return 0, err
 			}
 		}
@@ -185,11 +186,11 @@ func (resolved) Open(context.Context, plugin.OpenOptions) (hypervisors.Hyperviso
 }
 
 func (resolved) OpenSimulator(o plugin.SimOptions) (hypervisors.Hypervisor, error) {
-	opts := fake.Options{Zones: o.Zones, Latency: o.Latency, Faults: o.Faults, SlowOK: o.SlowOK, Host: o.Host, State: o.State, ReadOnly: o.ReadOnly}
+	opts := simcore.Options{Zones: o.Zones, Latency: o.Latency, Faults: o.Faults, SlowOK: o.SlowOK, Host: o.Host, State: o.State, ReadOnly: o.ReadOnly}
 	if o.Journal != nil {
 		opts.Store = o.Journal
 	}
-	lv, err := fake.OpenLibvirt(opts)
+	lv, err := libvirtsim.OpenLibvirt(opts)
 	if err != nil {
 		return nil, err
 	}
@@ -230,7 +231,7 @@ var goldenSetup = golden.Setup{
 		return memPlanner{}, nil
 	},
 	World: func(zones []string, now func() time.Time) golden.World {
-		return goldenWorld{world{fake.NewLibvirt(fake.Options{Zones: zones, Clock: now})}}
+		return goldenWorld{world{libvirtsim.NewLibvirt(simcore.Options{Zones: zones, Clock: now})}}
 	},
 }
 

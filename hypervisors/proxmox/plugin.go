@@ -15,8 +15,9 @@ import (
 
 	"github.com/bigfleet-vm/provider/conffile"
 	"github.com/bigfleet-vm/provider/hypervisors"
-	"github.com/bigfleet-vm/provider/hypervisors/fake"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/proxmoxsim"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvespec"
+	"github.com/bigfleet-vm/provider/hypervisors/simcore"
 	"github.com/bigfleet-vm/provider/inventory"
 	"github.com/bigfleet-vm/provider/planner"
 	"github.com/bigfleet-vm/provider/plugin"
@@ -354,17 +355,17 @@ func pollInterval(d time.Duration) time.Duration {
 // --template-vmid template on the first zone and every other template
 // the catalog names.
 func (x *Settings) OpenSimulator(o plugin.SimOptions) (hypervisors.Hypervisor, error) {
-	opts := fake.Options{Zones: o.Zones, Latency: o.Latency, Faults: o.Faults, SlowOK: o.SlowOK, Host: o.Host,
+	opts := simcore.Options{Zones: o.Zones, Latency: o.Latency, Faults: o.Faults, SlowOK: o.SlowOK, Host: o.Host,
 		TemplateVMID: x.TemplateVMID, BootstrapPath: x.BootstrapPath, State: o.State, ReadOnly: o.ReadOnly}
 	for _, it := range o.Catalog {
 		if it.Source != 0 && it.Source != x.TemplateVMID {
-			opts.Templates = append(opts.Templates, fake.Template{VMID: it.Source, Zone: o.Zones[0], Name: fmt.Sprintf("template-%d", it.Source)})
+			opts.Templates = append(opts.Templates, simcore.Template{VMID: it.Source, Zone: o.Zones[0], Name: fmt.Sprintf("template-%d", it.Source)})
 		}
 	}
 	if o.Journal != nil {
 		opts.Store = o.Journal
 	}
-	return fake.OpenProxmox(opts)
+	return proxmoxsim.OpenProxmox(opts)
 }
 
 // String summarises the settings without the token secret: a resolved

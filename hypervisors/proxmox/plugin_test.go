@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
-	"github.com/bigfleet-vm/provider/hypervisors/fake"
+	"github.com/bigfleet-vm/provider/hypervisors/simcore"
 	"github.com/bigfleet-vm/provider/inventory"
 	"github.com/bigfleet-vm/provider/plugin"
 	"github.com/bigfleet-vm/provider/plugin/plugintest"
@@ -136,7 +136,7 @@ func TestSimulatorHasTheCapability(t *testing.T) {
 	if err := sim.AddForeign(hypervisors.Target{Zone: "pve-a", Name: "other"}); err != nil {
 		t.Fatal(err)
 	}
-	if fake.DefaultReadyCommand != plugin.SimReadyCommand {
-		t.Errorf("the simulated guest answers %q, the core plans %q", fake.DefaultReadyCommand, plugin.SimReadyCommand)
+	if simcore.DefaultReadyCommand != plugin.SimReadyCommand {
+		t.Errorf("the simulated guest answers %q, the core plans %q", simcore.DefaultReadyCommand, plugin.SimReadyCommand)
 	}
 }

@@ -1,6 +1,7 @@
 // Package layout holds the house rules of the repository as a test: the
 // core never depends on a hypervisor implementation and never asks which
-// hypervisor it serves. It has no code, only layout_test.go:
+// hypervisor it serves, and one hypervisor's room never depends on
+// another's. It has no code, only tests (layout_test.go, rooms_test.go):
 //
 //   - Imports: the production dependencies (go list -deps, transitive) of
 //     every core package hold no package under hypervisors/ (the contract
@@ -20,6 +21,11 @@
 //     Name of a plug-in (plugin.Info.Name, planner.Plugin.Name()), or on
 //     a variable assigned from one. Looking a plug-in up by its name in a
 //     registry is dispatch, not a branch, and is allowed.
+//   - Rooms: no package under one hypervisor's directory (rooms:
+//     hypervisors/libvirt, hypervisors/proxmox) depends, directly or
+//     through others, on a package of another room, and nothing under
+//     hypervisors/simcore (the simulators' shared core) depends on any
+//     room; a package's tests count as the package.
 //
 // Every violation is reported at once, sorted, as file:line: what.
 package layout

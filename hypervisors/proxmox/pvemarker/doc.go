@@ -1,7 +1,7 @@
 // Package pvemarker encodes the ownership marker of a Proxmox VM: the tag
 // set (TagOwned, InstallationTag, MachineTag) and the machine-readable
 // description line, and parses them back. The Proxmox adapter writes and
-// reads VMs with it, the Proxmox simulator (hypervisors/fake) keeps its
+// reads VMs with it, the Proxmox simulator (proxmoxsim) keeps its
 // VMs in the same form, and the planner checks a VM's tags with it.
 //
 // Invariants:

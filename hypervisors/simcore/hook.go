@@ -1,4 +1,4 @@
-package fake
+package simcore
 
 import (
 	"context"

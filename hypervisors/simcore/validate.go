@@ -1,11 +1,10 @@
-package fake
+package simcore
 
 import (
 	"fmt"
 
 	"github.com/bigfleet-vm/provider/desired"
 	"github.com/bigfleet-vm/provider/hypervisors"
-	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvespec"
 	"github.com/bigfleet-vm/provider/inventory"
 	"github.com/bigfleet-vm/provider/observed"
 )
@@ -18,56 +17,49 @@ import (
 // good: an id over the cap is never adopted (a permanent "adopt" in every
 // plan), and a name that is not UTF-8 fails every List answer.
 
-func invalid(err error) error { return fmt.Errorf("%w: %v", hypervisors.ErrInvalid, err) }
+// Invalid wraps a refused value in hypervisors.ErrInvalid.
+func Invalid(err error) error { return fmt.Errorf("%w: %v", hypervisors.ErrInvalid, err) }
 
-// checkVMName checks a VM name: non-empty UTF-8 of at most
+// CheckVMName checks a VM name: non-empty UTF-8 of at most
 // desired.MaxIDBytes, the rule of every id on the wire.
-func checkVMName(name string) error {
+func CheckVMName(name string) error {
 	if err := desired.CheckID("name", name); err != nil {
-		return invalid(err)
+		return Invalid(err)
 	}
 	return nil
 }
 
-// checkMarker checks an ownership marker's ids and instance type.
-func checkMarker(m *observed.Marker) error {
+// CheckMarker checks an ownership marker's ids and instance type.
+func CheckMarker(m *observed.Marker) error {
 	if m == nil {
 		return nil
 	}
 	for _, f := range []struct{ field, v string }{{"installation", m.Installation}, {"machine id", m.MachineID}} {
 		if err := desired.CheckID(f.field, f.v); err != nil {
-			return invalid(err)
+			return Invalid(err)
 		}
 	}
 	if m.Cluster != "" {
 		if err := desired.CheckID("cluster", m.Cluster); err != nil {
-			return invalid(err)
+			return Invalid(err)
 		}
 	}
 	if m.InstanceType != "" {
 		if err := inventory.ValidateTypeName(m.InstanceType); err != nil {
-			return invalid(err)
+			return Invalid(err)
 		}
 	}
 	return nil
 }
 
-// checkSize checks a vCPU count and memory size against the catalog's
+// CheckSize checks a vCPU count and memory size against the catalog's
 // caps.
-func checkSize(vcpu, memoryMiB int) error {
+func CheckSize(vcpu, memoryMiB int) error {
 	if err := inventory.CheckVCPU(vcpu); err != nil {
-		return invalid(err)
+		return Invalid(err)
 	}
 	if err := inventory.CheckMemoryMiB(memoryMiB); err != nil {
-		return invalid(err)
-	}
-	return nil
-}
-
-// checkVMID checks a Proxmox VMID; 0 asks the simulator to allocate one.
-func checkVMID(vmid int) error {
-	if vmid != 0 && (vmid < pvespec.MinVMID || vmid > pvespec.MaxVMID) {
-		return invalid(fmt.Errorf("vmid %d is outside the Proxmox VMID range %d..%d", vmid, pvespec.MinVMID, pvespec.MaxVMID))
+		return Invalid(err)
 	}
 	return nil
 }

@@ -1,10 +1,11 @@
-package fake
+package libvirtsim
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
+	"github.com/bigfleet-vm/provider/hypervisors/simcore"
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 )
@@ -20,7 +22,8 @@ import (
 // storage pools, networks and domains, behind hypervisors.Hypervisor and
 // lvspec.Steps.
 type Libvirt struct {
-	sim
+	c    *simcore.Core
+	opts simcore.Options
 
 	zones []string
 	hosts map[string]*lvHost
@@ -31,6 +34,15 @@ var (
 	_ lvspec.Steps               = (*Libvirt)(nil)
 	_ hypervisors.HealthReporter = (*Libvirt)(nil)
 	_ hypervisors.VolumeReader   = (*Libvirt)(nil)
+	_ hypervisors.CapacityReader = (*Libvirt)(nil)
+	_ hypervisors.Simulator      = (*Libvirt)(nil)
+)
+
+// Defaults applied by NewLibvirt to zero Options fields.
+const (
+	DefaultPool    = "default"
+	DefaultImage   = "golden.qcow2"
+	DefaultNetwork = "default"
 )
 
 type lvHost struct {
@@ -68,16 +80,16 @@ type domain struct {
 	Cmdline    string           `json:"cmdline,omitempty"`
 	Marker     *observed.Marker `json:"marker,omitempty"`
 	Autostart  bool             `json:"autostart,omitempty"`
-	machine
+	simcore.Machine
 }
 
 // NewLibvirt returns a fresh simulated host set: every zone has the pool
 // opts.Pool holding the base image opts.Image, the network opts.Network,
 // and no domains. With opts.Store every change is journaled there.
-func NewLibvirt(opts Options) *Libvirt {
-	opts = opts.withDefaults()
-	f := &Libvirt{zones: opts.Zones, hosts: map[string]*lvHost{}}
-	f.sim.init(opts, f)
+func NewLibvirt(opts simcore.Options) *Libvirt {
+	opts = withDefaults(opts.WithDefaults())
+	f := &Libvirt{opts: opts, zones: opts.Zones, hosts: map[string]*lvHost{}}
+	f.c = simcore.New(opts, simcore.Machines{Find: f.machineOf, Save: f.saveMachine})
 	for _, z := range opts.Zones {
 		f.hosts[z] = f.newHost()
 	}
@@ -87,7 +99,7 @@ func NewLibvirt(opts Options) *Libvirt {
 // OpenLibvirt is NewLibvirt plus the domains and volumes persisted in
 // opts.State (zones only the state knows are added). With opts.ReadOnly
 // every mutating call fails with ErrPermission (provider plan offline).
-func OpenLibvirt(opts Options) (*Libvirt, error) {
+func OpenLibvirt(opts simcore.Options) (*Libvirt, error) {
 	f := NewLibvirt(opts)
 	var loaded []string
 	host := func(zone string) *lvHost {
@@ -97,7 +109,7 @@ func OpenLibvirt(opts Options) (*Libvirt, error) {
 		}
 		return f.hosts[zone]
 	}
-	err := f.persisted(keyDomain, func(key string, raw []byte) error {
+	err := f.c.Persisted(keyDomain, func(key string, raw []byte) error {
 		zone, name, ok := strings.Cut(strings.TrimPrefix(key, keyDomain), "/")
 		d := &domain{}
 		if err := json.Unmarshal(raw, d); err != nil || !ok || d.Name != name {
@@ -107,7 +119,7 @@ func OpenLibvirt(opts Options) (*Libvirt, error) {
 		return nil
 	})
 	if err == nil {
-		err = f.persisted(keyVolume, func(key string, raw []byte) error {
+		err = f.c.Persisted(keyVolume, func(key string, raw []byte) error {
 			parts := strings.SplitN(strings.TrimPrefix(key, keyVolume), "/", 3)
 			v := &volume{}
 			if err := json.Unmarshal(raw, v); err != nil || len(parts) != 3 || v.Name != parts[2] {
@@ -124,8 +136,25 @@ func OpenLibvirt(opts Options) (*Libvirt, error) {
 	if err != nil {
 		return nil, err
 	}
-	f.zones = mergeZones(f.zones, loaded)
+	f.zones = simcore.MergeZones(f.zones, loaded)
 	return f, nil
+}
+
+// withDefaults applies the host set's defaults.
+func withDefaults(o simcore.Options) simcore.Options {
+	def := func(s *string, v string) {
+		if *s == "" {
+			*s = v
+		}
+	}
+	def(&o.Pool, DefaultPool)
+	def(&o.Image, DefaultImage)
+	def(&o.ImageFormat, "qcow2")
+	def(&o.Network, DefaultNetwork)
+	if o.ImageSizeGiB == 0 {
+		o.ImageSizeGiB = 10
+	}
+	return o
 }
 
 // Keys of the journaled world: a domain per zone and name, a volume per
@@ -136,24 +165,24 @@ const (
 )
 
 // saveDomain journals a domain as it is now (or its removal). Callers hold
-// f.mu.
+// the world lock.
 func (f *Libvirt) saveDomain(zone, name string) {
 	var d *domain
 	if h := f.hosts[zone]; h != nil {
 		d = h.Domains[name]
 	}
-	f.persist(keyDomain+zone+"/"+name, d)
+	f.c.Persist(keyDomain+zone+"/"+name, d)
 }
 
 // saveVolumes journals volumes as they are now (or their removal).
-// Callers hold f.mu.
+// Callers hold the world lock.
 func (f *Libvirt) saveVolumes(zone, pool string, names ...string) {
 	for _, name := range names {
 		var v *volume
 		if h := f.hosts[zone]; h != nil {
 			v = h.Pools[pool][name]
 		}
-		f.persist(keyVolume+zone+"/"+pool+"/"+name, v)
+		f.c.Persist(keyVolume+zone+"/"+pool+"/"+name, v)
 	}
 }
 
@@ -178,32 +207,89 @@ func (f *Libvirt) Zones() []string { return append([]string(nil), f.zones...) }
 
 // Close waits for background work and flushes persistence. Calls after
 // Close fail with ErrUnreachable.
-func (f *Libvirt) Close() error { return f.sim.close() }
+func (f *Libvirt) Close() error { return f.c.Close() }
 
 // SetHook replaces the per-call hook (nil removes it); safe at any time.
-func (f *Libvirt) SetHook(h Hook) { f.sim.setHook(h) }
+func (f *Libvirt) SetHook(h simcore.Hook) { f.c.SetHook(h) }
 
 // SetUnreachable makes every call on zone fail with ErrUnreachable (on)
 // or restores it.
-func (f *Libvirt) SetUnreachable(zone string, on bool) { f.sim.setUnreachable(zone, on) }
+func (f *Libvirt) SetUnreachable(zone string, on bool) { f.c.SetUnreachable(zone, on) }
 
-// SetFlaky makes every call op (one of FlakyOps) on zone fail with
-// ErrTransient after the usual latency (on), as a flapping host answers a
-// call it cannot complete with a timeout, or restores it; the zone's other
-// calls are unaffected. An unknown op or zone is an ErrInvalid error, so
-// the set stays bounded by zones times ops.
-func (f *Libvirt) SetFlaky(zone, op string, on bool) error { return f.sim.setFlaky(zone, op, on) }
+// SetFlaky makes every call op (one of simcore.FlakyOps) on zone fail
+// with ErrTransient after the usual latency (on), as a flapping host
+// answers a call it cannot complete with a timeout, or restores it; the
+// zone's other calls are unaffected. An unknown op or zone is an
+// ErrInvalid error, so the set stays bounded by zones times ops.
+func (f *Libvirt) SetFlaky(zone, op string, on bool) error {
+	return f.c.SetFlaky(f.zones, zone, op, on)
+}
 
 // ZoneHealth implements hypervisors.HealthReporter.
-func (f *Libvirt) ZoneHealth() map[string]error { return f.sim.zoneHealth(f.zones) }
+func (f *Libvirt) ZoneHealth() map[string]error { return f.c.ZoneHealth(f.zones) }
 
 // Calls returns how many times each operation was called.
-func (f *Libvirt) Calls() map[string]int { return f.sim.calls() }
+func (f *Libvirt) Calls() map[string]int { return f.c.Calls() }
 
 // ResetCalls zeroes the call counters.
-func (f *Libvirt) ResetCalls() { f.sim.resetCalls() }
+func (f *Libvirt) ResetCalls() { f.c.ResetCalls() }
 
-// host returns a zone's host; the caller holds mu.
+// ReadCapacity implements hypervisors.CapacityReader with the configured
+// host (Options.Host, Options.Hosts).
+func (f *Libvirt) ReadCapacity(ctx context.Context, zone string) (hypervisors.HostCapacity, error) {
+	return f.c.ReadCapacity(ctx, f.zones, zone)
+}
+
+// AgentPing returns ErrAgentNotReady unless the domain has been running
+// for Options.AgentDelay.
+func (f *Libvirt) AgentPing(ctx context.Context, t hypervisors.Target) error {
+	return f.c.AgentPing(ctx, t)
+}
+
+// AgentExec runs argv in the simulated guest at most once (see package
+// simcore).
+func (f *Libvirt) AgentExec(ctx context.Context, t hypervisors.Target, argv []string) (hypervisors.ExecResult, error) {
+	return f.c.AgentExec(ctx, t, argv)
+}
+
+// AgentWriteFile writes a file in the simulated guest.
+func (f *Libvirt) AgentWriteFile(ctx context.Context, t hypervisors.Target, path string, data []byte, mode os.FileMode) error {
+	return f.c.AgentWriteFile(ctx, t, path, data, mode)
+}
+
+// AgentRemoveFile deletes a file in the simulated guest; a missing file
+// is success.
+func (f *Libvirt) AgentRemoveFile(ctx context.Context, t hypervisors.Target, path string) error {
+	return f.c.AgentRemoveFile(ctx, t, path)
+}
+
+// Guest returns a copy of a domain's simulated guest, or false if the
+// domain is unknown.
+func (f *Libvirt) Guest(t hypervisors.Target) (simcore.GuestState, bool) { return f.c.Guest(t) }
+
+// GuestFile returns a file written into a domain's guest.
+func (f *Libvirt) GuestFile(t hypervisors.Target, path string) ([]byte, bool) {
+	return f.c.GuestFile(t, path)
+}
+
+// Bootstraps returns the successful bootstrap runs of a domain, oldest
+// first.
+func (f *Libvirt) Bootstraps(t hypervisors.Target) []simcore.Bootstrap { return f.c.Bootstraps(t) }
+
+// SimGuest implements hypervisors.Simulator.
+func (f *Libvirt) SimGuest(t hypervisors.Target) (hypervisors.SimGuest, bool) { return f.c.SimGuest(t) }
+
+// AddForeign implements hypervisors.Simulator: it defines a domain named
+// t.Name that this installation does not own.
+func (f *Libvirt) AddForeign(t hypervisors.Target) error { return f.AddForeignVM(t.Zone, t.Name, nil) }
+
+// AddOwned implements hypervisors.Simulator: it defines a running domain
+// named t.Name that carries m.
+func (f *Libvirt) AddOwned(t hypervisors.Target, m observed.Marker) error {
+	return f.AddOwnedVM(t.Zone, t.Name, m, observed.PowerRunning)
+}
+
+// host returns a zone's host; the caller holds the world lock.
 func (f *Libvirt) host(zone string) (*lvHost, error) {
 	h := f.hosts[zone]
 	if h == nil {
@@ -224,11 +310,11 @@ func (h *lvHost) pool(zone, name string) (map[string]*volume, error) {
 // once the call is accounted for (enterWrite); what names the call in
 // errors ("set marker").
 func (f *Libvirt) changeDomain(ctx context.Context, call, what string, t hypervisors.Target, change func(*lvHost, *domain) error) error {
-	if err := f.enterWrite(ctx, call, t.Zone, t); err != nil {
+	if err := f.c.EnterWrite(ctx, call, t.Zone, t); err != nil {
 		return err
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.c.Lock()
+	defer f.c.Unlock()
 	h, d, err := f.domain(t)
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, err)
@@ -248,19 +334,19 @@ func (f *Libvirt) domain(t hypervisors.Target) (*lvHost, *domain, error) {
 	return h, d, nil
 }
 
-func (f *Libvirt) machineOf(t hypervisors.Target) (*machine, *observed.Marker, error) {
+func (f *Libvirt) machineOf(t hypervisors.Target) (*simcore.Machine, *observed.Marker, error) {
 	_, d, err := f.domain(t)
 	if err != nil {
 		return nil, nil, err
 	}
-	return &d.machine, d.Marker, nil
+	return &d.Machine, d.Marker, nil
 }
 
 func (d *domain) observe(zone string) *observed.VM {
 	return &observed.VM{
 		Zone:      zone,
 		Name:      d.Name,
-		Marker:    cloneMarker(d.Marker),
+		Marker:    simcore.CloneMarker(d.Marker),
 		Power:     d.Power,
 		VCPU:      d.VCPU,
 		MemoryMiB: d.MemoryMiB,
@@ -273,16 +359,16 @@ func (d *domain) observe(zone string) *observed.VM {
 // opts.Pool whose names carry naming.VolumePrefix (so VolumesAt is
 // set).
 func (f *Libvirt) Observe(ctx context.Context, zone string) (*observed.Zone, error) {
-	if err := f.enter(ctx, "Observe", zone, hypervisors.Target{Zone: zone}); err != nil {
+	if err := f.c.Enter(ctx, "Observe", zone, hypervisors.Target{Zone: zone}); err != nil {
 		return nil, err
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.c.Lock()
+	defer f.c.Unlock()
 	h, err := f.host(zone)
 	if err != nil {
 		return nil, fmt.Errorf("observe %s: %w", zone, err)
 	}
-	now := f.now()
+	now := f.c.Now()
 	z := &observed.Zone{Name: zone, Status: observed.StatusOK, At: now, VolumesAt: now}
 	for _, d := range h.Domains {
 		z.VMs = append(z.VMs, d.observe(zone))
@@ -310,11 +396,11 @@ func (v *volume) observe(zone, pool string) *observed.Volume {
 
 // ReadVolumes implements hypervisors.VolumeReader.
 func (f *Libvirt) ReadVolumes(ctx context.Context, zone, pool string, names []string) ([]*observed.Volume, error) {
-	if err := f.enter(ctx, "ReadVolumes", zone, hypervisors.Target{Zone: zone}); err != nil {
+	if err := f.c.Enter(ctx, "ReadVolumes", zone, hypervisors.Target{Zone: zone}); err != nil {
 		return nil, err
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.c.Lock()
+	defer f.c.Unlock()
 	h, err := f.host(zone)
 	if err != nil {
 		return nil, fmt.Errorf("read volumes on %s: %w", zone, err)
@@ -335,8 +421,8 @@ func (f *Libvirt) ReadVolumes(ctx context.Context, zone, pool string, names []st
 // AddBlankSeedVolume places a seed volume with no content, as a crash
 // between creating the volume and uploading the ISO leaves it.
 func (f *Libvirt) AddBlankSeedVolume(zone, pool, name string) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.c.Lock()
+	defer f.c.Unlock()
 	h, err := f.host(zone)
 	if err != nil {
 		return err
@@ -355,11 +441,11 @@ func (f *Libvirt) AddBlankSeedVolume(zone, pool, name string) error {
 
 // Lookup re-reads one domain by name.
 func (f *Libvirt) Lookup(ctx context.Context, t hypervisors.Target) (*observed.VM, error) {
-	if err := f.enter(ctx, "Lookup", t.Zone, t); err != nil {
+	if err := f.c.Enter(ctx, "Lookup", t.Zone, t); err != nil {
 		return nil, err
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.c.Lock()
+	defer f.c.Unlock()
 	_, d, err := f.domain(t)
 	if err != nil {
 		return nil, fmt.Errorf("lookup: %w", err)
@@ -368,7 +454,7 @@ func (f *Libvirt) Lookup(ctx context.Context, t hypervisors.Target) (*observed.V
 }
 
 // ensureVolume creates a volume or accepts an existing one of ours that
-// has the same format and backing. The caller holds mu.
+// has the same format and backing. The caller holds the world lock.
 func (f *Libvirt) ensureVolume(zone, poolName string, pool map[string]*volume, want *volume) error {
 	have := pool[want.Name]
 	if have == nil {
@@ -428,14 +514,14 @@ func (f *Libvirt) CreateSeed(ctx context.Context, zone string, spec lvspec.SeedS
 // read-only world and an empty name, and runs ensure on the zone's pool
 // under the world lock; op names it in errors ("create seed").
 func (f *Libvirt) ensureIn(ctx context.Context, call, op, zone, poolName, name string, ensure func(map[string]*volume) error) error {
-	if err := f.enterWrite(ctx, call, zone, hypervisors.Target{Zone: zone, Name: name}); err != nil {
+	if err := f.c.EnterWrite(ctx, call, zone, hypervisors.Target{Zone: zone, Name: name}); err != nil {
 		return err
 	}
 	if name == "" {
 		return fmt.Errorf("%s on %s: empty name: %w", op, zone, hypervisors.ErrInvalid)
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.c.Lock()
+	defer f.c.Unlock()
 	h, err := f.host(zone)
 	if err == nil {
 		var pool map[string]*volume
@@ -453,10 +539,10 @@ func (f *Libvirt) ensureIn(ctx context.Context, call, op, zone, poolName, name s
 // same installation and machine in its marker, redefines it (power,
 // autostart and guest are kept).
 func (f *Libvirt) DefineDomain(ctx context.Context, zone string, spec lvspec.DomainSpec) error {
-	if err := f.enterWrite(ctx, "DefineDomain", zone, hypervisors.Target{Zone: zone, Name: spec.Name}); err != nil {
+	if err := f.c.EnterWrite(ctx, "DefineDomain", zone, hypervisors.Target{Zone: zone, Name: spec.Name}); err != nil {
 		return err
 	}
-	if err := f.createFault("define "+spec.Name, spec.Labels); err != nil {
+	if err := f.c.CreateFault("define "+spec.Name, spec.Labels); err != nil {
 		return err
 	}
 	switch {
@@ -467,8 +553,8 @@ func (f *Libvirt) DefineDomain(ctx context.Context, zone string, spec lvspec.Dom
 	case spec.Overlay == "":
 		return fmt.Errorf("define %s on %s: no overlay disk: %w", spec.Name, zone, hypervisors.ErrInvalid)
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.c.Lock()
+	defer f.c.Unlock()
 	err := func() error {
 		h, err := f.host(zone)
 		if err != nil {
@@ -490,9 +576,9 @@ func (f *Libvirt) DefineDomain(ctx context.Context, zone string, spec lvspec.Dom
 		marker := spec.Marker
 		d := h.Domains[spec.Name]
 		if d == nil {
-			d = &domain{Name: spec.Name, machine: machine{Power: observed.PowerStopped}}
+			d = &domain{Name: spec.Name, Machine: simcore.Machine{Power: observed.PowerStopped}}
 			h.Domains[spec.Name] = d
-		} else if !sameOwner(d.Marker, &marker) {
+		} else if !simcore.SameOwner(d.Marker, &marker) {
 			return fmt.Errorf("domain %q exists and is not this machine's: %w", spec.Name, hypervisors.ErrExists)
 		}
 		d.DomainType, d.VCPU, d.MemoryMiB = spec.DomainType, spec.VCPU, spec.MemoryMiB
@@ -511,11 +597,11 @@ func (f *Libvirt) DefineDomain(ctx context.Context, zone string, spec lvspec.Dom
 // UndefineDomain removes a stopped domain's definition (its volumes stay).
 // A missing domain is success; a running or paused one is ErrInvalid.
 func (f *Libvirt) UndefineDomain(ctx context.Context, t hypervisors.Target) error {
-	if err := f.enterWrite(ctx, "UndefineDomain", t.Zone, t); err != nil {
+	if err := f.c.EnterWrite(ctx, "UndefineDomain", t.Zone, t); err != nil {
 		return err
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.c.Lock()
+	defer f.c.Unlock()
 	h, d, err := f.domain(t)
 	if errors.Is(err, hypervisors.ErrNotFound) {
 		return nil
@@ -524,7 +610,7 @@ func (f *Libvirt) UndefineDomain(ctx context.Context, t hypervisors.Target) erro
 		return fmt.Errorf("undefine: %w", err)
 	}
 	if d.Power == observed.PowerRunning || d.Power == observed.PowerPaused {
-		return fmt.Errorf("undefine %s: domain is %s, stop it first: %w", targetName(t), d.Power, hypervisors.ErrInvalid)
+		return fmt.Errorf("undefine %s: domain is %s, stop it first: %w", simcore.TargetName(t), d.Power, hypervisors.ErrInvalid)
 	}
 	delete(h.Domains, t.Name)
 	f.saveDomain(t.Zone, t.Name)
@@ -535,11 +621,11 @@ func (f *Libvirt) UndefineDomain(ctx context.Context, t hypervisors.Target) erro
 // volume without our prefix is ErrNotOwned, one attached to a running or
 // paused domain ErrInvalid.
 func (f *Libvirt) DeleteVolume(ctx context.Context, zone, pool, name string) error {
-	if err := f.enterWrite(ctx, "DeleteVolume", zone, hypervisors.Target{Zone: zone, Name: name}); err != nil {
+	if err := f.c.EnterWrite(ctx, "DeleteVolume", zone, hypervisors.Target{Zone: zone, Name: name}); err != nil {
 		return err
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.c.Lock()
+	defer f.c.Unlock()
 	err := func() error {
 		h, err := f.host(zone)
 		if err != nil {
@@ -584,17 +670,17 @@ func (f *Libvirt) Start(ctx context.Context, t hypervisors.Target) error {
 			for _, name := range d.Disks {
 				v := pool[name]
 				if v == nil {
-					return fmt.Errorf("start %s: cannot access storage file %s/%s: %w", targetName(t), d.Pool, name, hypervisors.ErrNotFound)
+					return fmt.Errorf("start %s: cannot access storage file %s/%s: %w", simcore.TargetName(t), d.Pool, name, hypervisors.ErrNotFound)
 				}
 				if v.Backing != "" && pool[v.Backing] == nil {
-					return fmt.Errorf("start %s: cannot access backing file %s of %s: %w", targetName(t), v.Backing, name, hypervisors.ErrNotFound)
+					return fmt.Errorf("start %s: cannot access backing file %s of %s: %w", simcore.TargetName(t), v.Backing, name, hypervisors.ErrNotFound)
 				}
 			}
 			if d.Network != "" && !slices.Contains(h.Networks, d.Network) {
-				return fmt.Errorf("start %s: network %q not found: %w", targetName(t), d.Network, hypervisors.ErrNotFound)
+				return fmt.Errorf("start %s: network %q not found: %w", simcore.TargetName(t), d.Network, hypervisors.ErrNotFound)
 			}
 		}
-		d.powerOn(f.now())
+		d.PowerOn(f.c.Now())
 		f.saveDomain(t.Zone, t.Name)
 		return nil
 	})
@@ -608,11 +694,11 @@ func (f *Libvirt) Resume(ctx context.Context, t hypervisors.Target) error {
 		case observed.PowerRunning:
 			return nil
 		case observed.PowerPaused:
-			d.powerOn(f.now())
+			d.PowerOn(f.c.Now())
 			f.saveDomain(t.Zone, t.Name)
 			return nil
 		}
-		return fmt.Errorf("resume %s: domain is %s: %w", targetName(t), d.Power, hypervisors.ErrInvalid)
+		return fmt.Errorf("resume %s: domain is %s: %w", simcore.TargetName(t), d.Power, hypervisors.ErrInvalid)
 	})
 }
 
@@ -620,33 +706,33 @@ func (f *Libvirt) Resume(ctx context.Context, t hypervisors.Target) error {
 // once; a paused guest cannot, so it is powered off after grace. A stopped,
 // crashed or missing domain is success.
 func (f *Libvirt) Stop(ctx context.Context, t hypervisors.Target, grace time.Duration) error {
-	if err := f.enterWrite(ctx, "Stop", t.Zone, t); err != nil {
+	if err := f.c.EnterWrite(ctx, "Stop", t.Zone, t); err != nil {
 		return err
 	}
-	f.mu.Lock()
+	f.c.Lock()
 	_, d, err := f.domain(t)
 	if errors.Is(err, hypervisors.ErrNotFound) {
-		f.mu.Unlock()
+		f.c.Unlock()
 		return nil
 	}
 	if err != nil {
-		f.mu.Unlock()
+		f.c.Unlock()
 		return fmt.Errorf("stop: %w", err)
 	}
 	paused := d.Power == observed.PowerPaused
-	f.mu.Unlock()
+	f.c.Unlock()
 	if paused {
-		if err := sleep(ctx, grace); err != nil {
-			return fmt.Errorf("stop %s: waiting for shutdown: %w", targetName(t), err)
+		if err := simcore.Sleep(ctx, grace); err != nil {
+			return fmt.Errorf("stop %s: waiting for shutdown: %w", simcore.TargetName(t), err)
 		}
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.c.Lock()
+	defer f.c.Unlock()
 	if _, d, err = f.domain(t); err != nil {
 		return nil
 	}
 	if d.Power != observed.PowerStopped {
-		d.powerOff(observed.PowerStopped)
+		d.PowerOff(observed.PowerStopped)
 		f.saveDomain(t.Zone, t.Name)
 	}
 	return nil
@@ -668,8 +754,8 @@ func (f *Libvirt) SetAutostart(ctx context.Context, t hypervisors.Target, on boo
 // machine.
 func (f *Libvirt) SetMarker(ctx context.Context, t hypervisors.Target, m observed.Marker) error {
 	return f.changeDomain(ctx, "SetMarker", "set marker", t, func(_ *lvHost, d *domain) error {
-		if !sameOwner(d.Marker, &m) {
-			return fmt.Errorf("set marker on %s: %w", targetName(t), hypervisors.ErrNotOwned)
+		if !simcore.SameOwner(d.Marker, &m) {
+			return fmt.Errorf("set marker on %s: %w", simcore.TargetName(t), hypervisors.ErrNotOwned)
 		}
 		d.Marker = &m
 		f.saveDomain(t.Zone, t.Name)
@@ -694,8 +780,8 @@ type Volume struct {
 // Volumes returns every volume on a host (all pools, the base image
 // included), sorted by pool and name.
 func (f *Libvirt) Volumes(zone string) []Volume {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.c.Lock()
+	defer f.c.Unlock()
 	h := f.hosts[zone]
 	if h == nil {
 		return nil
@@ -725,8 +811,8 @@ func (f *Libvirt) Volumes(zone string) []Volume {
 
 // oob applies change to a domain under the lock.
 func (f *Libvirt) oob(t hypervisors.Target, change func(h *lvHost, d *domain)) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.c.Lock()
+	defer f.c.Unlock()
 	h, d, err := f.domain(t)
 	if err != nil {
 		return err
@@ -740,12 +826,12 @@ func (f *Libvirt) oob(t hypervisors.Target, change func(h *lvHost, d *domain)) e
 
 // StopVM powers a domain off out of band.
 func (f *Libvirt) StopVM(t hypervisors.Target) error {
-	return f.oob(t, func(_ *lvHost, d *domain) { d.powerOff(observed.PowerStopped) })
+	return f.oob(t, func(_ *lvHost, d *domain) { d.PowerOff(observed.PowerStopped) })
 }
 
 // CrashVM makes a domain crash out of band.
 func (f *Libvirt) CrashVM(t hypervisors.Target) error {
-	return f.oob(t, func(_ *lvHost, d *domain) { d.powerOff(observed.PowerCrashed) })
+	return f.oob(t, func(_ *lvHost, d *domain) { d.PowerOff(observed.PowerCrashed) })
 }
 
 // PauseVM pauses a running domain out of band.
@@ -759,7 +845,7 @@ func (f *Libvirt) PauseVM(t hypervisors.Target) error {
 
 // ResizeVM changes a domain's vCPU count and memory out of band.
 func (f *Libvirt) ResizeVM(t hypervisors.Target, vcpu, memoryMiB int) error {
-	if err := checkSize(vcpu, memoryMiB); err != nil {
+	if err := simcore.CheckSize(vcpu, memoryMiB); err != nil {
 		return fmt.Errorf("resize %s on %s: %w", t.Name, t.Zone, err)
 	}
 	return f.oob(t, func(_ *lvHost, d *domain) { d.VCPU, d.MemoryMiB = vcpu, memoryMiB })
@@ -778,8 +864,8 @@ func (f *Libvirt) RemoveVM(t hypervisors.Target) error {
 
 // RemoveVolume deletes any volume out of band (the base image included).
 func (f *Libvirt) RemoveVolume(zone, pool, name string) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.c.Lock()
+	defer f.c.Unlock()
 	h, err := f.host(zone)
 	if err != nil {
 		return err
@@ -807,15 +893,15 @@ func (f *Libvirt) AddOwnedVM(zone, name string, m observed.Marker, power observe
 // nil) or another installation's or machine's marker. Its disk is the
 // volume "foreign-<name>.qcow2", which lacks our prefix.
 func (f *Libvirt) AddForeignVM(zone, name string, m *observed.Marker) error {
-	return f.addVM(zone, name, cloneMarker(m), observed.PowerRunning, false)
+	return f.addVM(zone, name, simcore.CloneMarker(m), observed.PowerRunning, false)
 }
 
 func (f *Libvirt) addVM(zone, name string, m *observed.Marker, power observed.Power, owned bool) error {
-	if err := errors.Join(checkVMName(name), checkMarker(m)); err != nil {
+	if err := errors.Join(simcore.CheckVMName(name), simcore.CheckMarker(m)); err != nil {
 		return fmt.Errorf("add a VM on %s: %w", zone, err)
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.c.Lock()
+	defer f.c.Unlock()
 	h, err := f.host(zone)
 	if err != nil {
 		return err
@@ -840,13 +926,13 @@ func (f *Libvirt) addVM(zone, name string, m *observed.Marker, power observed.Po
 	d := &domain{
 		Name: name, DomainType: "kvm", VCPU: 2, MemoryMiB: 2048,
 		Pool: f.opts.Pool, Disks: disks, Network: f.opts.Network, Marker: m,
-		machine: machine{Power: observed.PowerStopped},
+		Machine: simcore.Machine{Power: observed.PowerStopped},
 	}
 	switch power {
 	case observed.PowerRunning:
-		d.powerOn(f.now())
+		d.PowerOn(f.c.Now())
 	case observed.PowerPaused:
-		d.powerOn(f.now())
+		d.PowerOn(f.c.Now())
 		d.Power = observed.PowerPaused
 	case "":
 	default:

@@ -1,4 +1,4 @@
-package fake
+package simcore
 
 import (
 	"time"
@@ -14,21 +14,15 @@ type Store interface {
 	Journal(key string, value []byte)
 }
 
-// Defaults applied by NewLibvirt and NewProxmox to zero Options fields.
+// Defaults applied by WithDefaults to the simulated guest's commands.
 const (
-	DefaultPool          = "default"
-	DefaultImage         = "golden.qcow2"
-	DefaultNetwork       = "default"
-	DefaultTemplateVMID  = 9000
 	DefaultBootstrapHook = "/opt/bigfleet/bootstrap"
 	DefaultBlobPath      = "/opt/bigfleet/bootstrap.blob"
 	DefaultBootstrapPath = "/run/bigfleet-bootstrap"
 	DefaultDrainCommand  = "/opt/bigfleet/drain"
 	DefaultReadyCommand  = "/opt/bigfleet/node-ready"
-	// StatePrefix starts every key the simulator keeps in a state store.
+	// StatePrefix starts every key a simulator keeps in a state store.
 	StatePrefix = "sim/"
-	// FirstVMID is the lowest VMID the Proxmox simulator allocates.
-	FirstVMID = 100
 )
 
 // Options configure a simulator. The zero value is usable.
@@ -37,24 +31,32 @@ type Options struct {
 	// "fake-b").
 	Zones []string
 
-	// Libvirt: the storage pool every host has (default "default"), the
-	// base image volume pre-existing in it (default "golden.qcow2") and its
-	// format (default "qcow2"; "raw" is the other choice), its virtual size
-	// (default 10 GiB), and the network every host has (default "default").
-	Pool           string
-	Image          string
-	ImageFormat    string
-	ImageSizeGiB   int
-	Network        string
-	BootstrapHook  string // default "/opt/bigfleet/bootstrap"
-	BlobPath       string // default "/opt/bigfleet/bootstrap.blob"
-	BootstrapPath  string // Proxmox --bootstrap-path, default "/run/bigfleet-bootstrap"
-	DrainCommand   string // default "/opt/bigfleet/drain"
-	ReadyCommand   string // default "/opt/bigfleet/node-ready"
-	TemplateVMID   int    // Proxmox template on the first zone, default 9000
+	// Libvirt (read by libvirtsim only, which applies the defaults): the
+	// storage pool every host has (default "default"), the base image
+	// volume pre-existing in it (default "golden.qcow2") and its format
+	// (default "qcow2"; "raw" is the other choice), its virtual size
+	// (default 10 GiB), and the network every host has (default
+	// "default").
+	Pool         string
+	Image        string
+	ImageFormat  string
+	ImageSizeGiB int
+	Network      string
+
+	// The simulated guest's commands (see the package doc).
+	BootstrapHook string // default "/opt/bigfleet/bootstrap"
+	BlobPath      string // default "/opt/bigfleet/bootstrap.blob"
+	BootstrapPath string // Proxmox --bootstrap-path, default "/run/bigfleet-bootstrap"
+	DrainCommand  string // default "/opt/bigfleet/drain"
+	ReadyCommand  string // default "/opt/bigfleet/node-ready"
+
+	// Proxmox (read by proxmoxsim only, which applies the defaults): the
+	// template on the first zone (default 9000), extra templates, and the
+	// size of the default template (default 2 vCPU, 2048 MiB).
+	TemplateVMID   int
 	Templates      []Template
-	TemplateVCPU   int // size of the default template, default 2
-	TemplateMemory int // MiB, default 2048
+	TemplateVCPU   int
+	TemplateMemory int
 
 	// Latency is added to every hypervisor call, and is the duration of
 	// every Proxmox task. 0 is instant. Waiting honours ctx.
@@ -107,7 +109,10 @@ type Template struct {
 	MemoryMiB int    `json:"memory_mib,omitempty"`
 }
 
-func (o Options) withDefaults() Options {
+// WithDefaults returns o with the shared defaults applied: two zones
+// ("fake-a", "fake-b"), the guest's commands, time.Now, and no Store when
+// read-only. Each simulator applies its own fields' defaults.
+func (o Options) WithDefaults() Options {
 	if len(o.Zones) == 0 {
 		o.Zones = []string{"fake-a", "fake-b"}
 	} else {
@@ -118,27 +123,11 @@ func (o Options) withDefaults() Options {
 			*s = v
 		}
 	}
-	def(&o.Pool, DefaultPool)
-	def(&o.Image, DefaultImage)
-	def(&o.ImageFormat, "qcow2")
-	def(&o.Network, DefaultNetwork)
 	def(&o.BootstrapHook, DefaultBootstrapHook)
 	def(&o.BlobPath, DefaultBlobPath)
 	def(&o.BootstrapPath, DefaultBootstrapPath)
 	def(&o.DrainCommand, DefaultDrainCommand)
 	def(&o.ReadyCommand, DefaultReadyCommand)
-	if o.ImageSizeGiB == 0 {
-		o.ImageSizeGiB = 10
-	}
-	if o.TemplateVMID == 0 {
-		o.TemplateVMID = DefaultTemplateVMID
-	}
-	if o.TemplateVCPU == 0 {
-		o.TemplateVCPU = 2
-	}
-	if o.TemplateMemory == 0 {
-		o.TemplateMemory = 2048
-	}
 	if o.Clock == nil {
 		o.Clock = time.Now
 	}

@@ -1,15 +1,22 @@
-// Package fake simulates a libvirt host set (Libvirt) and a Proxmox cluster
-// (Proxmox) in memory behind hypervisors.Hypervisor and the steps of each
-// one's shape, for `provider --use-fake-backend`, golden plan tests and
-// unit tests.
+// Package simcore is the machinery the in-process hypervisor simulators
+// share, whatever hypervisor they simulate: the world lock, call counters,
+// per-call hooks (Hook, FailN, Chain), reachability (SetUnreachable),
+// flapping calls (SetFlaky), latency, the journal of the world (Store,
+// StatePrefix), the simulated guest agent of every VM, the configured host
+// capacity, the checks of out-of-band values and the conformance faults.
+// Each hypervisor's room owns its simulator and builds it over a Core
+// (hypervisors/libvirt/libvirtsim, hypervisors/proxmox/proxmoxsim); this
+// package imports neither room, and simtest runs the behaviour they share
+// against each of them.
 //
-// The simulators keep a world (hosts, pools, volumes, domains; nodes,
-// templates, VMs, tasks, config locks) and a guest agent per VM, and answer
-// each call the way the real system would from that world: nothing is
-// scripted per call. Tests steer them only through the world (the
-// out-of-band methods such as StopVM, RemoveVM, AddForeignVM), options
+// A simulator keeps a world and a guest agent per VM, and answers each
+// call the way the real system would from that world: nothing is scripted
+// per call. Tests steer it only through the world (the simulator's
+// out-of-band methods such as StopVM, RemoveVM, AddForeignVM), Options
 // (Latency, AgentDelay, Faults) and per-call hooks (Hook, FailN,
 // SetUnreachable, SetFlaky: one kind of call on a zone fails transiently).
+// Options holds every simulator's settings; the libvirt and Proxmox fields
+// are read, and defaulted, by their simulator only.
 //
 // The simulated guest agent answers once the VM has been running for
 // Options.AgentDelay (never while stopped or paused). Its guest is a
@@ -43,31 +50,29 @@
 //
 // With Options.Faults the marker's Cluster selects a conformance fault
 // (FaultError, FaultTimeout, FaultSlowOK, FaultDrainError,
-// FaultReadinessBlock), and CreateFaultLabel=error in DomainSpec.Labels or
-// CloneSpec.Labels fails the create with ErrInvalid.
+// FaultReadinessBlock), and CreateFaultLabel=error in the labels of a
+// create fails it with ErrInvalid (Core.CreateFault).
 //
-// Invariants callers may rely on:
+// Invariants every simulator built on a Core keeps, and callers may rely
+// on:
 //   - Every mutating call is an ensure with the semantics of the interface:
 //     repeating it converges on the same objects and never duplicates them;
 //     an object is adopted only when it carries the same installation and
 //     machine id in its marker, otherwise the call fails with ErrExists.
 //   - Errors wrap exactly one hypervisors error class (or a context error
 //     when ctx ended while the call would block).
-//   - Observe output is deterministic: VMs sorted by name (libvirt) or VMID
-//     (Proxmox), volumes by name, tags sorted.
+//   - Observe output is deterministic (each simulator says its order).
 //   - Returned values never alias the simulator's memory.
 //   - All methods are safe for concurrent use. Latency and blocking guest
 //     commands never hold the world lock, so one slow call does not stall
 //     others.
 //   - With Options.Store every change of a VM or volume is journaled as one
-//     record under StatePrefix while the world lock is held, so the journal
+//     record under StatePrefix (Core.Persist) while the world lock is held,
+//     each simulator under its own key prefix, so the journal
 //     holds the changes in order; the provider shares its state store, so
 //     a crash can never leave the desired document ahead of the world.
 //   - The journaled world never contains file contents written through the
 //     guest agent, so the bootstrap blob never reaches disk: a guest's
 //     files are journaled as mode, SHA-256 and size (guestsim.State), and
 //     bootstrap history keeps only its SHA-256 and size.
-//   - A Proxmox VMID is unique across the cluster and allocated from 100
-//     upwards by the simulator itself, with retry when a concurrent clone
-//     took the candidate first.
-package fake
+package simcore

@@ -1,10 +1,11 @@
-package fake
+package proxmoxsim
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"sort"
 	"strconv"
@@ -14,6 +15,7 @@ import (
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvemarker"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvespec"
+	"github.com/bigfleet-vm/provider/hypervisors/simcore"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/retry"
 )
@@ -26,7 +28,8 @@ const taskUser = "bigfleet@pve"
 // per-VM config locks, behind hypervisors.Hypervisor and
 // pvespec.Steps.
 type Proxmox struct {
-	sim
+	c    *simcore.Core
+	opts simcore.Options
 
 	zones   []string
 	vms     map[int]*pveVM
@@ -38,6 +41,16 @@ var (
 	_ hypervisors.Hypervisor     = (*Proxmox)(nil)
 	_ pvespec.Steps              = (*Proxmox)(nil)
 	_ hypervisors.HealthReporter = (*Proxmox)(nil)
+	_ hypervisors.CapacityReader = (*Proxmox)(nil)
+	_ hypervisors.Simulator      = (*Proxmox)(nil)
+)
+
+const (
+	// DefaultTemplateVMID is the template NewProxmox places on the first
+	// zone when Options.TemplateVMID is zero.
+	DefaultTemplateVMID = 9000
+	// FirstVMID is the lowest VMID the simulator allocates.
+	FirstVMID = 100
 )
 
 type pveVM struct {
@@ -55,7 +68,7 @@ type pveVM struct {
 	// ...) or set out of band. Tasks do not survive a reload, so neither
 	// do their locks.
 	Lock string `json:"-"`
-	machine
+	simcore.Machine
 }
 
 // Task is a Proxmox task as the simulator records it.
@@ -79,13 +92,13 @@ type task struct {
 // NewProxmox returns a fresh simulated cluster: the nodes opts.Zones, the
 // template opts.TemplateVMID on the first node, opts.Templates, and no
 // other VMs. With opts.Store every change is journaled there.
-func NewProxmox(opts Options) *Proxmox {
-	opts = opts.withDefaults()
+func NewProxmox(opts simcore.Options) *Proxmox {
+	opts = withDefaults(opts.WithDefaults())
 	f := newProxmox(opts)
 	f.vms[opts.TemplateVMID] = &pveVM{
 		VMID: opts.TemplateVMID, Node: opts.Zones[0], Name: "bigfleet-template", Template: true,
 		Cores: opts.TemplateVCPU, MemoryMiB: opts.TemplateMemory,
-		machine: machine{Power: observed.PowerStopped},
+		Machine: simcore.Machine{Power: observed.PowerStopped},
 	}
 	for _, t := range opts.Templates {
 		zone := t.Zone
@@ -95,10 +108,18 @@ func NewProxmox(opts Options) *Proxmox {
 		f.vms[t.VMID] = &pveVM{
 			VMID: t.VMID, Node: zone, Name: t.Name, Template: true,
 			Cores: cmpOr(t.VCPU, opts.TemplateVCPU), MemoryMiB: cmpOr(t.MemoryMiB, opts.TemplateMemory),
-			machine: machine{Power: observed.PowerStopped},
+			Machine: simcore.Machine{Power: observed.PowerStopped},
 		}
 	}
 	return f
+}
+
+// withDefaults applies the cluster's defaults.
+func withDefaults(o simcore.Options) simcore.Options {
+	o.TemplateVMID = cmpOr(o.TemplateVMID, DefaultTemplateVMID)
+	o.TemplateVCPU = cmpOr(o.TemplateVCPU, 2)
+	o.TemplateMemory = cmpOr(o.TemplateMemory, 2048)
+	return o
 }
 
 func cmpOr(v, def int) int {
@@ -108,19 +129,19 @@ func cmpOr(v, def int) int {
 	return v
 }
 
-func newProxmox(opts Options) *Proxmox {
-	f := &Proxmox{zones: opts.Zones, vms: map[int]*pveVM{}, nextPID: 0x1000}
-	f.sim.init(opts, f)
+func newProxmox(opts simcore.Options) *Proxmox {
+	f := &Proxmox{opts: opts, zones: opts.Zones, vms: map[int]*pveVM{}, nextPID: 0x1000}
+	f.c = simcore.New(opts, simcore.Machines{Find: f.machineOf, Save: f.saveMachine})
 	return f
 }
 
 // OpenProxmox is NewProxmox plus the VMs persisted in opts.State (nodes
 // only the state knows are added). With opts.ReadOnly every mutating call
 // fails with ErrPermission (provider plan offline).
-func OpenProxmox(opts Options) (*Proxmox, error) {
+func OpenProxmox(opts simcore.Options) (*Proxmox, error) {
 	f := NewProxmox(opts)
 	var nodes []string
-	err := f.persisted(keyVM, func(key string, raw []byte) error {
+	err := f.c.Persisted(keyVM, func(key string, raw []byte) error {
 		v := &pveVM{}
 		if err := json.Unmarshal(raw, v); err != nil || strconv.Itoa(v.VMID) != strings.TrimPrefix(key, keyVM) {
 			return fmt.Errorf("bad VM record: %v", err)
@@ -132,16 +153,16 @@ func OpenProxmox(opts Options) (*Proxmox, error) {
 	if err != nil {
 		return nil, err
 	}
-	f.zones = mergeZones(f.zones, nodes)
+	f.zones = simcore.MergeZones(f.zones, nodes)
 	return f, nil
 }
 
 // keyVM prefixes the journaled VMs, one per VMID.
 const keyVM = "px/vm/"
 
-// saveVM journals a VM as it is now (or its removal). Callers hold f.mu.
+// saveVM journals a VM as it is now (or its removal). Callers hold the world lock.
 func (f *Proxmox) saveVM(vmid int) {
-	f.persist(keyVM+strconv.Itoa(vmid), f.vms[vmid])
+	f.c.Persist(keyVM+strconv.Itoa(vmid), f.vms[vmid])
 }
 
 // Apply performs one Proxmox step.
@@ -154,34 +175,94 @@ func (f *Proxmox) Zones() []string { return append([]string(nil), f.zones...) }
 
 // Close waits for running tasks and flushes persistence. Calls after
 // Close fail with ErrUnreachable.
-func (f *Proxmox) Close() error { return f.sim.close() }
+func (f *Proxmox) Close() error { return f.c.Close() }
 
 // SetHook replaces the per-call hook (nil removes it); safe at any time.
 // The hook also sees task completions as "task/<type>".
-func (f *Proxmox) SetHook(h Hook) { f.sim.setHook(h) }
+func (f *Proxmox) SetHook(h simcore.Hook) { f.c.SetHook(h) }
 
 // SetUnreachable makes every call on zone fail with ErrUnreachable (on)
 // or restores it.
-func (f *Proxmox) SetUnreachable(zone string, on bool) { f.sim.setUnreachable(zone, on) }
+func (f *Proxmox) SetUnreachable(zone string, on bool) { f.c.SetUnreachable(zone, on) }
 
-// SetFlaky makes every call op (one of FlakyOps) on zone fail with
-// ErrTransient after the usual latency (on), or restores it (see
-// Libvirt.SetFlaky).
-func (f *Proxmox) SetFlaky(zone, op string, on bool) error { return f.sim.setFlaky(zone, op, on) }
+// SetFlaky makes every call op (one of simcore.FlakyOps) on zone fail
+// with ErrTransient after the usual latency (on), or restores it (see
+// simcore.Core.SetFlaky).
+func (f *Proxmox) SetFlaky(zone, op string, on bool) error {
+	return f.c.SetFlaky(f.zones, zone, op, on)
+}
 
 // ZoneHealth implements hypervisors.HealthReporter.
-func (f *Proxmox) ZoneHealth() map[string]error { return f.sim.zoneHealth(f.zones) }
+func (f *Proxmox) ZoneHealth() map[string]error { return f.c.ZoneHealth(f.zones) }
 
 // Calls returns how many times each operation was called.
-func (f *Proxmox) Calls() map[string]int { return f.sim.calls() }
+func (f *Proxmox) Calls() map[string]int { return f.c.Calls() }
 
 // ResetCalls zeroes the call counters.
-func (f *Proxmox) ResetCalls() { f.sim.resetCalls() }
+func (f *Proxmox) ResetCalls() { f.c.ResetCalls() }
+
+// ReadCapacity implements hypervisors.CapacityReader with the configured
+// host (Options.Host, Options.Hosts).
+func (f *Proxmox) ReadCapacity(ctx context.Context, zone string) (hypervisors.HostCapacity, error) {
+	return f.c.ReadCapacity(ctx, f.zones, zone)
+}
+
+// AgentPing returns ErrAgentNotReady unless the VM has been running for
+// Options.AgentDelay.
+func (f *Proxmox) AgentPing(ctx context.Context, t hypervisors.Target) error {
+	return f.c.AgentPing(ctx, t)
+}
+
+// AgentExec runs argv in the simulated guest at most once (see package
+// simcore).
+func (f *Proxmox) AgentExec(ctx context.Context, t hypervisors.Target, argv []string) (hypervisors.ExecResult, error) {
+	return f.c.AgentExec(ctx, t, argv)
+}
+
+// AgentWriteFile writes a file in the simulated guest.
+func (f *Proxmox) AgentWriteFile(ctx context.Context, t hypervisors.Target, path string, data []byte, mode os.FileMode) error {
+	return f.c.AgentWriteFile(ctx, t, path, data, mode)
+}
+
+// AgentRemoveFile deletes a file in the simulated guest; a missing file
+// is success.
+func (f *Proxmox) AgentRemoveFile(ctx context.Context, t hypervisors.Target, path string) error {
+	return f.c.AgentRemoveFile(ctx, t, path)
+}
+
+// Guest returns a copy of a VM's simulated guest, or false if the VM is
+// unknown.
+func (f *Proxmox) Guest(t hypervisors.Target) (simcore.GuestState, bool) { return f.c.Guest(t) }
+
+// GuestFile returns a file written into a VM's guest.
+func (f *Proxmox) GuestFile(t hypervisors.Target, path string) ([]byte, bool) {
+	return f.c.GuestFile(t, path)
+}
+
+// Bootstraps returns the successful bootstrap runs of a VM, oldest first.
+func (f *Proxmox) Bootstraps(t hypervisors.Target) []simcore.Bootstrap { return f.c.Bootstraps(t) }
+
+// SimGuest implements hypervisors.Simulator.
+func (f *Proxmox) SimGuest(t hypervisors.Target) (hypervisors.SimGuest, bool) { return f.c.SimGuest(t) }
+
+// AddForeign implements hypervisors.Simulator: it places a VM this
+// installation does not own, with VMID t.VMID (0 allocates one).
+func (f *Proxmox) AddForeign(t hypervisors.Target) error {
+	_, err := f.AddForeignVM(t.Zone, t.VMID, t.Name, nil)
+	return err
+}
+
+// AddOwned implements hypervisors.Simulator: it places a running VM named
+// t.Name that carries m.
+func (f *Proxmox) AddOwned(t hypervisors.Target, m observed.Marker) error {
+	_, err := f.AddOwnedVM(t.Zone, t.Name, m, observed.PowerRunning)
+	return err
+}
 
 // Tasks returns every task started since construction, oldest first.
 func (f *Proxmox) Tasks() []Task {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.c.Lock()
+	defer f.c.Unlock()
 	out := make([]Task, len(f.history))
 	for i, t := range f.history {
 		out[i] = t.Task
@@ -196,7 +277,7 @@ func (f *Proxmox) node(zone string) error {
 	return nil
 }
 
-// vm resolves a target; the caller holds mu.
+// vm resolves a target; the caller holds the world lock.
 func (f *Proxmox) vm(t hypervisors.Target) (*pveVM, error) {
 	if err := f.node(t.Zone); err != nil {
 		return nil, err
@@ -217,12 +298,12 @@ func (v *pveVM) unlocked() error {
 	return nil
 }
 
-func (f *Proxmox) machineOf(t hypervisors.Target) (*machine, *observed.Marker, error) {
+func (f *Proxmox) machineOf(t hypervisors.Target) (*simcore.Machine, *observed.Marker, error) {
 	v, err := f.vm(t)
 	if err != nil {
 		return nil, nil, err
 	}
-	return &v.machine, pvemarker.ParseDescription(v.Description), nil
+	return &v.Machine, pvemarker.ParseDescription(v.Description), nil
 }
 
 func (v *pveVM) observe() *observed.VM {
@@ -241,15 +322,15 @@ func (v *pveVM) observe() *observed.VM {
 // marker is read from the description and kept only when the tags carry
 // the ownership tags of the installation it names.
 func (f *Proxmox) Observe(ctx context.Context, zone string) (*observed.Zone, error) {
-	if err := f.enter(ctx, "Observe", zone, hypervisors.Target{Zone: zone}); err != nil {
+	if err := f.c.Enter(ctx, "Observe", zone, hypervisors.Target{Zone: zone}); err != nil {
 		return nil, err
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.c.Lock()
+	defer f.c.Unlock()
 	if err := f.node(zone); err != nil {
 		return nil, fmt.Errorf("observe %s: %w", zone, err)
 	}
-	z := &observed.Zone{Name: zone, Status: observed.StatusOK, At: f.now()}
+	z := &observed.Zone{Name: zone, Status: observed.StatusOK, At: f.c.Now()}
 	for _, v := range f.vms {
 		if v.Node == zone {
 			z.VMs = append(z.VMs, v.observe())
@@ -261,11 +342,11 @@ func (f *Proxmox) Observe(ctx context.Context, zone string) (*observed.Zone, err
 
 // Lookup re-reads one VM by VMID on the target's node.
 func (f *Proxmox) Lookup(ctx context.Context, t hypervisors.Target) (*observed.VM, error) {
-	if err := f.enter(ctx, "Lookup", t.Zone, t); err != nil {
+	if err := f.c.Enter(ctx, "Lookup", t.Zone, t); err != nil {
 		return nil, err
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.c.Lock()
+	defer f.c.Unlock()
 	v, err := f.vm(t)
 	if err != nil {
 		return nil, fmt.Errorf("lookup: %w", err)
@@ -275,10 +356,10 @@ func (f *Proxmox) Lookup(ctx context.Context, t hypervisors.Target) (*observed.V
 
 // startTask starts a task that runs for d and then, under the lock, calls
 // finish with the hook's verdict; finish's result is the task's. While it
-// runs, v (if any) holds the config lock. The caller holds mu.
+// runs, v (if any) holds the config lock. The caller holds the world lock.
 func (f *Proxmox) startTask(node, typ string, vmid int, v *pveVM, lock string, d time.Duration, finish func(failed error) error) *task {
 	f.nextPID++
-	start := f.now()
+	start := f.c.Now()
 	t := &task{
 		Task: Task{
 			UPID: fmt.Sprintf("UPID:%s:%08X:%08X:%08X:%s:%d:%s:", node, f.nextPID, f.nextPID*16, start.Unix(), typ, vmid, taskUser),
@@ -287,7 +368,7 @@ func (f *Proxmox) startTask(node, typ string, vmid int, v *pveVM, lock string, d
 		done: make(chan struct{}),
 	}
 	f.history = append(f.history, t)
-	if f.closed {
+	if f.c.Closed() {
 		// Close is waiting for tasks (or done): start no new ones.
 		t.err = fmt.Errorf("fake hypervisor closed: %w", hypervisors.ErrUnreachable)
 		t.End, t.Status = start, t.err.Error()
@@ -297,29 +378,27 @@ func (f *Proxmox) startTask(node, typ string, vmid int, v *pveVM, lock string, d
 	if v != nil {
 		v.Lock = lock
 	}
-	f.sim.tasks.Add(1)
-	go func() {
-		defer f.sim.tasks.Done()
+	f.c.Background(func() {
 		defer close(t.done)
 		time.Sleep(d)
 		var failed error
-		if h := f.currentHook(); h != nil {
-			failed = h(context.Background(), Call{Op: "task/" + typ, Zone: node, Target: hypervisors.Target{Zone: node, VMID: vmid}})
+		if h := f.c.CurrentHook(); h != nil {
+			failed = h(context.Background(), simcore.Call{Op: "task/" + typ, Zone: node, Target: hypervisors.Target{Zone: node, VMID: vmid}})
 		}
-		f.mu.Lock()
-		defer f.mu.Unlock()
+		f.c.Lock()
+		defer f.c.Unlock()
 		err := finish(failed)
 		if v != nil && v.Lock == lock {
 			v.Lock = ""
 		}
-		t.End = f.now()
+		t.End = f.c.Now()
 		t.Status = "OK"
 		if err != nil {
 			t.Status = err.Error()
 			t.err = err
 		}
 		f.saveVM(vmid)
-	}()
+	})
 	return t
 }
 
@@ -337,7 +416,7 @@ func (t *task) wait(ctx context.Context) error {
 }
 
 // adoptable returns the VMID of the VM whose description marker names
-// the same installation and machine, or 0. The caller holds mu.
+// the same installation and machine, or 0. The caller holds the world lock.
 func (f *Proxmox) adoptable(zone string, m observed.Marker) (int, error) {
 	ids := make([]int, 0, len(f.vms))
 	for id := range f.vms {
@@ -346,7 +425,7 @@ func (f *Proxmox) adoptable(zone string, m observed.Marker) (int, error) {
 	sort.Ints(ids)
 	for _, id := range ids {
 		v := f.vms[id]
-		if v.Template || !sameOwner(pvemarker.ParseDescription(v.Description), &m) {
+		if v.Template || !simcore.SameOwner(pvemarker.ParseDescription(v.Description), &m) {
 			continue
 		}
 		if v.Node != zone {
@@ -375,10 +454,10 @@ func (f *Proxmox) freeVMID() int {
 // clone claimed it first. The clone carries the marker in its description
 // and tags, and holds the "clone" lock until its task ends.
 func (f *Proxmox) CloneVM(ctx context.Context, zone string, spec pvespec.CloneSpec) (int, error) {
-	if err := f.enterWrite(ctx, "CloneVM", zone, hypervisors.Target{Zone: zone, Name: spec.Name}); err != nil {
+	if err := f.c.EnterWrite(ctx, "CloneVM", zone, hypervisors.Target{Zone: zone, Name: spec.Name}); err != nil {
 		return 0, err
 	}
-	if err := f.createFault("clone "+spec.Name, spec.Labels); err != nil {
+	if err := f.c.CreateFault("clone "+spec.Name, spec.Labels); err != nil {
 		return 0, err
 	}
 	if spec.Name == "" || spec.Marker.Installation == "" || spec.Marker.MachineID == "" {
@@ -406,24 +485,24 @@ func (f *Proxmox) CloneVM(ctx context.Context, zone string, spec pvespec.CloneSp
 	}
 
 	id, err := retry.Value(ctx, retry.VMIDCollision, func(err error) bool { return errors.Is(err, errVMIDTaken) }, func(ctx context.Context) (int, error) {
-		f.mu.Lock()
+		f.c.Lock()
 		adopt, candidate, err := check()
-		f.mu.Unlock()
+		f.c.Unlock()
 		if adopt != 0 || err != nil {
 			return adopt, wrapIf(err, wrap)
 		}
 		// The clone request travels with newid=candidate.
-		if err := sleep(ctx, f.opts.Latency); err != nil {
+		if err := simcore.Sleep(ctx, f.opts.Latency); err != nil {
 			return 0, wrap(err)
 		}
-		f.mu.Lock()
+		f.c.Lock()
 		adopt, _, err = check()
 		if adopt != 0 || err != nil {
-			f.mu.Unlock()
+			f.c.Unlock()
 			return adopt, wrapIf(err, wrap)
 		}
 		if f.vms[candidate] != nil {
-			f.mu.Unlock()
+			f.c.Unlock()
 			return 0, errVMIDTaken // VM <candidate> already exists: allocate again.
 		}
 		tmpl := f.vms[tmplID]
@@ -432,7 +511,7 @@ func (f *Proxmox) CloneVM(ctx context.Context, zone string, spec pvespec.CloneSp
 		v := &pveVM{
 			VMID: candidate, Node: zone, Name: spec.Name, Cores: tmpl.Cores, MemoryMiB: tmpl.MemoryMiB,
 			Tags: tags, Description: pvemarker.Description(spec.Marker), Pool: spec.Pool,
-			machine: machine{Power: observed.PowerStopped},
+			Machine: simcore.Machine{Power: observed.PowerStopped},
 		}
 		f.vms[candidate] = v
 		t := f.startTask(zone, "qmclone", candidate, v, "clone", f.opts.Latency, func(failed error) error {
@@ -442,7 +521,7 @@ func (f *Proxmox) CloneVM(ctx context.Context, zone string, spec pvespec.CloneSp
 			return failed
 		})
 		f.saveVM(candidate)
-		f.mu.Unlock()
+		f.c.Unlock()
 		if err := t.wait(ctx); err != nil {
 			return 0, wrap(err)
 		}
@@ -473,14 +552,14 @@ func wrapIf(err error, wrap func(error) error) error {
 // machine (ErrNotOwned), a template (ErrInvalid) and a locked VM
 // (ErrLocked).
 func (f *Proxmox) ConfigureVM(ctx context.Context, t hypervisors.Target, spec pvespec.SizeSpec) error {
-	if err := f.enterWrite(ctx, "ConfigureVM", t.Zone, t); err != nil {
+	if err := f.c.EnterWrite(ctx, "ConfigureVM", t.Zone, t); err != nil {
 		return err
 	}
 	if spec.VCPU <= 0 || spec.MemoryMiB <= 0 {
-		return fmt.Errorf("configure %s: vcpu and memory must be positive: %w", targetName(t), hypervisors.ErrInvalid)
+		return fmt.Errorf("configure %s: vcpu and memory must be positive: %w", simcore.TargetName(t), hypervisors.ErrInvalid)
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.c.Lock()
+	defer f.c.Unlock()
 	v, err := f.owned(t, spec.Marker)
 	if err != nil {
 		return fmt.Errorf("configure: %w", err)
@@ -504,7 +583,7 @@ func (f *Proxmox) owned(t hypervisors.Target, m observed.Marker) (*pveVM, error)
 	if err := v.unlocked(); err != nil {
 		return nil, err
 	}
-	if !sameOwner(pvemarker.ParseDescription(v.Description), &m) {
+	if !simcore.SameOwner(pvemarker.ParseDescription(v.Description), &m) {
 		return nil, fmt.Errorf("VM %d: %w", v.VMID, hypervisors.ErrNotOwned)
 	}
 	return v, nil
@@ -519,13 +598,13 @@ func (v *pveVM) setMarker(m observed.Marker) {
 // DeleteVM destroys a stopped VM and its disks (purge). A missing VM is
 // success; a running or paused one is ErrInvalid, a locked one ErrLocked.
 func (f *Proxmox) DeleteVM(ctx context.Context, t hypervisors.Target) error {
-	if err := f.enterWrite(ctx, "DeleteVM", t.Zone, t); err != nil {
+	if err := f.c.EnterWrite(ctx, "DeleteVM", t.Zone, t); err != nil {
 		return err
 	}
-	f.mu.Lock()
+	f.c.Lock()
 	v, err := f.vm(t)
 	if errors.Is(err, hypervisors.ErrNotFound) {
-		f.mu.Unlock()
+		f.c.Unlock()
 		return nil
 	}
 	if err == nil && v.Template {
@@ -538,7 +617,7 @@ func (f *Proxmox) DeleteVM(ctx context.Context, t hypervisors.Target) error {
 		err = fmt.Errorf("VM %d is %s - destroy failed: %w", v.VMID, v.Power, hypervisors.ErrInvalid)
 	}
 	if err != nil {
-		f.mu.Unlock()
+		f.c.Unlock()
 		return fmt.Errorf("delete: %w", err)
 	}
 	task := f.startTask(t.Zone, "qmdestroy", v.VMID, v, "destroy", f.opts.Latency, func(failed error) error {
@@ -547,25 +626,25 @@ func (f *Proxmox) DeleteVM(ctx context.Context, t hypervisors.Target) error {
 		}
 		return failed
 	})
-	f.mu.Unlock()
+	f.c.Unlock()
 	if err := task.wait(ctx); err != nil {
-		return fmt.Errorf("delete %s: %w", targetName(t), err)
+		return fmt.Errorf("delete %s: %w", simcore.TargetName(t), err)
 	}
 	return nil
 }
 
 // power runs a power task on a VM after the common checks; the caller
-// must not hold mu. plan decides, under the lock, which task (if any) to
+// must not hold the world lock. plan decides, under the lock, which task (if any) to
 // run and what it does at its end.
 func (f *Proxmox) power(ctx context.Context, op string, t hypervisors.Target, missingOK bool,
 	plan func(v *pveVM) (typ string, d time.Duration, finish func(v *pveVM), err error)) error {
-	if err := f.enterWrite(ctx, op, t.Zone, t); err != nil {
+	if err := f.c.EnterWrite(ctx, op, t.Zone, t); err != nil {
 		return err
 	}
-	f.mu.Lock()
+	f.c.Lock()
 	v, err := f.vm(t)
 	if missingOK && errors.Is(err, hypervisors.ErrNotFound) {
-		f.mu.Unlock()
+		f.c.Unlock()
 		return nil
 	}
 	if err == nil && v.Template {
@@ -583,7 +662,7 @@ func (f *Proxmox) power(ctx context.Context, op string, t hypervisors.Target, mi
 		err = v.unlocked()
 	}
 	if err != nil || typ == "" {
-		f.mu.Unlock()
+		f.c.Unlock()
 		return wrapIf(err, func(err error) error { return fmt.Errorf("%s: %w", op, err) })
 	}
 	task := f.startTask(t.Zone, typ, v.VMID, v, typ, d, func(failed error) error {
@@ -592,9 +671,9 @@ func (f *Proxmox) power(ctx context.Context, op string, t hypervisors.Target, mi
 		}
 		return failed
 	})
-	f.mu.Unlock()
+	f.c.Unlock()
 	if err := task.wait(ctx); err != nil {
-		return fmt.Errorf("%s %s: %w", op, targetName(t), err)
+		return fmt.Errorf("%s %s: %w", op, simcore.TargetName(t), err)
 	}
 	return nil
 }
@@ -607,9 +686,9 @@ func (f *Proxmox) Start(ctx context.Context, t hypervisors.Target) error {
 		case observed.PowerRunning:
 			return "", 0, nil, nil
 		case observed.PowerPaused:
-			return "qmresume", f.opts.Latency, func(v *pveVM) { v.powerOn(f.now()) }, nil
+			return "qmresume", f.opts.Latency, func(v *pveVM) { v.PowerOn(f.c.Now()) }, nil
 		}
-		return "qmstart", f.opts.Latency, func(v *pveVM) { v.powerOn(f.now()) }, nil
+		return "qmstart", f.opts.Latency, func(v *pveVM) { v.PowerOn(f.c.Now()) }, nil
 	})
 }
 
@@ -621,7 +700,7 @@ func (f *Proxmox) Resume(ctx context.Context, t hypervisors.Target) error {
 		case observed.PowerRunning:
 			return "", 0, nil, nil
 		case observed.PowerPaused:
-			return "qmresume", f.opts.Latency, func(v *pveVM) { v.powerOn(f.now()) }, nil
+			return "qmresume", f.opts.Latency, func(v *pveVM) { v.PowerOn(f.c.Now()) }, nil
 		}
 		return "", 0, nil, fmt.Errorf("VM %d is %s: %w", v.VMID, v.Power, hypervisors.ErrInvalid)
 	})
@@ -632,7 +711,7 @@ func (f *Proxmox) Resume(ctx context.Context, t hypervisors.Target) error {
 // stopped or missing VM is success; a crashed one gets qmstop.
 func (f *Proxmox) Stop(ctx context.Context, t hypervisors.Target, grace time.Duration) error {
 	return f.power(ctx, "Stop", t, true, func(v *pveVM) (string, time.Duration, func(*pveVM), error) {
-		off := func(v *pveVM) { v.powerOff(observed.PowerStopped) }
+		off := func(v *pveVM) { v.PowerOff(observed.PowerStopped) }
 		switch v.Power {
 		case observed.PowerStopped:
 			return "", 0, nil, nil
@@ -647,11 +726,11 @@ func (f *Proxmox) Stop(ctx context.Context, t hypervisors.Target, grace time.Dur
 
 // SetAutostart sets onboot.
 func (f *Proxmox) SetAutostart(ctx context.Context, t hypervisors.Target, on bool) error {
-	if err := f.enterWrite(ctx, "SetAutostart", t.Zone, t); err != nil {
+	if err := f.c.EnterWrite(ctx, "SetAutostart", t.Zone, t); err != nil {
 		return err
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.c.Lock()
+	defer f.c.Unlock()
 	v, err := f.vm(t)
 	if err == nil {
 		err = v.unlocked()
@@ -668,11 +747,11 @@ func (f *Proxmox) SetAutostart(ctx context.Context, t hypervisors.Target, on boo
 
 // SetMarker rewrites tags and description; see ConfigureVM for refusals.
 func (f *Proxmox) SetMarker(ctx context.Context, t hypervisors.Target, m observed.Marker) error {
-	if err := f.enterWrite(ctx, "SetMarker", t.Zone, t); err != nil {
+	if err := f.c.EnterWrite(ctx, "SetMarker", t.Zone, t); err != nil {
 		return err
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.c.Lock()
+	defer f.c.Unlock()
 	v, err := f.owned(t, m)
 	if err != nil {
 		return fmt.Errorf("set marker: %w", err)
@@ -687,8 +766,8 @@ func (f *Proxmox) SetMarker(ctx context.Context, t hypervisors.Target, m observe
 // reachability check) and ignore locks.
 
 func (f *Proxmox) oob(t hypervisors.Target, change func(v *pveVM)) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.c.Lock()
+	defer f.c.Unlock()
 	v, err := f.vm(t)
 	if err != nil {
 		return err
@@ -701,12 +780,12 @@ func (f *Proxmox) oob(t hypervisors.Target, change func(v *pveVM)) error {
 
 // StopVM powers a VM off out of band.
 func (f *Proxmox) StopVM(t hypervisors.Target) error {
-	return f.oob(t, func(v *pveVM) { v.powerOff(observed.PowerStopped) })
+	return f.oob(t, func(v *pveVM) { v.PowerOff(observed.PowerStopped) })
 }
 
 // CrashVM puts a VM into the crashed (internal-error) state out of band.
 func (f *Proxmox) CrashVM(t hypervisors.Target) error {
-	return f.oob(t, func(v *pveVM) { v.powerOff(observed.PowerCrashed) })
+	return f.oob(t, func(v *pveVM) { v.PowerOff(observed.PowerCrashed) })
 }
 
 // PauseVM suspends a running VM out of band.
@@ -720,7 +799,7 @@ func (f *Proxmox) PauseVM(t hypervisors.Target) error {
 
 // ResizeVM changes a VM's cores and memory out of band.
 func (f *Proxmox) ResizeVM(t hypervisors.Target, vcpu, memoryMiB int) error {
-	if err := checkSize(vcpu, memoryMiB); err != nil {
+	if err := simcore.CheckSize(vcpu, memoryMiB); err != nil {
 		return fmt.Errorf("resize VM %d: %w", t.VMID, err)
 	}
 	return f.oob(t, func(v *pveVM) { v.Cores, v.MemoryMiB = vcpu, memoryMiB })
@@ -752,11 +831,11 @@ func (f *Proxmox) AddForeignVM(zone string, vmid int, name string, m *observed.M
 }
 
 func (f *Proxmox) addVM(zone string, vmid int, name string, m *observed.Marker, power observed.Power) (int, error) {
-	if err := errors.Join(checkVMID(vmid), checkVMName(name), checkMarker(m)); err != nil {
+	if err := errors.Join(checkVMID(vmid), simcore.CheckVMName(name), simcore.CheckMarker(m)); err != nil {
 		return 0, fmt.Errorf("add a VM on %s: %w", zone, err)
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.c.Lock()
+	defer f.c.Unlock()
 	if err := f.node(zone); err != nil {
 		return 0, err
 	}
@@ -766,15 +845,15 @@ func (f *Proxmox) addVM(zone string, vmid int, name string, m *observed.Marker, 
 	if f.vms[vmid] != nil {
 		return 0, fmt.Errorf("add VM %d: %w", vmid, hypervisors.ErrExists)
 	}
-	v := &pveVM{VMID: vmid, Node: zone, Name: name, Cores: 2, MemoryMiB: 2048, machine: machine{Power: observed.PowerStopped}}
+	v := &pveVM{VMID: vmid, Node: zone, Name: name, Cores: 2, MemoryMiB: 2048, Machine: simcore.Machine{Power: observed.PowerStopped}}
 	if m != nil {
 		v.setMarker(*m)
 	}
 	switch power {
 	case observed.PowerRunning:
-		v.powerOn(f.now())
+		v.PowerOn(f.c.Now())
 	case observed.PowerPaused:
-		v.powerOn(f.now())
+		v.PowerOn(f.c.Now())
 		v.Power = observed.PowerPaused
 	case "":
 	default:
@@ -789,4 +868,12 @@ func (f *Proxmox) saveMachine(t hypervisors.Target) {
 	if v, err := f.vm(t); err == nil {
 		f.saveVM(v.VMID)
 	}
+}
+
+// checkVMID checks a Proxmox VMID; 0 asks the simulator to allocate one.
+func checkVMID(vmid int) error {
+	if vmid != 0 && (vmid < pvespec.MinVMID || vmid > pvespec.MaxVMID) {
+		return simcore.Invalid(fmt.Errorf("vmid %d is outside the Proxmox VMID range %d..%d", vmid, pvespec.MinVMID, pvespec.MaxVMID))
+	}
+	return nil
 }

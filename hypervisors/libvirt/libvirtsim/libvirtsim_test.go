@@ -1,4 +1,4 @@
-package fake
+package libvirtsim
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
+	"github.com/bigfleet-vm/provider/hypervisors/simcore"
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 )
@@ -18,7 +19,7 @@ import (
 // the same result and never duplicates anything.
 func TestLibvirtLifecycle(t *testing.T) {
 	ctx := context.Background()
-	f := NewLibvirt(Options{Zones: []string{"rack1"}})
+	f := NewLibvirt(simcore.Options{Zones: []string{"rack1"}})
 	defer f.Close()
 	name := naming.VMName(inst, "m-1", 0)
 	vm := hypervisors.Target{Zone: "rack1", Name: name}
@@ -62,10 +63,10 @@ func TestLibvirtLifecycle(t *testing.T) {
 				VMs: []*observed.VM{domainVM(observed.PowerRunning, m, true)}, Volumes: []*observed.Volume{seedVol, overlay}}},
 		{"wait-agent", func() error { return f.AgentPing(ctx, vm) }, nil},
 		{"set-marker", func() error { return f.SetMarker(ctx, vm, bound) }, nil},
-		{"write-blob", func() error { return f.AgentWriteFile(ctx, vm, DefaultBlobPath, blob, 0o600) }, nil},
-		{"exec-bootstrap", exec(DefaultBootstrapHook, "c-1"), nil},
-		{"remove-blob", func() error { return f.AgentRemoveFile(ctx, vm, DefaultBlobPath) }, nil},
-		{"readiness", exec(DefaultReadyCommand), &observed.Zone{Name: "rack1", Status: observed.StatusOK,
+		{"write-blob", func() error { return f.AgentWriteFile(ctx, vm, simcore.DefaultBlobPath, blob, 0o600) }, nil},
+		{"exec-bootstrap", exec(simcore.DefaultBootstrapHook, "c-1"), nil},
+		{"remove-blob", func() error { return f.AgentRemoveFile(ctx, vm, simcore.DefaultBlobPath) }, nil},
+		{"readiness", exec(simcore.DefaultReadyCommand), &observed.Zone{Name: "rack1", Status: observed.StatusOK,
 			VMs: []*observed.VM{domainVM(observed.PowerRunning, bound, true)}, Volumes: []*observed.Volume{seedVol, overlay}}},
 		{"exec-drain", exec("kubectl", "drain", name, "--ignore-daemonsets"), nil},
 		{"unbind", func() error { return f.SetMarker(ctx, vm, m) }, nil},
@@ -153,9 +154,9 @@ func TestLibvirtSemantics(t *testing.T) {
 			s.VCPU = 4
 			return f.DefineDomain(ctx, "fake-a", s)
 		}, nil},
-		{"define with create fault", func(t *testing.T, f *Libvirt) { f.opts.Faults = true; build(t, f) }, func(f *Libvirt) error {
+		{"define with create fault", build, func(f *Libvirt) error {
 			s := domainSpec(name+"-2", m)
-			s.Labels = map[string]string{CreateFaultLabel: "error"}
+			s.Labels = map[string]string{simcore.CreateFaultLabel: "error"}
 			return f.DefineDomain(ctx, "fake-a", s)
 		}, hypervisors.ErrInvalid},
 		{"define without marker", nil, func(f *Libvirt) error {
@@ -201,9 +202,11 @@ func TestLibvirtSemantics(t *testing.T) {
 		{"ping missing", nil, func(f *Libvirt) error { return f.AgentPing(ctx, vm) }, hypervisors.ErrNotFound},
 		{"empty argv", running, func(f *Libvirt) error { _, err := f.AgentExec(ctx, vm, nil); return err }, hypervisors.ErrInvalid},
 	}
+	// withFaults are the cases run with Options.Faults.
+	withFaults := map[string]bool{"define with create fault": true}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			f := NewLibvirt(Options{})
+			f := NewLibvirt(simcore.Options{Faults: withFaults[c.name]})
 			defer f.Close()
 			if c.setup != nil {
 				c.setup(t, f)
@@ -221,7 +224,7 @@ func TestLibvirtSemantics(t *testing.T) {
 // observed without a marker and never adopted.
 func TestLibvirtForeignCollision(t *testing.T) {
 	ctx := context.Background()
-	f := NewLibvirt(Options{Zones: []string{"rack1"}})
+	f := NewLibvirt(simcore.Options{Zones: []string{"rack1"}})
 	defer f.Close()
 	name := naming.VMName(inst, "m-1", 0)
 	if err := f.AddForeignVM("rack1", name, nil); err != nil {
@@ -281,7 +284,7 @@ func TestLibvirtForeignCollision(t *testing.T) {
 
 func TestLibvirtOutOfBand(t *testing.T) {
 	ctx := context.Background()
-	f := NewLibvirt(Options{})
+	f := NewLibvirt(simcore.Options{})
 	defer f.Close()
 	vm := hypervisors.Target{Zone: "fake-a", Name: "bf-a"}
 	if err := f.AddOwnedVM("fake-a", "bf-a", marker("m-1", ""), observed.PowerRunning); err != nil {
@@ -323,7 +326,7 @@ func TestLibvirtOutOfBand(t *testing.T) {
 // read the same way directly, and becomes a proper seed when CreateSeed
 // runs again (as the libvirt adapter re-uploads).
 func TestLibvirtBlankSeed(t *testing.T) {
-	f := NewLibvirt(Options{Zones: []string{"rack1"}})
+	f := NewLibvirt(simcore.Options{Zones: []string{"rack1"}})
 	defer f.Close()
 	ctx := context.Background()
 	name := "bf-blank-cidata.iso"

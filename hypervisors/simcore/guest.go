@@ -1,4 +1,4 @@
-package fake
+package simcore
 
 import (
 	"bytes"
@@ -29,8 +29,9 @@ const (
 	CreateFaultLabel = "conformance.fault/create"
 )
 
-// machine is the power and guest state both shapes keep per VM.
-type machine struct {
+// Machine is the power and guest state every simulator keeps per VM
+// (embedded in its VM record, journaled with it).
+type Machine struct {
 	Power observed.Power `json:"power"`
 	// RunningSince is when the VM last went from off to running; the
 	// guest agent connects AgentDelay after it.
@@ -102,16 +103,17 @@ type GuestState struct {
 	Starts Starts
 }
 
-func (m *machine) powerOn(now time.Time) {
+// PowerOn runs the VM (from now, unless it was running or paused).
+func (m *Machine) PowerOn(now time.Time) {
 	if m.Power != observed.PowerRunning && m.Power != observed.PowerPaused {
 		m.RunningSince = now
 	}
 	m.Power = observed.PowerRunning
 }
 
-// powerOff stops the VM: the guest's processes end, and tmpfs paths
+// PowerOff stops the VM (power p): the guest's processes end, and tmpfs paths
 // (/run, /tmp) lose their files.
-func (m *machine) powerOff(p observed.Power) {
+func (m *Machine) PowerOff(p observed.Power) {
 	m.Power = p
 	m.RunningSince = time.Time{}
 	if m.Guest.sim != nil {
@@ -155,14 +157,8 @@ func (b Bootstrap) clone() Bootstrap {
 	return b
 }
 
-// resolver finds the machine behind a target; the caller holds sim.mu.
-type resolver interface {
-	machineOf(t hypervisors.Target) (*machine, *observed.Marker, error)
-	// saveMachine journals the VM behind t after its guest changed.
-	saveMachine(t hypervisors.Target)
-}
-
-func targetName(t hypervisors.Target) string {
+// TargetName names t in errors: zone/VMID or zone/name.
+func TargetName(t hypervisors.Target) string {
 	if t.VMID != 0 {
 		return fmt.Sprintf("%s/%d", t.Zone, t.VMID)
 	}
@@ -170,12 +166,12 @@ func targetName(t hypervisors.Target) string {
 }
 
 // agentReady fails unless the VM has been running for AgentDelay.
-func (s *sim) agentReady(m *machine, t hypervisors.Target) error {
+func (s *Core) agentReady(m *Machine, t hypervisors.Target) error {
 	switch {
 	case m.Power != observed.PowerRunning:
-		return fmt.Errorf("guest agent of %s: VM is %s: %w", targetName(t), m.Power, hypervisors.ErrAgentNotReady)
-	case s.now().Sub(m.RunningSince) < s.opts.AgentDelay:
-		return fmt.Errorf("guest agent of %s: not connected: %w", targetName(t), hypervisors.ErrAgentNotReady)
+		return fmt.Errorf("guest agent of %s: VM is %s: %w", TargetName(t), m.Power, hypervisors.ErrAgentNotReady)
+	case s.Now().Sub(m.RunningSince) < s.opts.AgentDelay:
+		return fmt.Errorf("guest agent of %s: not connected: %w", TargetName(t), hypervisors.ErrAgentNotReady)
 	}
 	return nil
 }
@@ -198,22 +194,22 @@ var agentPoll = retry.Policy{Initial: time.Millisecond, Max: 10 * time.Milliseco
 
 // agentOf returns the guest agent of t as the protocol (package guest)
 // drives it.
-func (s *sim) agentOf(t hypervisors.Target) *guestproto.Agent {
+func (s *Core) agentOf(t hypervisors.Target) *guestproto.Agent {
 	return &guestproto.Agent{T: &fakeAgent{s: s, t: t}, Poll: agentPoll}
 }
 
 // fakeAgent is the simulated agent's wire: the guestproto.Transport of both
 // simulators.
 type fakeAgent struct {
-	s *sim
+	s *Core
 	t hypervisors.Target
 }
 
 // use runs fn on t's guest with the world locked, once the hook let the
 // request through and the agent answers; a change is journaled.
-func (a *fakeAgent) use(ctx context.Context, op string, argv []string, change bool, fn func(m *machine, g *guestsim.Guest) error) error {
+func (a *fakeAgent) use(ctx context.Context, op string, argv []string, change bool, fn func(m *Machine, g *guestsim.Guest) error) error {
 	s := a.s
-	if h := s.currentHook(); h != nil {
+	if h := s.CurrentHook(); h != nil {
 		if err := h(ctx, Call{Op: op, Zone: a.t.Zone, Target: a.t, Argv: argv}); err != nil {
 			return err
 		}
@@ -226,7 +222,7 @@ func (a *fakeAgent) use(ctx context.Context, op string, argv []string, change bo
 	if s.closed {
 		return fmt.Errorf("%s: fake hypervisor closed: %w", op, hypervisors.ErrUnreachable)
 	}
-	m, _, err := s.vms.machineOf(a.t)
+	m, _, err := s.vms.Find(a.t)
 	if err == nil {
 		err = s.agentReady(m, a.t)
 	}
@@ -238,13 +234,13 @@ func (a *fakeAgent) use(ctx context.Context, op string, argv []string, change bo
 	if change {
 		st := g.State()
 		m.Guest.Disk = &st
-		s.vms.saveMachine(a.t)
+		s.vms.Save(a.t)
 	}
 	return err
 }
 
 // guestOf returns m's simulated guest, made on first use; s.mu is held.
-func (s *sim) guestOf(m *machine, t hypervisors.Target) *guestsim.Guest {
+func (s *Core) guestOf(m *Machine, t hypervisors.Target) *guestsim.Guest {
 	if m.Guest.sim == nil {
 		progs := s.programs(t)
 		if m.Guest.Disk != nil {
@@ -257,13 +253,13 @@ func (s *sim) guestOf(m *machine, t hypervisors.Target) *guestsim.Guest {
 }
 
 func (a *fakeAgent) Ping(ctx context.Context) error {
-	return a.use(ctx, "agent/ping", nil, false, func(*machine, *guestsim.Guest) error { return nil })
+	return a.use(ctx, "agent/ping", nil, false, func(*Machine, *guestsim.Guest) error { return nil })
 }
 
 // Exec starts argv; any failure before the guest saw it is Refused.
 func (a *fakeAgent) Exec(ctx context.Context, argv []string) (int, error) {
 	var pid int
-	err := a.use(ctx, AgentExecOp, argv, true, func(_ *machine, g *guestsim.Guest) error {
+	err := a.use(ctx, AgentExecOp, argv, true, func(_ *Machine, g *guestsim.Guest) error {
 		var err error
 		pid, err = g.Exec(argv)
 		if err != nil {
@@ -279,7 +275,7 @@ func (a *fakeAgent) Exec(ctx context.Context, argv []string) (int, error) {
 
 func (a *fakeAgent) Status(ctx context.Context, pid int) (guestproto.Status, error) {
 	var st guestsim.Status
-	err := a.use(ctx, AgentStatusOp, nil, false, func(_ *machine, g *guestsim.Guest) error {
+	err := a.use(ctx, AgentStatusOp, nil, false, func(_ *Machine, g *guestsim.Guest) error {
 		var err error
 		st, err = g.Status(pid)
 		if errors.Is(err, guestsim.ErrBadPID) {
@@ -291,7 +287,7 @@ func (a *fakeAgent) Status(ctx context.Context, pid int) (guestproto.Status, err
 		return guestproto.Status{}, err
 	}
 	if st.Exited {
-		if h := a.s.currentHook(); h != nil {
+		if h := a.s.CurrentHook(); h != nil {
 			if herr := h(ctx, Call{Op: ExecAnswerOp, Zone: a.t.Zone, Target: a.t}); herr != nil {
 				return guestproto.Status{}, fmt.Errorf("the answer reporting pid %d's exit was lost: %w", pid, herr)
 			}
@@ -301,7 +297,7 @@ func (a *fakeAgent) Status(ctx context.Context, pid int) (guestproto.Status, err
 }
 
 func (a *fakeAgent) Write(ctx context.Context, path string, data []byte) error {
-	return a.use(ctx, AgentWriteOp, nil, true, func(_ *machine, g *guestsim.Guest) error {
+	return a.use(ctx, AgentWriteOp, nil, true, func(_ *Machine, g *guestsim.Guest) error {
 		if err := g.Write(path, data); err != nil {
 			return fmt.Errorf("guest-file-write %s: %w: %w", path, err, hypervisors.ErrInvalid)
 		}
@@ -314,7 +310,7 @@ func (a *fakeAgent) MaxWrite() int { return 0 }
 // agentCall enters one guest-agent method: it counts it, runs the hook
 // (an error means the call never reached the guest), fails it when the
 // zone is unreachable, waits the latency, and finds the VM.
-func (s *sim) agentCall(ctx context.Context, op string, t hypervisors.Target, argv []string, write bool) error {
+func (s *Core) agentCall(ctx context.Context, op string, t hypervisors.Target, argv []string, write bool) error {
 	if err := s.enterCall(ctx, Call{Op: op, Zone: t.Zone, Target: t, Argv: argv}); err != nil {
 		return err
 	}
@@ -323,7 +319,7 @@ func (s *sim) agentCall(ctx context.Context, op string, t hypervisors.Target, ar
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	m, _, err := s.vms.machineOf(t)
+	m, _, err := s.vms.Find(t)
 	if err != nil {
 		return err
 	}
@@ -332,7 +328,7 @@ func (s *sim) agentCall(ctx context.Context, op string, t hypervisors.Target, ar
 
 // AgentPing returns ErrAgentNotReady unless the VM has been running for
 // Options.AgentDelay.
-func (s *sim) AgentPing(ctx context.Context, t hypervisors.Target) error {
+func (s *Core) AgentPing(ctx context.Context, t hypervisors.Target) error {
 	if err := s.agentCall(ctx, "AgentPing", t, nil, false); err != nil {
 		return fmt.Errorf("agent ping: %w", err)
 	}
@@ -341,30 +337,30 @@ func (s *sim) AgentPing(ctx context.Context, t hypervisors.Target) error {
 
 // AgentWriteFile writes a file in the simulated guest with the protocol
 // of package guest (private parts, then an atomic rename).
-func (s *sim) AgentWriteFile(ctx context.Context, t hypervisors.Target, path string, data []byte, mode os.FileMode) error {
+func (s *Core) AgentWriteFile(ctx context.Context, t hypervisors.Target, path string, data []byte, mode os.FileMode) error {
 	if err := guestproto.CheckPath(path); err != nil {
-		return fmt.Errorf("agent write on %s: %w", targetName(t), err)
+		return fmt.Errorf("agent write on %s: %w", TargetName(t), err)
 	}
 	if err := s.agentCall(ctx, "AgentWriteFile", t, nil, true); err != nil {
 		return fmt.Errorf("agent write %s: %w", path, err)
 	}
 	if err := s.agentOf(t).WriteFile(ctx, path, data, mode); err != nil {
-		return fmt.Errorf("agent write %s on %s: %w", path, targetName(t), err)
+		return fmt.Errorf("agent write %s on %s: %w", path, TargetName(t), err)
 	}
 	return nil
 }
 
 // AgentRemoveFile deletes a file in the simulated guest; a missing file
 // is success.
-func (s *sim) AgentRemoveFile(ctx context.Context, t hypervisors.Target, path string) error {
+func (s *Core) AgentRemoveFile(ctx context.Context, t hypervisors.Target, path string) error {
 	if err := guestproto.CheckPath(path); err != nil {
-		return fmt.Errorf("agent remove on %s: %w", targetName(t), err)
+		return fmt.Errorf("agent remove on %s: %w", TargetName(t), err)
 	}
 	if err := s.agentCall(ctx, "AgentRemoveFile", t, nil, true); err != nil {
 		return fmt.Errorf("agent remove %s: %w", path, err)
 	}
 	if err := s.agentOf(t).RemoveFile(ctx, path); err != nil {
-		return fmt.Errorf("agent remove %s on %s: %w", path, targetName(t), err)
+		return fmt.Errorf("agent remove %s on %s: %w", path, TargetName(t), err)
 	}
 	return nil
 }
@@ -372,16 +368,16 @@ func (s *sim) AgentRemoveFile(ctx context.Context, t hypervisors.Target, path st
 // AgentExec runs argv in the simulated guest (see package doc) at most
 // once, with the protocol of package guest and the error contract of
 // hypervisors.Hypervisor.AgentExec.
-func (s *sim) AgentExec(ctx context.Context, t hypervisors.Target, argv []string) (hypervisors.ExecResult, error) {
+func (s *Core) AgentExec(ctx context.Context, t hypervisors.Target, argv []string) (hypervisors.ExecResult, error) {
 	if len(argv) == 0 {
-		return hypervisors.ExecResult{}, fmt.Errorf("agent exec on %s: empty argv: %w", targetName(t), hypervisors.ErrInvalid)
+		return hypervisors.ExecResult{}, fmt.Errorf("agent exec on %s: empty argv: %w", TargetName(t), hypervisors.ErrInvalid)
 	}
 	if err := s.agentCall(ctx, "AgentExec", t, argv, true); err != nil {
 		return hypervisors.ExecResult{}, fmt.Errorf("agent exec %s: %w", argv[0], err)
 	}
 	res, err := s.agentOf(t).Exec(ctx, argv)
 	if err != nil {
-		return res, fmt.Errorf("agent exec on %s: %w", targetName(t), err)
+		return res, fmt.Errorf("agent exec on %s: %w", TargetName(t), err)
 	}
 	return res, nil
 }
@@ -397,7 +393,7 @@ const (
 
 // classify says what the simulated guest does with argv, and for a
 // bootstrap which file holds the blob and whether argv names the cluster.
-func (s *sim) classify(argv []string) (cmd command, blobPath string, clusterArg bool) {
+func (s *Core) classify(argv []string) (cmd command, blobPath string, clusterArg bool) {
 	switch {
 	case argv[0] == s.opts.ReadyCommand:
 		return cmdReady, "", false
@@ -422,17 +418,17 @@ func exited(code int, stdout, stderr string) guestsim.Run {
 // programs are the commands of t's simulated guest (see package doc).
 // They run with the world locked (every request of the simulated agent
 // holds s.mu).
-func (s *sim) programs(t hypervisors.Target) guestsim.Programs {
+func (s *Core) programs(t hypervisors.Target) guestsim.Programs {
 	return func(argv []string) (guestsim.Program, bool) {
 		return func(p *guestsim.Proc) guestsim.Run { return s.run(t, p) }, true
 	}
 }
 
 // run runs a command in t's guest; s.mu is held.
-func (s *sim) run(t hypervisors.Target, p *guestsim.Proc) guestsim.Run {
+func (s *Core) run(t hypervisors.Target, p *guestsim.Proc) guestsim.Run {
 	r := s.vms
 	argv := p.Argv
-	m, marker, err := r.machineOf(t)
+	m, marker, err := r.Find(t)
 	if err != nil {
 		return exited(127, "", "no such VM\n")
 	}
@@ -462,7 +458,7 @@ func (s *sim) run(t hypervisors.Target, p *guestsim.Proc) guestsim.Run {
 				m.Guest.DrainKeys = append([]string(nil), m.Guest.DrainKeys[n-maxDrainKeys:]...)
 			}
 		}
-		r.saveMachine(t)
+		r.Save(t)
 		return took(exited(0, "node drained\n", ""))
 	case cmdUnknown:
 		m.Guest.Starts.Other++
@@ -507,12 +503,12 @@ func (s *sim) run(t hypervisors.Target, p *guestsim.Proc) guestsim.Run {
 			}
 			s.mu.Lock()
 			defer s.mu.Unlock()
-			if m, _, err := r.machineOf(t); err == nil && m.Guest.sim != nil {
+			if m, _, err := r.Find(t); err == nil && m.Guest.sim != nil {
 				m.Guest.sim.Settle()
 			}
 		}()
 		return guestsim.Run{For: s.opts.SlowOK, Exit: func(*guestsim.Proc) guestsim.Run {
-			if m, _, err := r.machineOf(t); err == nil {
+			if m, _, err := r.Find(t); err == nil {
 				s.joined(r, t, m, p.Key, argv, cluster, blob)
 			}
 			return exited(0, "joined cluster "+cluster+"\n", "")
@@ -523,7 +519,7 @@ func (s *sim) run(t hypervisors.Target, p *guestsim.Proc) guestsim.Run {
 }
 
 // joined records a successful bootstrap; s.mu is held.
-func (s *sim) joined(r resolver, t hypervisors.Target, m *machine, key string, argv []string, cluster string, blob guestsim.File) {
+func (s *Core) joined(r Machines, t hypervisors.Target, m *Machine, key string, argv []string, cluster string, blob guestsim.File) {
 	m.Guest.Bootstraps = append(m.Guest.Bootstraps, Bootstrap{
 		Cluster:    cluster,
 		Argv:       append([]string(nil), argv...),
@@ -531,20 +527,20 @@ func (s *sim) joined(r resolver, t hypervisors.Target, m *machine, key string, a
 		Blob:       blob.Data,
 		BlobSHA256: blob.Sum,
 		BlobSize:   blob.Size,
-		At:         s.now(),
+		At:         s.Now(),
 	})
 	m.Guest.Cluster = cluster
 	m.Guest.Cordoned = false
-	r.saveMachine(t)
+	r.Save(t)
 }
 
 // Guest returns a copy of a VM's simulated guest, or false if the VM is
 // unknown.
-func (s *sim) Guest(t hypervisors.Target) (GuestState, bool) {
+func (s *Core) Guest(t hypervisors.Target) (GuestState, bool) {
 	r := s.vms
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	m, _, err := r.machineOf(t)
+	m, _, err := r.Find(t)
 	if err != nil {
 		return GuestState{}, false
 	}
@@ -552,34 +548,35 @@ func (s *sim) Guest(t hypervisors.Target) (GuestState, bool) {
 }
 
 // GuestFile returns a file written into a VM's guest.
-func (s *sim) GuestFile(t hypervisors.Target, path string) ([]byte, bool) {
+func (s *Core) GuestFile(t hypervisors.Target, path string) ([]byte, bool) {
 	g, ok := s.Guest(t)
 	data, found := g.Files[path]
 	return data, ok && found
 }
 
 // Bootstraps returns the successful bootstrap runs of a VM, oldest first.
-func (s *sim) Bootstraps(t hypervisors.Target) []Bootstrap {
+func (s *Core) Bootstraps(t hypervisors.Target) []Bootstrap {
 	g, _ := s.Guest(t)
 	return g.Bootstraps
 }
 
-// createFault returns the conformance create failure when enabled and
+// CreateFault returns the conformance create failure when enabled and
 // requested by the offering labels.
-func (s *sim) createFault(op string, labels map[string]string) error {
+func (s *Core) CreateFault(op string, labels map[string]string) error {
 	if s.opts.Faults && labels[CreateFaultLabel] == "error" {
 		return fmt.Errorf("%s: simulated create failure (%s=error): %w", op, CreateFaultLabel, hypervisors.ErrInvalid)
 	}
 	return nil
 }
 
-// sameOwner reports whether two markers name the same installation and
+// SameOwner reports whether two markers name the same installation and
 // machine.
-func sameOwner(a, b *observed.Marker) bool {
+func SameOwner(a, b *observed.Marker) bool {
 	return a != nil && b != nil && a.Installation == b.Installation && a.MachineID == b.MachineID
 }
 
-func cloneMarker(m *observed.Marker) *observed.Marker {
+// CloneMarker copies m (nil stays nil).
+func CloneMarker(m *observed.Marker) *observed.Marker {
 	if m == nil {
 		return nil
 	}

@@ -1,4 +1,4 @@
-package fake
+package proxmoxsim
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvemarker"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvespec"
+	"github.com/bigfleet-vm/provider/hypervisors/simcore"
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 )
@@ -30,7 +31,7 @@ func template(zone string) *observed.VM {
 // executor drives them, running every call twice.
 func TestProxmoxLifecycle(t *testing.T) {
 	ctx := context.Background()
-	f := NewProxmox(Options{Zones: []string{"pve1", "pve2"}})
+	f := NewProxmox(simcore.Options{Zones: []string{"pve1", "pve2"}})
 	defer f.Close()
 	name := naming.VMName(inst, "m-1", 0)
 	m := marker("m-1", "")
@@ -70,9 +71,9 @@ func TestProxmoxLifecycle(t *testing.T) {
 		{"start", func() error { return f.Start(ctx, vm) }, zone(clone(observed.PowerRunning, 4, 8192, m, true), template("pve1"))},
 		{"wait-agent", func() error { return f.AgentPing(ctx, vm) }, nil},
 		{"set-marker", func() error { return f.SetMarker(ctx, vm, bound) }, nil},
-		{"write-blob", func() error { return f.AgentWriteFile(ctx, vm, DefaultBootstrapPath, []byte("secret"), 0o700) }, nil},
-		{"exec-bootstrap", exec("/bin/sh", DefaultBootstrapPath), nil},
-		{"readiness", exec(DefaultReadyCommand), zone(clone(observed.PowerRunning, 4, 8192, bound, true), template("pve1"))},
+		{"write-blob", func() error { return f.AgentWriteFile(ctx, vm, simcore.DefaultBootstrapPath, []byte("secret"), 0o700) }, nil},
+		{"exec-bootstrap", exec("/bin/sh", simcore.DefaultBootstrapPath), nil},
+		{"readiness", exec(simcore.DefaultReadyCommand), zone(clone(observed.PowerRunning, 4, 8192, bound, true), template("pve1"))},
 		{"exec-drain", exec("kubectl", "drain", name), nil},
 		{"unbind", func() error { return f.SetMarker(ctx, vm, m) }, nil},
 		{"stop", func() error { return f.Stop(ctx, vm, time.Second) }, zone(clone(observed.PowerStopped, 4, 8192, m, true), template("pve1"))},
@@ -132,82 +133,82 @@ func TestProxmoxSemantics(t *testing.T) {
 	tmpl := hypervisors.Target{Zone: "fake-a", VMID: DefaultTemplateVMID}
 	cases := []struct {
 		name   string
-		opts   Options
+		opts   simcore.Options
 		setup  func(*testing.T, *Proxmox)
 		call   func(*Proxmox) error
 		want   error
 		repeat bool // the repeated call gives the same class
 	}{
-		{"clone missing template", Options{}, nil, func(f *Proxmox) error {
+		{"clone missing template", simcore.Options{}, nil, func(f *Proxmox) error {
 			s := spec
 			s.TemplateVMID = 9999
 			_, err := f.CloneVM(ctx, "fake-a", s)
 			return err
 		}, hypervisors.ErrNotFound, true},
-		{"clone from a non-template", Options{}, func(t *testing.T, f *Proxmox) { f.AddForeignVM("fake-a", 500, "vm", nil) }, func(f *Proxmox) error {
+		{"clone from a non-template", simcore.Options{}, func(t *testing.T, f *Proxmox) { f.AddForeignVM("fake-a", 500, "vm", nil) }, func(f *Proxmox) error {
 			s := spec
 			s.TemplateVMID = 500
 			_, err := f.CloneVM(ctx, "fake-a", s)
 			return err
 		}, hypervisors.ErrInvalid, true},
-		{"clone with create fault", Options{Faults: true}, nil, func(f *Proxmox) error {
+		{"clone with create fault", simcore.Options{Faults: true}, nil, func(f *Proxmox) error {
 			s := spec
-			s.Labels = map[string]string{CreateFaultLabel: "error"}
+			s.Labels = map[string]string{simcore.CreateFaultLabel: "error"}
 			_, err := f.CloneVM(ctx, "fake-a", s)
 			return err
 		}, hypervisors.ErrInvalid, true},
-		{"create fault label without faults", Options{}, nil, func(f *Proxmox) error {
+		{"create fault label without faults", simcore.Options{}, nil, func(f *Proxmox) error {
 			s := spec
-			s.Labels = map[string]string{CreateFaultLabel: "error"}
+			s.Labels = map[string]string{simcore.CreateFaultLabel: "error"}
 			_, err := f.CloneVM(ctx, "fake-a", s)
 			return err
 		}, nil, true},
-		{"clone of a machine living on another node", Options{}, cloned, func(f *Proxmox) error {
+		{"clone of a machine living on another node", simcore.Options{}, cloned, func(f *Proxmox) error {
 			_, err := f.CloneVM(ctx, "fake-b", spec)
 			return err
 		}, hypervisors.ErrExists, true},
-		{"clone without marker", Options{}, nil, func(f *Proxmox) error {
+		{"clone without marker", simcore.Options{}, nil, func(f *Proxmox) error {
 			_, err := f.CloneVM(ctx, "fake-a", pvespec.CloneSpec{Name: "x", TemplateVMID: DefaultTemplateVMID})
 			return err
 		}, hypervisors.ErrInvalid, true},
-		{"configure a foreign VM", Options{}, func(t *testing.T, f *Proxmox) { f.AddForeignVM("fake-a", FirstVMID, "bf-x", &other) }, func(f *Proxmox) error {
+		{"configure a foreign VM", simcore.Options{}, func(t *testing.T, f *Proxmox) { f.AddForeignVM("fake-a", FirstVMID, "bf-x", &other) }, func(f *Proxmox) error {
 			return f.ConfigureVM(ctx, vm, pvespec.SizeSpec{VCPU: 1, MemoryMiB: 512, Marker: m})
 		}, hypervisors.ErrNotOwned, true},
-		{"configure an unmarked VM", Options{}, func(t *testing.T, f *Proxmox) { f.AddForeignVM("fake-a", FirstVMID, "bf-x", nil) }, func(f *Proxmox) error {
+		{"configure an unmarked VM", simcore.Options{}, func(t *testing.T, f *Proxmox) { f.AddForeignVM("fake-a", FirstVMID, "bf-x", nil) }, func(f *Proxmox) error {
 			return f.SetMarker(ctx, vm, m)
 		}, hypervisors.ErrNotOwned, true},
-		{"configure the template", Options{}, nil, func(f *Proxmox) error {
+		{"configure the template", simcore.Options{}, nil, func(f *Proxmox) error {
 			return f.ConfigureVM(ctx, tmpl, pvespec.SizeSpec{VCPU: 1, MemoryMiB: 512, Marker: m})
 		}, hypervisors.ErrInvalid, true},
-		{"delete running", Options{}, running, func(f *Proxmox) error { return f.DeleteVM(ctx, vm) }, hypervisors.ErrInvalid, true},
-		{"delete missing", Options{}, nil, func(f *Proxmox) error { return f.DeleteVM(ctx, vm) }, nil, true},
-		{"delete the template", Options{}, nil, func(f *Proxmox) error { return f.DeleteVM(ctx, tmpl) }, hypervisors.ErrInvalid, true},
-		{"start the template", Options{}, nil, func(f *Proxmox) error { return f.Start(ctx, tmpl) }, hypervisors.ErrInvalid, true},
-		{"start missing", Options{}, nil, func(f *Proxmox) error { return f.Start(ctx, vm) }, hypervisors.ErrNotFound, true},
-		{"stop missing", Options{}, nil, func(f *Proxmox) error { return f.Stop(ctx, vm, 0) }, nil, true},
-		{"stop paused forces after grace", Options{}, func(t *testing.T, f *Proxmox) { running(t, f); f.PauseVM(vm) },
+		{"delete running", simcore.Options{}, running, func(f *Proxmox) error { return f.DeleteVM(ctx, vm) }, hypervisors.ErrInvalid, true},
+		{"delete missing", simcore.Options{}, nil, func(f *Proxmox) error { return f.DeleteVM(ctx, vm) }, nil, true},
+		{"delete the template", simcore.Options{}, nil, func(f *Proxmox) error { return f.DeleteVM(ctx, tmpl) }, hypervisors.ErrInvalid, true},
+		{"start the template", simcore.Options{}, nil, func(f *Proxmox) error { return f.Start(ctx, tmpl) }, hypervisors.ErrInvalid, true},
+		{"start missing", simcore.Options{}, nil, func(f *Proxmox) error { return f.Start(ctx, vm) }, hypervisors.ErrNotFound, true},
+		{"stop missing", simcore.Options{}, nil, func(f *Proxmox) error { return f.Stop(ctx, vm, 0) }, nil, true},
+		{"stop paused forces after grace", simcore.Options{}, func(t *testing.T, f *Proxmox) { running(t, f); f.PauseVM(vm) },
 			func(f *Proxmox) error { return f.Stop(ctx, vm, time.Millisecond) }, nil, true},
-		{"start crashed", Options{}, func(t *testing.T, f *Proxmox) { running(t, f); f.CrashVM(vm) },
+		{"start crashed", simcore.Options{}, func(t *testing.T, f *Proxmox) { running(t, f); f.CrashVM(vm) },
 			func(f *Proxmox) error { return f.Start(ctx, vm) }, nil, true},
-		{"resume stopped", Options{}, cloned, func(f *Proxmox) error { return f.Resume(ctx, vm) }, hypervisors.ErrInvalid, true},
-		{"locked start", Options{}, func(t *testing.T, f *Proxmox) { cloned(t, f); f.SetLock(vm, "backup") },
+		{"resume stopped", simcore.Options{}, cloned, func(f *Proxmox) error { return f.Resume(ctx, vm) }, hypervisors.ErrInvalid, true},
+		{"locked start", simcore.Options{}, func(t *testing.T, f *Proxmox) { cloned(t, f); f.SetLock(vm, "backup") },
 			func(f *Proxmox) error { return f.Start(ctx, vm) }, hypervisors.ErrLocked, true},
-		{"locked stop", Options{}, locked, func(f *Proxmox) error { return f.Stop(ctx, vm, 0) }, hypervisors.ErrLocked, true},
-		{"locked configure", Options{}, locked, func(f *Proxmox) error {
+		{"locked stop", simcore.Options{}, locked, func(f *Proxmox) error { return f.Stop(ctx, vm, 0) }, hypervisors.ErrLocked, true},
+		{"locked configure", simcore.Options{}, locked, func(f *Proxmox) error {
 			return f.ConfigureVM(ctx, vm, pvespec.SizeSpec{VCPU: 1, MemoryMiB: 512, Marker: m})
 		}, hypervisors.ErrLocked, true},
-		{"locked marker", Options{}, locked, func(f *Proxmox) error { return f.SetMarker(ctx, vm, m) }, hypervisors.ErrLocked, true},
-		{"locked onboot", Options{}, locked, func(f *Proxmox) error { return f.SetAutostart(ctx, vm, true) }, hypervisors.ErrLocked, true},
-		{"locked delete", Options{}, func(t *testing.T, f *Proxmox) { cloned(t, f); f.SetLock(vm, "backup") },
+		{"locked marker", simcore.Options{}, locked, func(f *Proxmox) error { return f.SetMarker(ctx, vm, m) }, hypervisors.ErrLocked, true},
+		{"locked onboot", simcore.Options{}, locked, func(f *Proxmox) error { return f.SetAutostart(ctx, vm, true) }, hypervisors.ErrLocked, true},
+		{"locked delete", simcore.Options{}, func(t *testing.T, f *Proxmox) { cloned(t, f); f.SetLock(vm, "backup") },
 			func(f *Proxmox) error { return f.DeleteVM(ctx, vm) }, hypervisors.ErrLocked, true},
-		{"locked clone adoption", Options{}, func(t *testing.T, f *Proxmox) { cloned(t, f); f.SetLock(vm, "clone") },
+		{"locked clone adoption", simcore.Options{}, func(t *testing.T, f *Proxmox) { cloned(t, f); f.SetLock(vm, "clone") },
 			func(f *Proxmox) error { _, err := f.CloneVM(ctx, "fake-a", spec); return err }, hypervisors.ErrLocked, true},
-		{"agent works on a locked VM", Options{}, locked, func(f *Proxmox) error { return f.AgentPing(ctx, vm) }, nil, true},
-		{"lookup on the wrong node", Options{}, cloned, func(f *Proxmox) error {
+		{"agent works on a locked VM", simcore.Options{}, locked, func(f *Proxmox) error { return f.AgentPing(ctx, vm) }, nil, true},
+		{"lookup on the wrong node", simcore.Options{}, cloned, func(f *Proxmox) error {
 			_, err := f.Lookup(ctx, hypervisors.Target{Zone: "fake-b", VMID: FirstVMID})
 			return err
 		}, hypervisors.ErrNotFound, true},
-		{"unknown node", Options{}, nil, func(f *Proxmox) error { _, err := f.Observe(ctx, "mars"); return err }, hypervisors.ErrInvalid, true},
+		{"unknown node", simcore.Options{}, nil, func(f *Proxmox) error { _, err := f.Observe(ctx, "mars"); return err }, hypervisors.ErrInvalid, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -229,7 +230,7 @@ func TestProxmoxSemantics(t *testing.T) {
 // description, and concurrent clones never share a VMID.
 func TestProxmoxVMIDs(t *testing.T) {
 	ctx := context.Background()
-	f := NewProxmox(Options{Zones: []string{"pve1"}, Latency: 2 * time.Millisecond})
+	f := NewProxmox(simcore.Options{Zones: []string{"pve1"}, Latency: 2 * time.Millisecond})
 	defer f.Close()
 	other := observed.Marker{Installation: "other", MachineID: "x"}
 	f.AddForeignVM("pve1", 100, "bf-inst-1-m-1", nil)
@@ -286,7 +287,7 @@ func TestProxmoxVMIDs(t *testing.T) {
 // converge on one VM.
 func TestProxmoxConcurrentCloneOfOneMachine(t *testing.T) {
 	ctx := context.Background()
-	f := NewProxmox(Options{Latency: 2 * time.Millisecond})
+	f := NewProxmox(simcore.Options{Latency: 2 * time.Millisecond})
 	defer f.Close()
 	spec := pvespec.CloneSpec{Name: "bf-m", TemplateVMID: DefaultTemplateVMID, Marker: marker("m", "")}
 	var wg sync.WaitGroup
@@ -316,9 +317,9 @@ func TestProxmoxConcurrentCloneOfOneMachine(t *testing.T) {
 
 // blockTask returns a hook that holds every task of typ until release is
 // closed, and a channel that receives once per held task.
-func blockTask(typ string) (Hook, chan struct{}, chan struct{}) {
+func blockTask(typ string) (simcore.Hook, chan struct{}, chan struct{}) {
 	started, release := make(chan struct{}, 8), make(chan struct{})
-	return func(_ context.Context, c Call) error {
+	return func(_ context.Context, c simcore.Call) error {
 		if c.Op == "task/"+typ {
 			started <- struct{}{}
 			<-release
@@ -329,7 +330,7 @@ func blockTask(typ string) (Hook, chan struct{}, chan struct{}) {
 
 func TestProxmoxTaskLocks(t *testing.T) {
 	ctx := context.Background()
-	f := NewProxmox(Options{})
+	f := NewProxmox(simcore.Options{})
 	defer f.Close()
 	m := marker("m", "")
 	id, err := f.CloneVM(ctx, "fake-a", pvespec.CloneSpec{Name: "bf-m", TemplateVMID: DefaultTemplateVMID, Marker: m})
@@ -362,12 +363,12 @@ func TestProxmoxTasks(t *testing.T) {
 	vm := hypervisors.Target{Zone: "fake-a", VMID: FirstVMID}
 
 	t.Run("failed start", func(t *testing.T) {
-		f := NewProxmox(Options{})
+		f := NewProxmox(simcore.Options{})
 		defer f.Close()
 		if _, err := f.CloneVM(ctx, "fake-a", spec); err != nil {
 			t.Fatal(err)
 		}
-		f.SetHook(FailN("task/qmstart", 1, fmt.Errorf("start failed: timeout waiting on systemd: %w", hypervisors.ErrTransient)))
+		f.SetHook(simcore.FailN("task/qmstart", 1, fmt.Errorf("start failed: timeout waiting on systemd: %w", hypervisors.ErrTransient)))
 		errIs(t, "start", f.Start(ctx, vm), hypervisors.ErrTransient)
 		got, _ := f.Lookup(ctx, vm)
 		if got.Power != observed.PowerStopped {
@@ -381,7 +382,7 @@ func TestProxmoxTasks(t *testing.T) {
 		}
 	})
 	t.Run("failed clone leaves nothing", func(t *testing.T) {
-		f := NewProxmox(Options{Hook: FailN("task/qmclone", 1, errors.New("storage full"))})
+		f := NewProxmox(simcore.Options{Hook: simcore.FailN("task/qmclone", 1, errors.New("storage full"))})
 		defer f.Close()
 		_, err := f.CloneVM(ctx, "fake-a", spec)
 		if err == nil {
@@ -396,7 +397,7 @@ func TestProxmoxTasks(t *testing.T) {
 		}
 	})
 	t.Run("abandoned wait", func(t *testing.T) {
-		f := NewProxmox(Options{})
+		f := NewProxmox(simcore.Options{})
 		if _, err := f.CloneVM(ctx, "fake-a", spec); err != nil {
 			t.Fatal(err)
 		}
@@ -413,9 +414,9 @@ func TestProxmoxTasks(t *testing.T) {
 		}
 		close(release)
 		f.Close() // waits for the task
-		f.mu.Lock()
+		f.c.Lock()
 		n := len(f.vms)
-		f.mu.Unlock()
+		f.c.Unlock()
 		if n != 1 {
 			t.Errorf("VMs after destroy task finished: %d, want the template", n)
 		}

@@ -1,4 +1,4 @@
-package fake
+package simcore
 
 import (
 	"context"
@@ -12,14 +12,16 @@ import (
 	"time"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/observed"
 )
 
-// sim is the machinery both simulators share: the world lock, call
-// counters, hooks, reachability, latency and persistence. The embedding
-// simulator's world is guarded by mu.
-type sim struct {
+// Core is the machinery every simulator shares: the world lock, call
+// counters, hooks, reachability, latency, persistence and the VMs' guest
+// agents. The simulator that owns a Core keeps its world (hosts, VMs,
+// volumes, tasks) guarded by the Core's lock (Lock, Unlock).
+type Core struct {
 	opts Options
-	vms  resolver // the shape's own VMs, for the guest-agent calls
+	vms  Machines // the simulator's own VMs, for the guest-agent calls
 
 	mu          sync.Mutex
 	counts      map[string]int
@@ -30,34 +32,67 @@ type sim struct {
 	hookMu sync.RWMutex
 	hook   Hook
 
-	// tasks tracks Proxmox tasks and guest commands that outlive the call
-	// that started them; Close waits for them.
+	// tasks tracks work that outlives the call that started it (Proxmox
+	// tasks, guest commands); Close waits for it.
 	tasks sync.WaitGroup
 	// stop is closed by Close to end guest commands still running.
 	stop chan struct{}
 }
 
-func (s *sim) init(opts Options, vms resolver) {
-	s.opts = opts
-	s.vms = vms
-	s.counts = map[string]int{}
-	s.unreachable = map[string]bool{}
-	s.flaky = map[string]map[string]bool{}
-	s.hook = opts.Hook
-	s.stop = make(chan struct{})
+// Machines is how the Core reaches the VMs of the simulator that owns it.
+// Both functions run with the world lock held.
+type Machines struct {
+	// Find returns the machine (power and guest) behind t and its
+	// ownership marker (nil: none).
+	Find func(t hypervisors.Target) (*Machine, *observed.Marker, error)
+	// Save journals the VM behind t after its guest changed.
+	Save func(t hypervisors.Target)
 }
 
-func (s *sim) now() time.Time { return s.opts.Clock() }
+// New returns the shared core of a simulator over opts (defaults applied
+// with Options.WithDefaults) and the simulator's machines.
+func New(opts Options, vms Machines) *Core {
+	return &Core{
+		opts:        opts,
+		vms:         vms,
+		counts:      map[string]int{},
+		unreachable: map[string]bool{},
+		flaky:       map[string]map[string]bool{},
+		hook:        opts.Hook,
+		stop:        make(chan struct{}),
+	}
+}
 
-// enter accounts for one hypervisor call: it counts it, runs the hook,
+// Lock takes the world lock.
+func (s *Core) Lock() { s.mu.Lock() }
+
+// Unlock releases the world lock.
+func (s *Core) Unlock() { s.mu.Unlock() }
+
+// Now is the simulator's clock (Options.Clock).
+func (s *Core) Now() time.Time { return s.opts.Clock() }
+
+// Closed reports whether Close was called; the caller holds the lock.
+func (s *Core) Closed() bool { return s.closed }
+
+// Background runs fn on its own goroutine; Close waits for it.
+func (s *Core) Background(fn func()) {
+	s.tasks.Add(1)
+	go func() {
+		defer s.tasks.Done()
+		fn()
+	}()
+}
+
+// Enter accounts for one hypervisor call: it counts it, runs the hook,
 // fails it if the zone is unreachable or the simulator closed, and waits
 // the configured latency.
-func (s *sim) enter(ctx context.Context, op, zone string, t hypervisors.Target) error {
+func (s *Core) Enter(ctx context.Context, op, zone string, t hypervisors.Target) error {
 	return s.enterCall(ctx, Call{Op: op, Zone: zone, Target: t})
 }
 
-// enterCall is enter for a call described in full.
-func (s *sim) enterCall(ctx context.Context, c Call) error {
+// enterCall is Enter for a call described in full.
+func (s *Core) enterCall(ctx context.Context, c Call) error {
 	op, zone := c.Op, c.Zone
 	s.mu.Lock()
 	s.counts[op]++
@@ -66,7 +101,7 @@ func (s *sim) enterCall(ctx context.Context, c Call) error {
 	if closed {
 		return fmt.Errorf("%s: fake hypervisor closed: %w", op, hypervisors.ErrUnreachable)
 	}
-	if h := s.currentHook(); h != nil {
+	if h := s.CurrentHook(); h != nil {
 		if err := h(ctx, c); err != nil {
 			return err
 		}
@@ -74,7 +109,7 @@ func (s *sim) enterCall(ctx context.Context, c Call) error {
 	if unreachable {
 		return fmt.Errorf("%s: zone %s: connection refused: %w", op, zone, hypervisors.ErrUnreachable)
 	}
-	if err := sleep(ctx, s.opts.Latency); err != nil {
+	if err := Sleep(ctx, s.opts.Latency); err != nil {
 		return err
 	}
 	if flaky {
@@ -83,10 +118,10 @@ func (s *sim) enterCall(ctx context.Context, c Call) error {
 	return nil
 }
 
-// enterWrite is enter for a call that changes the world: it also fails
+// EnterWrite is Enter for a call that changes the world: it also fails
 // on a read-only simulator.
-func (s *sim) enterWrite(ctx context.Context, op, zone string, t hypervisors.Target) error {
-	if err := s.enter(ctx, op, zone, t); err != nil {
+func (s *Core) EnterWrite(ctx context.Context, op, zone string, t hypervisors.Target) error {
+	if err := s.Enter(ctx, op, zone, t); err != nil {
 		return err
 	}
 	if s.opts.ReadOnly {
@@ -95,7 +130,8 @@ func (s *sim) enterWrite(ctx context.Context, op, zone string, t hypervisors.Tar
 	return nil
 }
 
-func (s *sim) currentHook() Hook {
+// CurrentHook is the per-call hook now in place (nil: none).
+func (s *Core) CurrentHook() Hook {
 	s.hookMu.RLock()
 	defer s.hookMu.RUnlock()
 	return s.hook
@@ -103,13 +139,15 @@ func (s *sim) currentHook() Hook {
 
 // SetHook replaces the per-call hook (nil removes it). Safe to call while
 // calls are running.
-func (s *sim) setHook(h Hook) {
+func (s *Core) SetHook(h Hook) {
 	s.hookMu.Lock()
 	s.hook = h
 	s.hookMu.Unlock()
 }
 
-func (s *sim) setUnreachable(zone string, on bool) {
+// SetUnreachable makes every call on zone fail with ErrUnreachable (on)
+// or restores it.
+func (s *Core) SetUnreachable(zone string, on bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if on {
@@ -125,11 +163,16 @@ var FlakyOps = []string{"Observe", "Lookup", "ReadVolumes", "Start", "Resume", "
 	"DefineDomain", "UndefineDomain", "CreateOverlay", "CreateSeed", "DeleteVolume", "CloneVM", "ConfigureVM", "DeleteVM",
 	"AgentPing", "AgentExec", "AgentWriteFile", "AgentRemoveFile"}
 
-func (s *sim) setFlaky(zone, op string, on bool) error {
+// SetFlaky makes every call op (one of FlakyOps) on zone (one of zones)
+// fail with ErrTransient after the usual latency (on), as a flapping host
+// answers a call it cannot complete with a timeout, or restores it; the
+// zone's other calls are unaffected. An unknown op or zone is an
+// ErrInvalid error, so the set stays bounded by zones times ops.
+func (s *Core) SetFlaky(zones []string, zone, op string, on bool) error {
 	if !slices.Contains(FlakyOps, op) {
 		return fmt.Errorf("unknown call %q; one of %s: %w", op, strings.Join(FlakyOps, ", "), hypervisors.ErrInvalid)
 	}
-	if !slices.Contains(s.opts.Zones, zone) {
+	if !slices.Contains(zones, zone) {
 		return fmt.Errorf("unknown zone %q: %w", zone, hypervisors.ErrInvalid)
 	}
 	s.mu.Lock()
@@ -148,8 +191,9 @@ func (s *sim) setFlaky(zone, op string, on bool) error {
 	return nil
 }
 
-// zoneHealth never names the zone: /readyz prints "zone <name>: <health>".
-func (s *sim) zoneHealth(zones []string) map[string]error {
+// ZoneHealth is hypervisors.HealthReporter's answer for zones. It never
+// names the zone: /readyz prints "zone <name>: <health>".
+func (s *Core) ZoneHealth(zones []string) map[string]error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	h := make(map[string]error, len(zones))
@@ -162,7 +206,8 @@ func (s *sim) zoneHealth(zones []string) map[string]error {
 	return h
 }
 
-func (s *sim) calls() map[string]int {
+// Calls returns how many times each operation was called.
+func (s *Core) Calls() map[string]int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c := make(map[string]int, len(s.counts))
@@ -172,15 +217,16 @@ func (s *sim) calls() map[string]int {
 	return c
 }
 
-func (s *sim) resetCalls() {
+// ResetCalls zeroes the call counters.
+func (s *Core) ResetCalls() {
 	s.mu.Lock()
 	s.counts = map[string]int{}
 	s.mu.Unlock()
 }
 
-// sleep waits d or until ctx is done. A done ctx fails even a zero wait,
+// Sleep waits d or until ctx is done. A done ctx fails even a zero wait,
 // as a real call on a dead context would.
-func sleep(ctx context.Context, d time.Duration) error {
+func Sleep(ctx context.Context, d time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("fake: %w", err)
 	}
@@ -197,10 +243,10 @@ func sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// persist journals one entity of the world under key: its JSON, or a
+// Persist journals one entity of the world under key: its JSON, or a
 // deletion when v is nil. It runs with the world lock held, so the journal
 // order is the order of the changes. Call it after every change.
-func (s *sim) persist(key string, v any) {
+func (s *Core) Persist(key string, v any) {
 	if s.opts.Store == nil || s.opts.ReadOnly {
 		return
 	}
@@ -214,9 +260,9 @@ func (s *sim) persist(key string, v any) {
 	s.opts.Store.Journal(StatePrefix+key, raw)
 }
 
-// persisted calls f for every entity of the starting world under a key
+// Persisted calls f for every entity of the starting world under a key
 // prefix (after StatePrefix), in key order.
-func (s *sim) persisted(prefix string, f func(key string, raw []byte) error) error {
+func (s *Core) Persisted(prefix string, f func(key string, raw []byte) error) error {
 	keys := make([]string, 0)
 	for k := range s.opts.State {
 		if strings.HasPrefix(k, StatePrefix+prefix) {
@@ -232,9 +278,9 @@ func (s *sim) persisted(prefix string, f func(key string, raw []byte) error) err
 	return nil
 }
 
-// close marks the simulator closed, waits for running tasks and flushes
-// the world.
-func (s *sim) close() error {
+// Close marks the simulator closed and waits for its background work.
+// Calls after Close fail with ErrUnreachable.
+func (s *Core) Close() error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -247,9 +293,9 @@ func (s *sim) close() error {
 	return nil
 }
 
-// mergeZones returns the configured zones in order followed by the zones
+// MergeZones returns the configured zones in order followed by the zones
 // only the loaded world knows, sorted.
-func mergeZones(configured []string, loaded []string) []string {
+func MergeZones(configured []string, loaded []string) []string {
 	seen := map[string]bool{}
 	out := append([]string(nil), configured...)
 	for _, z := range configured {

@@ -1,0 +1,132 @@
+package simtest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"maps"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/simcore"
+	"github.com/bigfleet-vm/provider/observed"
+)
+
+// observeAll observes every zone of h.
+func observeAll(t *testing.T, h hypervisors.Hypervisor) map[string]*observed.Zone {
+	t.Helper()
+	out := map[string]*observed.Zone{}
+	for _, z := range h.Zones() {
+		o, err := h.Observe(context.Background(), z)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[z] = o
+	}
+	return out
+}
+
+func testPersistence(t *testing.T, s Shape) {
+	secret := []byte("very-secret-join-token")
+	t.Run("journal-reload", func(t *testing.T) {
+		ctx := context.Background()
+		mem := newJournal()
+		b := buildRunning(t, s, simcore.Options{Store: mem}, "c-1")
+		if err := b.h.AgentWriteFile(ctx, b.t, b.blobPath, secret, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if r, err := b.h.AgentExec(ctx, b.t, b.bootstrap); err != nil || r.ExitCode != 0 {
+			t.Fatalf("bootstrap: %+v, %v", r, err)
+		}
+		if err := b.h.Stop(ctx, b.t, 0); err != nil {
+			t.Fatal(err)
+		}
+		state := mem.Snapshot()
+		for k, v := range state {
+			if !strings.HasPrefix(k, simcore.StatePrefix) {
+				t.Errorf("key %q outside %s", k, simcore.StatePrefix)
+			}
+			if bytes.Contains(v, secret) {
+				t.Errorf("journaled %s contains the blob", k)
+			}
+		}
+		h2 := s.open(t, simcore.Options{State: state})
+		if d := cmp.Diff(observeAll(t, b.h), observeAll(t, h2), IgnoreAt); d != "" {
+			t.Errorf("reloaded world (-want +got)\n%s", d)
+		}
+		// The guest kept its history (without the blob): once running
+		// again it is still a bootstrapped node.
+		if err := h2.Start(ctx, b.t); err != nil {
+			t.Fatal(err)
+		}
+		r, err := h2.AgentExec(ctx, b.t, []string{simcore.DefaultReadyCommand})
+		if err != nil || r.ExitCode != 0 {
+			t.Errorf("ready after reload: %+v, %v", r, err)
+		}
+		// Records under another simulator's keys are not this one's:
+		// it ignores them, even when it could not read them.
+		foreign := maps.Clone(state)
+		foreign[simcore.StatePrefix+"zz/vm/1"] = []byte("not this simulator's record")
+		if d := cmp.Diff(observeAll(t, b.h), observeAll(t, s.open(t, simcore.Options{State: foreign})), IgnoreAt); d != "" {
+			t.Errorf("world reloaded beside a foreign record (-want +got)\n%s", d)
+		}
+	})
+
+	t.Run("removal-is-journaled", func(t *testing.T) {
+		mem := newJournal()
+		h := s.open(t, simcore.Options{Store: mem})
+		target := s.Place(t, h, "bf-a", Marker("m-1", ""))
+		if err := h.RemoveVM(target); err != nil {
+			t.Fatal(err)
+		}
+		h2 := s.open(t, simcore.Options{State: mem.Snapshot()})
+		if _, err := h2.Lookup(context.Background(), target); !errors.Is(err, hypervisors.ErrNotFound) {
+			t.Errorf("removed VM came back: %v", err)
+		}
+	})
+
+	t.Run("read-only", func(t *testing.T) {
+		ctx := context.Background()
+		mem := newJournal()
+		h := s.open(t, simcore.Options{Store: mem})
+		target := s.Place(t, h, "bf-a", Marker("m-1", ""))
+		before := mem.Snapshot()
+		ro := s.open(t, simcore.Options{State: before, Store: mem, ReadOnly: true})
+		if z := observeAll(t, ro); len(z[target.Zone].VMs) == 0 {
+			t.Error("read-only world observed empty")
+		}
+		ErrIs(t, "stop", ro.Stop(ctx, target, 0), hypervisors.ErrPermission)
+		ErrIs(t, "marker", ro.SetMarker(ctx, target, Marker("m-1", "")), hypervisors.ErrPermission)
+		if d := cmp.Diff(before, mem.Snapshot()); d != "" {
+			t.Errorf("read-only simulator journaled changes (-before +after)\n%s", d)
+		}
+	})
+}
+
+// journal is a Store that keeps the world's records in a map.
+type journal struct {
+	mu sync.Mutex
+	m  map[string][]byte
+}
+
+func newJournal() *journal { return &journal{m: map[string][]byte{}} }
+
+func (j *journal) Journal(key string, value []byte) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if value == nil {
+		delete(j.m, key)
+		return
+	}
+	j.m[key] = append([]byte(nil), value...)
+}
+
+func (j *journal) Snapshot() map[string][]byte {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return maps.Clone(j.m)
+}
