@@ -18,7 +18,6 @@ import (
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/proxmoxsim"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvespec"
 	"github.com/bigfleet-vm/provider/hypervisors/simcore"
-	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
 )
@@ -28,7 +27,7 @@ import (
 func libvirtCreate(name string) []planner.Step {
 	tg := hypervisors.Target{Zone: "z", Name: name}
 	mk := observed.Marker{Installation: inst, MachineID: "m-" + name}
-	overlay, seed := naming.OverlayVolume(name), naming.SeedVolume(name)
+	overlay, seed := lvspec.OverlayVolume(name), lvspec.SeedVolume(name)
 	disk := planner.Step{ID: "z/" + name + "/create-overlay:disk", Action: planner.Action(lvspec.ActionCreateOverlay), Target: tg,
 		Params: planner.Params{Plugin: &lvspec.OverlaySpec{Pool: libvirtsim.DefaultPool, Name: overlay, BaseImage: libvirtsim.DefaultImage}}}
 	cidata := planner.Step{ID: "z/" + name + "/create-seed:cidata", Action: planner.Action(lvspec.ActionCreateSeed), Target: tg,

@@ -17,7 +17,6 @@ import (
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/proxmoxsim"
 	"github.com/bigfleet-vm/provider/hypervisors/simcore"
-	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
 )
@@ -120,7 +119,7 @@ func (w lvWorld) AddFixture(zone, line string, fx Fixture) error {
 	case strings.HasSuffix(name, "-cidata.iso") && (how == "" || how == "stale"):
 		spec := lvspec.SeedSpec{Pool: libvirtsim.DefaultPool, Name: name, InstanceID: name, Hostname: name}
 		for vm, id := range fx.Machines {
-			if naming.SeedVolume(vm) == name && how == "" {
+			if lvspec.SeedVolume(vm) == name && how == "" {
 				spec.InstanceID, spec.Hostname, spec.UserData = id, vm, fx.Keys["user_data"]
 			}
 		}

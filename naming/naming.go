@@ -22,7 +22,7 @@ func VMName(installation, machineID string, cycle int) string {
 		inst = strings.Trim(inst[:12], "-")
 	}
 	tail := fmt.Sprintf("-%s-c%d", h, cycle)
-	head := "bf-" + inst + "-"
+	head := Prefix + inst + "-"
 	room := maxNameLen - len(head) - len(tail)
 	id := Slug(machineID)
 	if len(id) > room {
@@ -31,14 +31,9 @@ func VMName(installation, machineID string, cycle int) string {
 	return head + id + tail
 }
 
-// OverlayVolume is the name of a domain's copy-on-write disk volume.
-func OverlayVolume(vmName string) string { return vmName + "-disk.qcow2" }
-
-// SeedVolume is the name of a domain's cloud-init NoCloud ISO volume.
-func SeedVolume(vmName string) string { return vmName + "-cidata.iso" }
-
-// VolumePrefix is the prefix of every volume this project creates.
-const VolumePrefix = "bf-"
+// Prefix starts every VM name (and so every name a hypervisor derives
+// from one, such as libvirt's volumes).
+const Prefix = "bf-"
 
 // Slug lowercases s and replaces every run of characters outside [a-z0-9]
 // with one '-', trimmed at both ends, so a name part built from it uses

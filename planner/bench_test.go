@@ -7,6 +7,7 @@ import (
 
 	"github.com/bigfleet-vm/provider/desired"
 	"github.com/bigfleet-vm/provider/hypervisors/libvirt"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
@@ -45,8 +46,8 @@ func fleet(n int) ([]*desired.Machine, *observed.Snapshot, planner.Config) {
 		z := snap.Zones[zone]
 		z.VMs = append(z.VMs, &observed.VM{Zone: zone, Name: m.VMName, Power: power, VCPU: 2, MemoryMiB: 2048, Autostart: true,
 			Marker: &observed.Marker{Installation: inst, MachineID: id, OpID: "op-1", InstanceType: "kvm.small"}})
-		z.Volumes = append(z.Volumes, &observed.Volume{Zone: zone, Pool: "default", Name: naming.OverlayVolume(m.VMName)},
-			&observed.Volume{Zone: zone, Pool: "default", Name: naming.SeedVolume(m.VMName)})
+		z.Volumes = append(z.Volumes, &observed.Volume{Zone: zone, Pool: "default", Name: lvspec.OverlayVolume(m.VMName)},
+			&observed.Volume{Zone: zone, Pool: "default", Name: lvspec.SeedVolume(m.VMName)})
 		machines = append(machines, m)
 	}
 	return machines, snap, cfg

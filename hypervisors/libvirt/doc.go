@@ -30,7 +30,7 @@
 //     written to both the live and the persistent definition. Nothing is
 //     stopped, undefined or adopted unless that element names this
 //     installation (and, for adoption, the machine id); DeleteVolume only
-//     touches volumes named with naming.VolumePrefix.
+//     touches volumes named with lvspec.VolumePrefix.
 //   - Observe costs O(1 + changed domains) libvirt calls: one stats listing,
 //     one autostart listing and one volume listing per tick, plus one XML read
 //     per domain that is new, changed state or id, was mutated through this

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
 	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 )
@@ -92,7 +93,7 @@ type machine struct {
 func newMachine(h *Hypervisor, id string) machine {
 	name := naming.VMName(h.cfg.Installation, id, 1)
 	return machine{
-		name: name, overlay: naming.OverlayVolume(name), seed: naming.SeedVolume(name),
+		name: name, overlay: lvspec.OverlayVolume(name), seed: lvspec.SeedVolume(name),
 		marker: observed.Marker{Installation: h.cfg.Installation, MachineID: id, OpID: "op-1", InstanceType: "tiny"},
 	}
 }

@@ -17,7 +17,6 @@ import (
 
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
-	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/retry"
 )
@@ -365,8 +364,8 @@ func (h *Hypervisor) CreateOverlay(ctx context.Context, zone string, spec lvspec
 	if err != nil {
 		return err
 	}
-	if !strings.HasPrefix(spec.Name, naming.VolumePrefix) {
-		return fmt.Errorf("overlay %q lacks prefix %q: %w", spec.Name, naming.VolumePrefix, hypervisors.ErrInvalid)
+	if !strings.HasPrefix(spec.Name, lvspec.VolumePrefix) {
+		return fmt.Errorf("overlay %q lacks prefix %q: %w", spec.Name, lvspec.VolumePrefix, hypervisors.ErrInvalid)
 	}
 	p, err := h.lookupPool(ctx, zc, spec.Pool)
 	if err != nil {
@@ -443,8 +442,8 @@ func (h *Hypervisor) CreateSeed(ctx context.Context, zone string, spec lvspec.Se
 	if err != nil {
 		return err
 	}
-	if !strings.HasPrefix(spec.Name, naming.VolumePrefix) || !isSeedVolume(spec.Name) {
-		return fmt.Errorf("seed %q lacks prefix %q or suffix %q: %w", spec.Name, naming.VolumePrefix, naming.SeedVolume(""), hypervisors.ErrInvalid)
+	if !strings.HasPrefix(spec.Name, lvspec.VolumePrefix) || !isSeedVolume(spec.Name) {
+		return fmt.Errorf("seed %q lacks prefix %q or suffix %q: %w", spec.Name, lvspec.VolumePrefix, lvspec.SeedVolume(""), hypervisors.ErrInvalid)
 	}
 	img, err := buildSeed(spec)
 	if err != nil {
@@ -617,14 +616,14 @@ func (h *Hypervisor) deleteVol(ctx context.Context, zc *zoneConn, v golibvirt.St
 
 // DeleteVolume implements lvspec.Steps: a missing volume is
 // success, and the volume is verified gone. Only volumes named with
-// naming.VolumePrefix are ever deleted (never a golden image). A seed's
+// lvspec.VolumePrefix are ever deleted (never a golden image). A seed's
 // identity tags go first, even when the seed itself is gone.
 func (h *Hypervisor) DeleteVolume(ctx context.Context, zone, pool, name string) error {
 	zc, err := h.zone(zone)
 	if err != nil {
 		return err
 	}
-	if !strings.HasPrefix(name, naming.VolumePrefix) {
+	if !strings.HasPrefix(name, lvspec.VolumePrefix) {
 		return fmt.Errorf("delete volume %s/%s on %s: %w", pool, name, zone, hypervisors.ErrNotOwned)
 	}
 	defer h.caches[zone].touchVolume(name)

@@ -12,7 +12,7 @@ import (
 	golibvirt "github.com/digitalocean/go-libvirt"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
-	"github.com/bigfleet-vm/provider/naming"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
 	"github.com/bigfleet-vm/provider/observed"
 )
 
@@ -260,7 +260,7 @@ func (h *Hypervisor) observeVolumes(ctx context.Context, zc *zoneConn, cache *zo
 	var out []*observed.Volume
 	seen := map[string]bool{}
 	for _, v := range vols {
-		if !strings.HasPrefix(v.Name, naming.VolumePrefix) {
+		if !strings.HasPrefix(v.Name, lvspec.VolumePrefix) {
 			continue
 		}
 		if _, isTag := parseSeedTag(v.Name); isTag {

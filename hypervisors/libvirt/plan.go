@@ -4,7 +4,6 @@ import (
 	"github.com/bigfleet-vm/provider/desired"
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
-	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
 )
@@ -68,7 +67,7 @@ func (p *plan) Create(b *planner.Builder, vm *observed.VM) {
 		return
 	}
 	pool := p.pool(m.Zone)
-	overlay, seed := naming.OverlayVolume(m.VMName), naming.SeedVolume(m.VMName)
+	overlay, seed := lvspec.OverlayVolume(m.VMName), lvspec.SeedVolume(m.VMName)
 	t := hypervisors.Target{Zone: m.Zone, Name: m.VMName}
 	// The overlay and the seed are independent of each other: both may
 	// be built at once, and the domain waits for both.
@@ -112,7 +111,7 @@ func (p *plan) Destroy(b *planner.Builder, vm *observed.VM, reason string, lefto
 	z := b.Zone()
 	authoritative := leftovers || !z.VolumesAt.IsZero() && !z.VolumesAt.Before(b.IntentStarted())
 	t := hypervisors.Target{Zone: m.Zone, Name: m.VMName}
-	for _, vol := range []struct{ name, tag string }{{naming.OverlayVolume(m.VMName), "disk"}, {naming.SeedVolume(m.VMName), "cidata"}} {
+	for _, vol := range []struct{ name, tag string }{{lvspec.OverlayVolume(m.VMName), "disk"}, {lvspec.SeedVolume(m.VMName), "cidata"}} {
 		if b.Index().Volume(m.Zone, vol.name) != nil || !authoritative {
 			b.Add(t, vol.tag, &lvspec.DeleteVolume{Pool: p.pool(m.Zone), Volume: vol.name}, reason)
 		}
@@ -127,5 +126,5 @@ func (p *plan) Volumes(m *desired.Machine) (string, []string) {
 	if m.VMName == "" {
 		return "", nil
 	}
-	return p.pool(m.Zone), []string{naming.OverlayVolume(m.VMName), naming.SeedVolume(m.VMName)}
+	return p.pool(m.Zone), []string{lvspec.OverlayVolume(m.VMName), lvspec.SeedVolume(m.VMName)}
 }

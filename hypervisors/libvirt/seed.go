@@ -11,7 +11,6 @@ import (
 
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
-	"github.com/bigfleet-vm/provider/naming"
 )
 
 // seedLabel is the volume label cloud-init's NoCloud datasource looks for.
@@ -52,7 +51,7 @@ type seedTagInfo struct {
 
 // parseSeedTag reads a volume name as an identity tag.
 func parseSeedTag(name string) (seedTagInfo, bool) {
-	suffix := naming.SeedVolume("") + tagSep
+	suffix := lvspec.SeedVolume("") + tagSep
 	i := strings.LastIndex(name, suffix)
 	if i < 0 {
 		return seedTagInfo{}, false
@@ -157,4 +156,4 @@ func buildISO(spec lvspec.SeedSpec) ([]byte, error) {
 func buildSeed(spec lvspec.SeedSpec) ([]byte, error) { return buildISO(spec) }
 
 // isSeedVolume reports whether a volume name is a seed volume's.
-func isSeedVolume(name string) bool { return strings.HasSuffix(name, naming.SeedVolume("")) }
+func isSeedVolume(name string) bool { return strings.HasSuffix(name, lvspec.SeedVolume("")) }

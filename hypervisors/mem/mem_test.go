@@ -18,7 +18,6 @@ import (
 	"github.com/bigfleet-vm/provider/hypervisors/simcore"
 	"github.com/bigfleet-vm/provider/inventory"
 	"github.com/bigfleet-vm/provider/jsonplan"
-	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/planner"
 	"github.com/bigfleet-vm/provider/plugin"
@@ -104,7 +103,7 @@ type world struct{ *libvirtsim.Libvirt }
 func (w world) Apply(ctx context.Context, t hypervisors.Target, p hypervisors.StepParams) (int, error) {
 	switch p := p.(type) {
 	case *create:
-		disk, seed := naming.OverlayVolume(t.Name), naming.SeedVolume(t.Name)
+		disk, seed := lvspec.OverlayVolume(t.Name), lvspec.SeedVolume(t.Name)
 		if err := w.CreateOverlay(ctx, t.Zone, lvspec.OverlaySpec{Pool: libvirtsim.DefaultPool, Name: disk, BaseImage: libvirtsim.DefaultImage}); err != nil {
 			return 0, err
 		}
@@ -117,7 +116,7 @@ func (w world) Apply(ctx context.Context, t hypervisors.Target, p hypervisors.St
 		if err := w.UndefineDomain(ctx, t); err != nil {
 			return 0, err
 		}
-		for _, v := range []string{naming.OverlayVolume(t.Name), naming.SeedVolume(t.Name)} {
+		for _, v := range []string{lvspec.OverlayVolume(t.Name), lvspec.SeedVolume(t.Name)} {
 			if err := w.DeleteVolume(ctx, t.Zone, libvirtsim.DefaultPool, v); err != nil {
 				return 0, err
 			}

@@ -15,8 +15,8 @@
 //
 // Invariants, beside simcore's:
 //   - Observe lists a host's domains sorted by name and the volumes of
-//     Options.Pool that carry naming.VolumePrefix, sorted by name.
-//   - A volume without naming.VolumePrefix is never deleted by a call
+//     Options.Pool that carry lvspec.VolumePrefix, sorted by name.
+//   - A volume without lvspec.VolumePrefix is never deleted by a call
 //     (ErrNotOwned), nor one attached to a running or paused domain.
 //   - The world is journaled under simcore.StatePrefix as one record per
 //     domain ("lv/domain/<zone>/<name>") and per volume

@@ -14,7 +14,6 @@ import (
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
 	"github.com/bigfleet-vm/provider/hypervisors/simcore"
-	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 )
 
@@ -356,7 +355,7 @@ func (d *domain) observe(zone string) *observed.VM {
 }
 
 // Observe lists a host's domains (sorted by name) and the volumes in
-// opts.Pool whose names carry naming.VolumePrefix (so VolumesAt is
+// opts.Pool whose names carry lvspec.VolumePrefix (so VolumesAt is
 // set).
 func (f *Libvirt) Observe(ctx context.Context, zone string) (*observed.Zone, error) {
 	if err := f.c.Enter(ctx, "Observe", zone, hypervisors.Target{Zone: zone}); err != nil {
@@ -375,7 +374,7 @@ func (f *Libvirt) Observe(ctx context.Context, zone string) (*observed.Zone, err
 	}
 	sort.Slice(z.VMs, func(i, j int) bool { return z.VMs[i].Name < z.VMs[j].Name })
 	for _, v := range h.Pools[f.opts.Pool] {
-		if strings.HasPrefix(v.Name, naming.VolumePrefix) {
+		if strings.HasPrefix(v.Name, lvspec.VolumePrefix) {
 			z.Volumes = append(z.Volumes, v.observe(zone, f.opts.Pool))
 		}
 	}
@@ -462,7 +461,7 @@ func (f *Libvirt) ensureVolume(zone, poolName string, pool map[string]*volume, w
 		f.saveVolumes(zone, poolName, want.Name)
 		return nil
 	}
-	if !strings.HasPrefix(have.Name, naming.VolumePrefix) {
+	if !strings.HasPrefix(have.Name, lvspec.VolumePrefix) {
 		return fmt.Errorf("volume %q on %s exists and is not ours: %w", want.Name, zone, hypervisors.ErrExists)
 	}
 	if have.Format != want.Format || have.Backing != want.Backing {
@@ -638,7 +637,7 @@ func (f *Libvirt) DeleteVolume(ctx context.Context, zone, pool, name string) err
 		if p[name] == nil {
 			return nil
 		}
-		if !strings.HasPrefix(name, naming.VolumePrefix) {
+		if !strings.HasPrefix(name, lvspec.VolumePrefix) {
 			return fmt.Errorf("volume %q is not ours: %w", name, hypervisors.ErrNotOwned)
 		}
 		for _, d := range h.Domains {
@@ -914,8 +913,8 @@ func (f *Libvirt) addVM(zone, name string, m *observed.Marker, power observed.Po
 	overlay := "foreign-" + name + ".qcow2"
 	disks := []string{overlay}
 	if owned {
-		overlay = naming.OverlayVolume(name)
-		disks = []string{overlay, naming.SeedVolume(name)}
+		overlay = lvspec.OverlayVolume(name)
+		disks = []string{overlay, lvspec.SeedVolume(name)}
 		pool[disks[1]] = &volume{Name: disks[1], Format: "iso", CapacityGiB: 1, Seed: &seed{InstanceID: name, Hostname: name}}
 	}
 	ov := &volume{Name: overlay, Format: "qcow2", CapacityGiB: f.opts.ImageSizeGiB}

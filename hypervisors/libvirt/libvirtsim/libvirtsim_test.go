@@ -35,9 +35,9 @@ func TestLibvirtLifecycle(t *testing.T) {
 			return err
 		}
 	}
-	overlay := &observed.Volume{Zone: "rack1", Pool: "default", Name: naming.OverlayVolume(name), Format: "qcow2", BackingFormat: "qcow2"}
+	overlay := &observed.Volume{Zone: "rack1", Pool: "default", Name: lvspec.OverlayVolume(name), Format: "qcow2", BackingFormat: "qcow2"}
 	// The seed observes with the identity of the content it was built from.
-	seedVol := &observed.Volume{Zone: "rack1", Pool: "default", Name: naming.SeedVolume(name), Format: "iso",
+	seedVol := &observed.Volume{Zone: "rack1", Pool: "default", Name: lvspec.SeedVolume(name), Format: "iso",
 		Identity: lvspec.SeedIdentity(lvspec.SeedSpec{InstanceID: name, Hostname: name})}
 	domainVM := func(power observed.Power, mk observed.Marker, autostart bool) *observed.VM {
 		return &observed.VM{Zone: "rack1", Name: name, Marker: &mk, Power: power, VCPU: 2, MemoryMiB: 4096,
@@ -131,7 +131,7 @@ func TestLibvirtSemantics(t *testing.T) {
 			return f.CreateOverlay(ctx, "fake-a", lvspec.OverlaySpec{Pool: "default", Name: DefaultImage, BaseImage: DefaultImage})
 		}, hypervisors.ErrExists},
 		{"overlay over our seed", build, func(f *Libvirt) error {
-			return f.CreateOverlay(ctx, "fake-a", lvspec.OverlaySpec{Pool: "default", Name: naming.SeedVolume(name), BaseImage: DefaultImage})
+			return f.CreateOverlay(ctx, "fake-a", lvspec.OverlaySpec{Pool: "default", Name: lvspec.SeedVolume(name), BaseImage: DefaultImage})
 		}, hypervisors.ErrExists},
 		{"define without volumes", nil, func(f *Libvirt) error { return f.DefineDomain(ctx, "fake-a", domainSpec(name, m)) }, hypervisors.ErrNotFound},
 		{"define over unmarked domain", func(t *testing.T, f *Libvirt) {
@@ -146,8 +146,8 @@ func TestLibvirtSemantics(t *testing.T) {
 			if err := f.AddForeignVM("fake-a", name, nil); err != nil {
 				t.Fatal(err)
 			}
-			f.CreateOverlay(ctx, "fake-a", lvspec.OverlaySpec{Pool: "default", Name: naming.OverlayVolume(name), BaseImage: DefaultImage})
-			f.CreateSeed(ctx, "fake-a", lvspec.SeedSpec{Pool: "default", Name: naming.SeedVolume(name)})
+			f.CreateOverlay(ctx, "fake-a", lvspec.OverlaySpec{Pool: "default", Name: lvspec.OverlayVolume(name), BaseImage: DefaultImage})
+			f.CreateSeed(ctx, "fake-a", lvspec.SeedSpec{Pool: "default", Name: lvspec.SeedVolume(name)})
 		}, func(f *Libvirt) error { return f.DefineDomain(ctx, "fake-a", domainSpec(name, m)) }, hypervisors.ErrExists},
 		{"redefine ours adopts", running, func(f *Libvirt) error {
 			s := domainSpec(name, m)
@@ -178,12 +178,12 @@ func TestLibvirtSemantics(t *testing.T) {
 		{"delete missing volume", nil, func(f *Libvirt) error { return f.DeleteVolume(ctx, "fake-a", "default", "bf-gone") }, nil},
 		{"delete base image", nil, func(f *Libvirt) error { return f.DeleteVolume(ctx, "fake-a", "default", DefaultImage) }, hypervisors.ErrNotOwned},
 		{"delete volume of running domain", running, func(f *Libvirt) error {
-			return f.DeleteVolume(ctx, "fake-a", "default", naming.OverlayVolume(name))
+			return f.DeleteVolume(ctx, "fake-a", "default", lvspec.OverlayVolume(name))
 		}, hypervisors.ErrInvalid},
 		{"start missing", nil, func(f *Libvirt) error { return f.Start(ctx, vm) }, hypervisors.ErrNotFound},
 		{"start with overlay gone", func(t *testing.T, f *Libvirt) {
 			build(t, f)
-			f.RemoveVolume("fake-a", "default", naming.OverlayVolume(name))
+			f.RemoveVolume("fake-a", "default", lvspec.OverlayVolume(name))
 		}, func(f *Libvirt) error { return f.Start(ctx, vm) }, hypervisors.ErrNotFound},
 		{"start with base image gone", func(t *testing.T, f *Libvirt) {
 			build(t, f)
@@ -262,10 +262,10 @@ func TestLibvirtForeignCollision(t *testing.T) {
 	mustVolumes := func() {
 		for _, s := range []func() error{
 			func() error {
-				return f.CreateOverlay(ctx, "rack1", lvspec.OverlaySpec{Pool: "default", Name: naming.OverlayVolume(name), BaseImage: DefaultImage})
+				return f.CreateOverlay(ctx, "rack1", lvspec.OverlaySpec{Pool: "default", Name: lvspec.OverlayVolume(name), BaseImage: DefaultImage})
 			},
 			func() error {
-				return f.CreateSeed(ctx, "rack1", lvspec.SeedSpec{Pool: "default", Name: naming.SeedVolume(name)})
+				return f.CreateSeed(ctx, "rack1", lvspec.SeedSpec{Pool: "default", Name: lvspec.SeedVolume(name)})
 			},
 		} {
 			if err := s(); err != nil {

@@ -13,7 +13,6 @@ import (
 	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
 	"github.com/bigfleet-vm/provider/hypervisors/simcore"
 	"github.com/bigfleet-vm/provider/hypervisors/simcore/simtest"
-	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 )
 
@@ -61,10 +60,10 @@ func TestSteps(t *testing.T) {
 func mustLibvirtCreate(t *testing.T, f *Libvirt, zone, name string, m observed.Marker) {
 	t.Helper()
 	ctx := context.Background()
-	if err := f.CreateOverlay(ctx, zone, lvspec.OverlaySpec{Pool: DefaultPool, Name: naming.OverlayVolume(name), BaseImage: DefaultImage}); err != nil {
+	if err := f.CreateOverlay(ctx, zone, lvspec.OverlaySpec{Pool: DefaultPool, Name: lvspec.OverlayVolume(name), BaseImage: DefaultImage}); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.CreateSeed(ctx, zone, lvspec.SeedSpec{Pool: DefaultPool, Name: naming.SeedVolume(name), InstanceID: name, Hostname: name}); err != nil {
+	if err := f.CreateSeed(ctx, zone, lvspec.SeedSpec{Pool: DefaultPool, Name: lvspec.SeedVolume(name), InstanceID: name, Hostname: name}); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.DefineDomain(ctx, zone, domainSpec(name, m)); err != nil {
@@ -75,7 +74,7 @@ func mustLibvirtCreate(t *testing.T, f *Libvirt, zone, name string, m observed.M
 func domainSpec(name string, m observed.Marker) lvspec.DomainSpec {
 	return lvspec.DomainSpec{
 		Name: name, VCPU: 2, MemoryMiB: 4096, DomainType: "kvm", Pool: DefaultPool,
-		Overlay: naming.OverlayVolume(name), Seed: naming.SeedVolume(name), Network: DefaultNetwork, Marker: m,
+		Overlay: lvspec.OverlayVolume(name), Seed: lvspec.SeedVolume(name), Network: DefaultNetwork, Marker: m,
 	}
 }
 

@@ -9,8 +9,20 @@ import (
 
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/jsonplan"
+	"github.com/bigfleet-vm/provider/naming"
 	"github.com/bigfleet-vm/provider/observed"
 )
+
+// OverlayVolume is the name of a domain's copy-on-write disk volume.
+func OverlayVolume(vmName string) string { return vmName + "-disk.qcow2" }
+
+// SeedVolume is the name of a domain's cloud-init NoCloud ISO volume.
+func SeedVolume(vmName string) string { return vmName + "-cidata.iso" }
+
+// VolumePrefix is the prefix of every volume this project creates (its
+// domain's name's, naming.Prefix); the adapter never deletes a volume
+// without it.
+const VolumePrefix = naming.Prefix
 
 // The libvirt actions, as plans and metrics name them.
 const (
