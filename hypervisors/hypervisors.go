@@ -8,8 +8,10 @@ import (
 	"github.com/bigfleet-vm/provider/observed"
 )
 
-// Target names one VM: a libvirt domain by name, a Proxmox VM by VMID (and
-// name, for messages).
+// Target names one VM in a zone: by Name on a hypervisor whose VMs are
+// found by name (planner.ByName: libvirt's domains), by VMID on one that
+// allocates a numeric id at create (planner.ByID: Proxmox), with the name
+// kept for messages.
 type Target struct {
 	Zone string `json:"zone" yaml:"zone"`
 	Name string `json:"name,omitempty" yaml:"name,omitempty"`

@@ -34,16 +34,20 @@ type Marker struct {
 // VM is one virtual machine on a host or node.
 type VM struct {
 	Zone string `json:"zone" yaml:"zone"`
-	// Name is the libvirt domain name or the Proxmox VM name.
+	// Name is the VM's name on its hypervisor (a libvirt domain's, a
+	// Proxmox VM's).
 	Name string `json:"name" yaml:"name"`
-	// VMID is the Proxmox VMID; 0 on libvirt.
+	// VMID is the numeric id a hypervisor that finds VMs by id allocated
+	// (planner.ByID, such as a Proxmox VMID); 0 on one that finds them by
+	// name.
 	VMID int `json:"vmid,omitempty" yaml:"vmid,omitempty"`
 	// Marker is nil for a VM that does not carry this installation's marker.
 	Marker    *Marker `json:"marker,omitempty" yaml:"marker,omitempty"`
 	Power     Power   `json:"power" yaml:"power"`
 	VCPU      int     `json:"vcpu,omitempty" yaml:"vcpu,omitempty"`
 	MemoryMiB int     `json:"memory_mib,omitempty" yaml:"memory_mib,omitempty"`
-	// Template marks a Proxmox template (never a candidate for anything).
+	// Template marks a VM that is a clone source (a Proxmox template):
+	// never a candidate for anything.
 	Template bool `json:"template,omitempty" yaml:"template,omitempty"`
 	// Autostart is libvirt autostart / Proxmox onboot.
 	Autostart bool `json:"autostart,omitempty" yaml:"autostart,omitempty"`
@@ -52,8 +56,8 @@ type VM struct {
 	Volumes []string `json:"volumes,omitempty" yaml:"volumes,omitempty"`
 }
 
-// Ref is the stable host reference reported to BigFleet:
-// "<zone>/<domain-name>" on libvirt, "<node>/<vmid>" on Proxmox.
+// Ref is the stable host reference reported to BigFleet: "<zone>/<vmid>"
+// for a VM with a numeric id (Proxmox), else "<zone>/<name>" (libvirt).
 func (v *VM) Ref() string {
 	if v.VMID != 0 {
 		return v.Zone + "/" + strconv.Itoa(v.VMID)
