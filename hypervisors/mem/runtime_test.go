@@ -277,7 +277,9 @@ func (w *world) create(ctx context.Context, t hypervisors.Target, p *create) (in
 // The guest agent: simcore's simulated guest, through the protocol of
 // package guest over the core's agent wire.
 
-func (w *world) AgentPing(ctx context.Context, t hypervisors.Target) error { return w.c.AgentPing(ctx, t) }
+func (w *world) AgentPing(ctx context.Context, t hypervisors.Target) error {
+	return w.c.AgentPing(ctx, t)
+}
 
 func (w *world) AgentExec(ctx context.Context, t hypervisors.Target, argv []string) (hypervisors.ExecResult, error) {
 	return w.c.AgentExec(ctx, t, argv)
