@@ -13,8 +13,6 @@ import (
 	"github.com/bigfleet-vm/provider/desired"
 	"github.com/bigfleet-vm/provider/golden"
 	"github.com/bigfleet-vm/provider/hypervisors"
-	"github.com/bigfleet-vm/provider/hypervisors/libvirt/libvirtsim"
-	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
 	"github.com/bigfleet-vm/provider/hypervisors/simcore"
 	"github.com/bigfleet-vm/provider/inventory"
 	"github.com/bigfleet-vm/provider/jsonplan"
@@ -69,7 +67,7 @@ func (memPlanner) Actions() []hypervisors.ActionInfo { return actions }
 func (memPlanner) DriftKinds() []planner.DriftKind   { return nil }
 
 func (memPlanner) Observation() planner.Observation {
-	return planner.Observation{Identity: planner.ByName}
+	return planner.Observation{Identity: planner.ByID}
 }
 
 func (memPlanner) Create(b *planner.Builder, vm *observed.VM) {
@@ -94,37 +92,6 @@ func (memPlanner) Bootstrap(m *desired.Machine) ([]string, string) {
 }
 
 func (memPlanner) Volumes(*desired.Machine) (string, []string) { return "", nil }
-
-// Step 3. The runtime: the libvirt-shaped simulator is the substrate
-// (power, the guest and its agent, journaling, the Simulator capability);
-// Apply decides what mem's own steps are.
-type world struct{ *libvirtsim.Libvirt }
-
-func (w world) Apply(ctx context.Context, t hypervisors.Target, p hypervisors.StepParams) (int, error) {
-	switch p := p.(type) {
-	case *create:
-		disk, seed := lvspec.OverlayVolume(t.Name), lvspec.SeedVolume(t.Name)
-		if err := w.CreateOverlay(ctx, t.Zone, lvspec.OverlaySpec{Pool: libvirtsim.DefaultPool, Name: disk, BaseImage: libvirtsim.DefaultImage}); err != nil {
-			return 0, err
-		}
-		if err := w.CreateSeed(ctx, t.Zone, lvspec.SeedSpec{Pool: libvirtsim.DefaultPool, Name: seed, InstanceID: p.Marker.MachineID, Hostname: t.Name}); err != nil {
-			return 0, err
-		}
-		return 0, w.DefineDomain(ctx, t.Zone, lvspec.DomainSpec{Name: t.Name, VCPU: p.VCPU, MemoryMiB: p.MemoryMiB, DomainType: "kvm",
-			Pool: libvirtsim.DefaultPool, Overlay: disk, Seed: seed, Network: libvirtsim.DefaultNetwork, Marker: p.Marker, Labels: p.Labels})
-	case *destroy:
-		if err := w.UndefineDomain(ctx, t); err != nil {
-			return 0, err
-		}
-		for _, v := range []string{lvspec.OverlayVolume(t.Name), lvspec.SeedVolume(t.Name)} {
-			if err := w.DeleteVolume(ctx, t.Zone, libvirtsim.DefaultPool, v); err != nil {
-				return 0, err
-			}
-		}
-		return 0, nil
-	}
-	return 0, fmt.Errorf("%s on mem: %w", p.Info().Name, hypervisors.ErrUnsupported)
-}
 
 // Step 5. The plug-in: one flag, the simulator only.
 type memPlugin struct{}
@@ -189,11 +156,7 @@ func (resolved) OpenSimulator(o plugin.SimOptions) (hypervisors.Hypervisor, erro
 	if o.Journal != nil {
 		opts.Store = o.Journal
 	}
-	lv, err := libvirtsim.OpenLibvirt(opts)
-	if err != nil {
-		return nil, err
-	}
-	return world{lv}, nil
+	return openWorld(opts)
 }
 
 // Step 8. The proof.
@@ -201,20 +164,11 @@ func (resolved) OpenSimulator(o plugin.SimOptions) (hypervisors.Hypervisor, erro
 var update = flag.Bool("update", false, "rewrite the expected plans of testdata/*.txtar")
 
 // goldenWorld is the golden runner's view of the runtime.
-type goldenWorld struct{ world }
+type goldenWorld struct{ *world }
 
-func (w goldenWorld) AddVM(zone, name string, _ int, mk *observed.Marker, owned bool, power observed.Power) (hypervisors.Target, error) {
-	t := hypervisors.Target{Zone: zone, Name: name}
-	if owned {
-		return t, w.AddOwnedVM(zone, name, *mk, power)
-	}
-	if err := w.AddForeignVM(zone, name, mk); err != nil {
-		return t, err
-	}
-	if power == observed.PowerStopped {
-		return t, w.StopVM(t)
-	}
-	return t, nil
+func (w goldenWorld) AddVM(zone, name string, id int, mk *observed.Marker, _ bool, power observed.Power) (hypervisors.Target, error) {
+	id, err := w.addVM(zone, id, name, mk, power)
+	return hypervisors.Target{Zone: zone, Name: name, VMID: id}, err
 }
 
 func (goldenWorld) AddFixture(string, string, golden.Fixture) error {
@@ -230,7 +184,7 @@ var goldenSetup = golden.Setup{
 		return memPlanner{}, nil
 	},
 	World: func(zones []string, now func() time.Time) golden.World {
-		return goldenWorld{world{libvirtsim.NewLibvirt(simcore.Options{Zones: zones, Clock: now})}}
+		return goldenWorld{newWorld(simcore.Options{Zones: zones, Clock: now})}
 	},
 }
 
