@@ -18,11 +18,10 @@
 //   - the ownership marker is a field of the VM's record, checked with
 //     simcore.CheckMarker when written and read back as is by Observe;
 //   - the world is journaled as one record per VM ("mem/vm/<id>" under
-//     simcore.StatePrefix) and reopened from the provider's state.
-//
-// The guest is simcore's simulated guest, reached through the core's
-// agent methods: the at-most-once protocol of package guest runs over the
-// core's own agent wire, as in the two other simulators. simcore exports
-// no guest.Transport a simulator could put its own wire in front of, so
-// mem has no transport of its own yet.
+//     simcore.StatePrefix) and reopened from the provider's state;
+//   - its own guest transport: the at-most-once protocol of package guest
+//     runs over mem's agent channel, which carries at most maxWrite bytes
+//     per message (so the bootstrap blob goes in parts), in front of
+//     simcore's wire (simcore.Core.Wire) and its simulated guest
+//     (TestAgentGoesOverMemsTransport).
 package mem

@@ -12,8 +12,10 @@ import (
 	"time"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/guest"
 	"github.com/bigfleet-vm/provider/hypervisors/simcore"
 	"github.com/bigfleet-vm/provider/observed"
+	"github.com/bigfleet-vm/provider/retry"
 )
 
 // Step 3. The runtime: mem's own world over the shared simulator core.
@@ -274,23 +276,63 @@ func (w *world) create(ctx context.Context, t hypervisors.Target, p *create) (in
 	return v.ID, nil
 }
 
-// The guest agent: simcore's simulated guest, through the protocol of
-// package guest over the core's agent wire.
+// The guest agent: the at-most-once protocol of package guest, run over
+// mem's own transport. A mem host's agent channel carries at most
+// maxWrite bytes per message, so every file the provider writes (the
+// bootstrap blob) goes in private parts joined in the guest; behind the
+// transport is simcore's simulated guest.
+
+// maxWrite is the most one message of mem's agent channel carries.
+const maxWrite = 64
+
+// transport is mem's agent channel: simcore's wire with a message size
+// limit.
+type transport struct{ guest.Transport }
+
+func (transport) MaxWrite() int { return maxWrite }
+
+// agent enters the agent method op on t and returns the protocol over
+// mem's transport.
+func (w *world) agent(ctx context.Context, op string, t hypervisors.Target, argv []string, write bool) (*guest.Agent, error) {
+	if err := w.c.EnterAgent(ctx, op, t, argv, write); err != nil {
+		return nil, err
+	}
+	return &guest.Agent{T: transport{w.c.Wire(t)}, Poll: retry.Policy{Initial: time.Millisecond, Max: 10 * time.Millisecond}}, nil
+}
 
 func (w *world) AgentPing(ctx context.Context, t hypervisors.Target) error {
-	return w.c.AgentPing(ctx, t)
+	a, err := w.agent(ctx, "AgentPing", t, nil, false)
+	if err != nil {
+		return fmt.Errorf("agent ping: %w", err)
+	}
+	return a.Ping(ctx)
 }
 
 func (w *world) AgentExec(ctx context.Context, t hypervisors.Target, argv []string) (hypervisors.ExecResult, error) {
-	return w.c.AgentExec(ctx, t, argv)
+	if len(argv) == 0 {
+		return hypervisors.ExecResult{}, fmt.Errorf("agent exec: empty argv: %w", hypervisors.ErrInvalid)
+	}
+	a, err := w.agent(ctx, "AgentExec", t, argv, true)
+	if err != nil {
+		return hypervisors.ExecResult{}, fmt.Errorf("agent exec %s: %w", argv[0], err)
+	}
+	return a.Exec(ctx, argv)
 }
 
 func (w *world) AgentWriteFile(ctx context.Context, t hypervisors.Target, path string, data []byte, mode os.FileMode) error {
-	return w.c.AgentWriteFile(ctx, t, path, data, mode)
+	a, err := w.agent(ctx, "AgentWriteFile", t, nil, true)
+	if err != nil {
+		return fmt.Errorf("agent write %s: %w", path, err)
+	}
+	return a.WriteFile(ctx, path, data, mode)
 }
 
 func (w *world) AgentRemoveFile(ctx context.Context, t hypervisors.Target, path string) error {
-	return w.c.AgentRemoveFile(ctx, t, path)
+	a, err := w.agent(ctx, "AgentRemoveFile", t, nil, true)
+	if err != nil {
+		return fmt.Errorf("agent remove %s: %w", path, err)
+	}
+	return a.RemoveFile(ctx, path)
 }
 
 // The optional parts: health, capacity, and the simulator's out-of-band

@@ -1,8 +1,10 @@
 package mem
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -95,5 +97,47 @@ func TestWorldFindsVMsByID(t *testing.T) {
 	}
 	if _, ok := j[simcore.StatePrefix+keyVM+"1"]; ok {
 		t.Error("the destroyed VM is still journaled")
+	}
+}
+
+// TestAgentGoesOverMemsTransport: the guest calls run the at-most-once
+// protocol over mem's own channel: a blob longer than one message goes
+// in parts (one wire write each) and arrives whole, and the bootstrap
+// hook that reads it then runs once.
+func TestAgentGoesOverMemsTransport(t *testing.T) {
+	ctx := context.Background()
+	w := newWorld(simcore.Options{Zones: []string{"a"}})
+	mk := observed.Marker{Installation: "inst", MachineID: "m1", InstanceType: "mem.small"}
+	id, err := w.Apply(ctx, hypervisors.Target{Zone: "a", Name: "vm1"}, &create{Name: "vm1", VCPU: 2, MemoryMiB: 2048, Marker: mk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vm := hypervisors.Target{Zone: "a", Name: "vm1", VMID: id}
+	if err := w.Start(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+	blob := bytes.Repeat([]byte("k"), 10*maxWrite+1)
+	var writes atomic.Int64
+	w.c.SetHook(func(_ context.Context, c simcore.Call) error {
+		if c.Op == simcore.AgentWriteOp {
+			writes.Add(1)
+		}
+		return nil
+	})
+	if err := w.AgentWriteFile(ctx, vm, "/opt/bigfleet/bootstrap.blob", blob, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if n := writes.Load(); n < 11 {
+		t.Errorf("%d wire writes for %d bytes; mem's channel carries %d per message", n, len(blob), maxWrite)
+	}
+	if got, ok := w.c.GuestFile(vm, "/opt/bigfleet/bootstrap.blob"); !ok || !bytes.Equal(got, blob) {
+		t.Errorf("the guest holds %d bytes (%v), want the %d written", len(got), ok, len(blob))
+	}
+	res, err := w.AgentExec(ctx, vm, []string{"/opt/bigfleet/bootstrap", "c1"})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("bootstrap hook: %+v, %v", res, err)
+	}
+	if b := w.c.Bootstraps(vm); len(b) != 1 || b[0].Cluster != "c1" {
+		t.Errorf("bootstraps %+v, want one for c1", b)
 	}
 }

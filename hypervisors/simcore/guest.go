@@ -307,6 +307,22 @@ func (a *fakeAgent) Write(ctx context.Context, path string, data []byte) error {
 
 func (a *fakeAgent) MaxWrite() int { return 0 }
 
+// Wire is t's simulated agent wire as a guest.Transport, for a simulator
+// that runs the protocol of package guest over a transport of its own
+// making (wrapping this one). Its requests count and fail as the core's
+// own (AgentExecOp, AgentStatusOp, AgentWriteOp); the agent method that
+// drives them enters first with EnterAgent.
+func (s *Core) Wire(t hypervisors.Target) guestproto.Transport { return &fakeAgent{s: s, t: t} }
+
+// EnterAgent enters one guest-agent method op (AgentExec, AgentPing,
+// ...) on t the way the core's own agent methods do: it counts it, runs
+// the hook (an error means the call never reached the guest), fails it
+// when the zone is unreachable or, for a write, the world is read-only,
+// waits the latency, and checks the VM's agent answers.
+func (s *Core) EnterAgent(ctx context.Context, op string, t hypervisors.Target, argv []string, write bool) error {
+	return s.agentCall(ctx, op, t, argv, write)
+}
+
 // agentCall enters one guest-agent method: it counts it, runs the hook
 // (an error means the call never reached the guest), fails it when the
 // zone is unreachable, waits the latency, and finds the VM.

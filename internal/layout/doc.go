@@ -21,8 +21,9 @@
 //     Name of a plug-in (plugin.Info.Name, planner.Plugin.Name()), or on
 //     a variable assigned from one. Looking a plug-in up by its name in a
 //     registry is dispatch, not a branch, and is allowed.
-//   - Rooms: no package under one hypervisor's directory (rooms:
-//     hypervisors/libvirt, hypervisors/proxmox) depends, directly or
+//   - Rooms: every directory under hypervisors/ but guest and simcore is
+//     a hypervisor's room (libvirt, proxmox, mem; a new one is a room the
+//     moment it exists). No package of a room depends, directly or
 //     through others, on a package of another room, and nothing under
 //     hypervisors/simcore (the simulators' shared core) depends on any
 //     room; a package's tests count as the package.
