@@ -19,7 +19,7 @@ import (
 // the same result and never duplicates anything.
 func TestLibvirtLifecycle(t *testing.T) {
 	ctx := context.Background()
-	f := NewLibvirt(simcore.Options{Zones: []string{"rack1"}})
+	f := NewLibvirt(Options{Options: simcore.Options{Zones: []string{"rack1"}}})
 	defer f.Close()
 	name := naming.VMName(inst, "m-1", 0)
 	vm := hypervisors.Target{Zone: "rack1", Name: name}
@@ -206,7 +206,7 @@ func TestLibvirtSemantics(t *testing.T) {
 	withFaults := map[string]bool{"define with create fault": true}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			f := NewLibvirt(simcore.Options{Faults: withFaults[c.name]})
+			f := NewLibvirt(Options{Options: simcore.Options{Faults: withFaults[c.name]}})
 			defer f.Close()
 			if c.setup != nil {
 				c.setup(t, f)
@@ -224,7 +224,7 @@ func TestLibvirtSemantics(t *testing.T) {
 // observed without a marker and never adopted.
 func TestLibvirtForeignCollision(t *testing.T) {
 	ctx := context.Background()
-	f := NewLibvirt(simcore.Options{Zones: []string{"rack1"}})
+	f := NewLibvirt(Options{Options: simcore.Options{Zones: []string{"rack1"}}})
 	defer f.Close()
 	name := naming.VMName(inst, "m-1", 0)
 	if err := f.AddForeignVM("rack1", name, nil); err != nil {
@@ -284,7 +284,7 @@ func TestLibvirtForeignCollision(t *testing.T) {
 
 func TestLibvirtOutOfBand(t *testing.T) {
 	ctx := context.Background()
-	f := NewLibvirt(simcore.Options{})
+	f := NewLibvirt(Options{})
 	defer f.Close()
 	vm := hypervisors.Target{Zone: "fake-a", Name: "bf-a"}
 	if err := f.AddOwnedVM("fake-a", "bf-a", marker("m-1", ""), observed.PowerRunning); err != nil {
@@ -326,7 +326,7 @@ func TestLibvirtOutOfBand(t *testing.T) {
 // read the same way directly, and becomes a proper seed when CreateSeed
 // runs again (as the libvirt adapter re-uploads).
 func TestLibvirtBlankSeed(t *testing.T) {
-	f := NewLibvirt(simcore.Options{Zones: []string{"rack1"}})
+	f := NewLibvirt(Options{Options: simcore.Options{Zones: []string{"rack1"}}})
 	defer f.Close()
 	ctx := context.Background()
 	name := "bf-blank-cidata.iso"

@@ -31,7 +31,7 @@ func template(zone string) *observed.VM {
 // executor drives them, running every call twice.
 func TestProxmoxLifecycle(t *testing.T) {
 	ctx := context.Background()
-	f := NewProxmox(simcore.Options{Zones: []string{"pve1", "pve2"}})
+	f := NewProxmox(Options{Options: simcore.Options{Zones: []string{"pve1", "pve2"}}})
 	defer f.Close()
 	name := naming.VMName(inst, "m-1", 0)
 	m := marker("m-1", "")
@@ -212,7 +212,7 @@ func TestProxmoxSemantics(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			f := NewProxmox(c.opts)
+			f := NewProxmox(Options{Options: c.opts})
 			defer f.Close()
 			if c.setup != nil {
 				c.setup(t, f)
@@ -230,7 +230,7 @@ func TestProxmoxSemantics(t *testing.T) {
 // description, and concurrent clones never share a VMID.
 func TestProxmoxVMIDs(t *testing.T) {
 	ctx := context.Background()
-	f := NewProxmox(simcore.Options{Zones: []string{"pve1"}, Latency: 2 * time.Millisecond})
+	f := NewProxmox(Options{Options: simcore.Options{Zones: []string{"pve1"}, Latency: 2 * time.Millisecond}})
 	defer f.Close()
 	other := observed.Marker{Installation: "other", MachineID: "x"}
 	f.AddForeignVM("pve1", 100, "bf-inst-1-m-1", nil)
@@ -287,7 +287,7 @@ func TestProxmoxVMIDs(t *testing.T) {
 // converge on one VM.
 func TestProxmoxConcurrentCloneOfOneMachine(t *testing.T) {
 	ctx := context.Background()
-	f := NewProxmox(simcore.Options{Latency: 2 * time.Millisecond})
+	f := NewProxmox(Options{Options: simcore.Options{Latency: 2 * time.Millisecond}})
 	defer f.Close()
 	spec := pvespec.CloneSpec{Name: "bf-m", TemplateVMID: DefaultTemplateVMID, Marker: marker("m", "")}
 	var wg sync.WaitGroup
@@ -330,7 +330,7 @@ func blockTask(typ string) (simcore.Hook, chan struct{}, chan struct{}) {
 
 func TestProxmoxTaskLocks(t *testing.T) {
 	ctx := context.Background()
-	f := NewProxmox(simcore.Options{})
+	f := NewProxmox(Options{})
 	defer f.Close()
 	m := marker("m", "")
 	id, err := f.CloneVM(ctx, "fake-a", pvespec.CloneSpec{Name: "bf-m", TemplateVMID: DefaultTemplateVMID, Marker: m})
@@ -363,7 +363,7 @@ func TestProxmoxTasks(t *testing.T) {
 	vm := hypervisors.Target{Zone: "fake-a", VMID: FirstVMID}
 
 	t.Run("failed start", func(t *testing.T) {
-		f := NewProxmox(simcore.Options{})
+		f := NewProxmox(Options{})
 		defer f.Close()
 		if _, err := f.CloneVM(ctx, "fake-a", spec); err != nil {
 			t.Fatal(err)
@@ -382,7 +382,7 @@ func TestProxmoxTasks(t *testing.T) {
 		}
 	})
 	t.Run("failed clone leaves nothing", func(t *testing.T) {
-		f := NewProxmox(simcore.Options{Hook: simcore.FailN("task/qmclone", 1, errors.New("storage full"))})
+		f := NewProxmox(Options{Options: simcore.Options{Hook: simcore.FailN("task/qmclone", 1, errors.New("storage full"))}})
 		defer f.Close()
 		_, err := f.CloneVM(ctx, "fake-a", spec)
 		if err == nil {
@@ -397,7 +397,7 @@ func TestProxmoxTasks(t *testing.T) {
 		}
 	})
 	t.Run("abandoned wait", func(t *testing.T) {
-		f := NewProxmox(simcore.Options{})
+		f := NewProxmox(Options{})
 		if _, err := f.CloneVM(ctx, "fake-a", spec); err != nil {
 			t.Fatal(err)
 		}
