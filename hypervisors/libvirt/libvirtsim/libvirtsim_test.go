@@ -354,3 +354,50 @@ func TestLibvirtBlankSeed(t *testing.T) {
 		t.Errorf("after CreateSeed (-want +got):\n%s", d)
 	}
 }
+
+// TestOptionsShapeTheHosts: the host set's own Options (pool, base image,
+// its format and size, network) are what every host holds, and a domain
+// built from them starts; the zero value holds the documented defaults.
+func TestOptionsShapeTheHosts(t *testing.T) {
+	ctx := context.Background()
+	cases := []struct {
+		name    string
+		opts    Options
+		want    []Volume
+		network string
+	}{
+		{"defaults", Options{},
+			[]Volume{{Pool: DefaultPool, Name: DefaultImage, Format: DefaultImageFormat, CapacityGiB: DefaultImageSizeGiB}}, DefaultNetwork},
+		{"own settings", Options{Pool: "vms", Image: "base.raw", ImageFormat: "raw", ImageSizeGiB: 20, Network: "br0"},
+			[]Volume{{Pool: "vms", Name: "base.raw", Format: "raw", CapacityGiB: 20}}, "br0"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			c.opts.Zones = []string{"z"}
+			f := NewLibvirt(c.opts)
+			defer f.Close()
+			if d := cmp.Diff(c.want, f.Volumes("z")); d != "" {
+				t.Fatalf("volumes (-want +got):\n%s", d)
+			}
+			base := c.want[0]
+			name := naming.VMName(inst, "m-1", 0)
+			spec := domainSpec(name, marker("m-1", ""))
+			spec.Pool, spec.Network = base.Pool, c.network
+			steps := []func() error{
+				func() error {
+					return f.CreateOverlay(ctx, "z", lvspec.OverlaySpec{Pool: base.Pool, Name: spec.Overlay, BaseImage: base.Name})
+				},
+				func() error {
+					return f.CreateSeed(ctx, "z", lvspec.SeedSpec{Pool: base.Pool, Name: spec.Seed, InstanceID: name, Hostname: name})
+				},
+				func() error { return f.DefineDomain(ctx, "z", spec) },
+				func() error { return f.Start(ctx, hypervisors.Target{Zone: "z", Name: name}) },
+			}
+			for i, step := range steps {
+				if err := step(); err != nil {
+					t.Fatalf("step %d: %v", i, err)
+				}
+			}
+		})
+	}
+}

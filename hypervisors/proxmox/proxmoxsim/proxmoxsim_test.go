@@ -422,3 +422,45 @@ func TestProxmoxTasks(t *testing.T) {
 		}
 	})
 }
+
+// TestOptionsPlaceTheTemplates: the cluster's own Options place the
+// template on the first node and every extra Template on its node (the
+// first when it names none), sized by the template's own size or the
+// Options'; the zero value places the documented default template.
+func TestOptionsPlaceTheTemplates(t *testing.T) {
+	ctx := context.Background()
+	tmpl := func(zone string, vmid, vcpu, mem int, name string) *observed.VM {
+		return &observed.VM{Zone: zone, Name: name, VMID: vmid, Power: observed.PowerStopped, VCPU: vcpu, MemoryMiB: mem, Template: true}
+	}
+	cases := []struct {
+		name string
+		opts Options
+		want map[string][]*observed.VM
+	}{
+		{"defaults", Options{}, map[string][]*observed.VM{
+			"fake-a": {tmpl("fake-a", DefaultTemplateVMID, DefaultTemplateVCPU, DefaultTemplateMemory, "bigfleet-template")},
+		}},
+		{"own settings", Options{TemplateVMID: 7000, TemplateVCPU: 1, TemplateMemory: 512, Templates: []Template{
+			{VMID: 7001, Zone: "fake-b", Name: "big", VCPU: 8, MemoryMiB: 16384},
+			{VMID: 7002, Name: "small"},
+		}}, map[string][]*observed.VM{
+			"fake-a": {tmpl("fake-a", 7000, 1, 512, "bigfleet-template"), tmpl("fake-a", 7002, 1, 512, "small")},
+			"fake-b": {tmpl("fake-b", 7001, 8, 16384, "big")},
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := NewProxmox(c.opts)
+			defer f.Close()
+			for _, zone := range []string{"fake-a", "fake-b"} {
+				z, err := f.Observe(ctx, zone)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d := cmp.Diff(c.want[zone], z.VMs); d != "" {
+					t.Errorf("%s (-want +got):\n%s", zone, d)
+				}
+			}
+		})
+	}
+}
