@@ -87,7 +87,7 @@ func newGuestVM(t *testing.T, shape string, opts simcore.Options) guestVM {
 	var tg hypervisors.Target
 	switch shape {
 	case "libvirt":
-		hv := libvirtsim.NewLibvirt(opts)
+		hv := libvirtsim.NewLibvirt(libvirtsim.Options{Options: opts})
 		if err := hv.AddOwnedVM("z", "vm", mk, observed.PowerRunning); err != nil {
 			t.Fatal(err)
 		}
@@ -95,7 +95,7 @@ func newGuestVM(t *testing.T, shape string, opts simcore.Options) guestVM {
 		g = guestVM{hv: hv, setHook: hv.SetHook, guest: func() simcore.GuestState { s, _ := hv.Guest(tg); return s }}
 		g.bootstrap = step(planner.ActionExecBootstrap, tg, planner.Params{Exec: []string{libvirt.HookPath, "c-1"}, BlobPath: libvirt.BlobPath})
 	case "proxmox":
-		hv := proxmoxsim.NewProxmox(opts)
+		hv := proxmoxsim.NewProxmox(proxmoxsim.Options{Options: opts})
 		id, err := hv.CloneVM(ctx, "z", pvespec.CloneSpec{Name: "vm", TemplateVMID: proxmoxsim.DefaultTemplateVMID, Marker: mk})
 		if err != nil {
 			t.Fatal(err)
@@ -330,7 +330,7 @@ func TestReadinessProbeLostAnswerDoesNotEndGate(t *testing.T) {
 func TestBlobStagedAsRunStarts(t *testing.T) {
 	for _, fail := range []bool{false, true} {
 		t.Run(fmt.Sprint("bind fails=", fail), func(t *testing.T) {
-			hv := libvirtsim.NewLibvirt(simcore.Options{Zones: []string{"z"}})
+			hv := libvirtsim.NewLibvirt(libvirtsim.Options{Options: simcore.Options{Zones: []string{"z"}}})
 			tg := owned(t, hv, "vm")
 			staged := guest.StagePath(opKey("op-1", planner.ActionExecBootstrap))
 			hv.SetHook(func(ctx context.Context, c simcore.Call) error {

@@ -55,7 +55,7 @@ func TestScrub(t *testing.T) {
 }
 
 func TestDestructiveStepRefusesForeignVM(t *testing.T) {
-	hv := libvirtsim.NewLibvirt(simcore.Options{Zones: []string{"z"}})
+	hv := libvirtsim.NewLibvirt(libvirtsim.Options{Options: simcore.Options{Zones: []string{"z"}}})
 	if err := hv.AddForeignVM("z", "victim", &observed.Marker{Installation: "someone-else", MachineID: "m"}); err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func TestDestructiveStepRefusesForeignVM(t *testing.T) {
 }
 
 func TestDestructiveStepOnMissingVMSucceeds(t *testing.T) {
-	hv := libvirtsim.NewLibvirt(simcore.Options{Zones: []string{"z"}})
+	hv := libvirtsim.NewLibvirt(libvirtsim.Options{Options: simcore.Options{Zones: []string{"z"}}})
 	tg := hypervisors.Target{Zone: "z", Name: "gone"}
 	if _, err := newExec(hv, nil).Run(context.Background(), planner.Change{Machine: "m", Steps: chain(
 		step(planner.ActionStop, tg, planner.Params{}), step(planner.Action(lvspec.ActionUndefine), tg, planner.Params{Plugin: &lvspec.Undefine{}}))}, "op"); err != nil {
@@ -89,7 +89,7 @@ func owned(t *testing.T, hv *libvirtsim.Libvirt, name string) hypervisors.Target
 }
 
 func TestTransientErrorsAreRetriedTerminalAreNot(t *testing.T) {
-	hv := libvirtsim.NewLibvirt(simcore.Options{Zones: []string{"z"}})
+	hv := libvirtsim.NewLibvirt(libvirtsim.Options{Options: simcore.Options{Zones: []string{"z"}}})
 	tg := owned(t, hv, "vm")
 	hv.SetHook(simcore.FailN("AgentPing", 3, hypervisors.ErrTransient))
 	if _, err := newExec(hv, nil).Run(context.Background(), planner.Change{Machine: "m",
@@ -109,7 +109,7 @@ func TestTransientErrorsAreRetriedTerminalAreNot(t *testing.T) {
 }
 
 func TestBootstrapDeliversBlobAndRemovesIt(t *testing.T) {
-	hv := libvirtsim.NewLibvirt(simcore.Options{Zones: []string{"z"}, Faults: true})
+	hv := libvirtsim.NewLibvirt(libvirtsim.Options{Options: simcore.Options{Zones: []string{"z"}, Faults: true}})
 	tg := owned(t, hv, "vm")
 	blob := []byte("kubeadm join --token abc")
 	ex := newExec(hv, blob)
@@ -146,7 +146,7 @@ func TestBootstrapDeliversBlobAndRemovesIt(t *testing.T) {
 }
 
 func TestReadinessGateWaitsUntilDeadline(t *testing.T) {
-	hv := libvirtsim.NewLibvirt(simcore.Options{Zones: []string{"z"}, Faults: true})
+	hv := libvirtsim.NewLibvirt(libvirtsim.Options{Options: simcore.Options{Zones: []string{"z"}, Faults: true}})
 	tg := owned(t, hv, "vm")
 	if err := hv.SetMarker(context.Background(), tg, observed.Marker{Installation: inst, MachineID: "m", Cluster: "fault-readiness-block"}); err != nil {
 		t.Fatal(err)
@@ -161,7 +161,7 @@ func TestReadinessGateWaitsUntilDeadline(t *testing.T) {
 }
 
 func TestCloneVMIDFlowsToLaterSteps(t *testing.T) {
-	hv := proxmoxsim.NewProxmox(simcore.Options{Zones: []string{"z"}})
+	hv := proxmoxsim.NewProxmox(proxmoxsim.Options{Options: simcore.Options{Zones: []string{"z"}}})
 	mk := observed.Marker{Installation: inst, MachineID: "m"}
 	tg := hypervisors.Target{Zone: "z", Name: "vm"}
 	out, err := newExec(hv, nil).Run(context.Background(), planner.Change{Machine: "m", Steps: chain(
@@ -201,27 +201,27 @@ func TestStepShape(t *testing.T) {
 		want error
 	}{
 		{"clone on libvirt", func() (hypervisors.Hypervisor, func() map[string]int) {
-			hv := libvirtsim.NewLibvirt(opts)
+			hv := libvirtsim.NewLibvirt(libvirtsim.Options{Options: opts})
 			return hv, hv.Calls
 		}, clone, hypervisors.ErrUnsupported},
 		{"overlay on proxmox", func() (hypervisors.Hypervisor, func() map[string]int) {
-			hv := proxmoxsim.NewProxmox(opts)
+			hv := proxmoxsim.NewProxmox(proxmoxsim.Options{Options: opts})
 			return hv, hv.Calls
 		}, overlay, hypervisors.ErrUnsupported},
 		{"delete volume on proxmox", func() (hypervisors.Hypervisor, func() map[string]int) {
-			hv := proxmoxsim.NewProxmox(opts)
+			hv := proxmoxsim.NewProxmox(proxmoxsim.Options{Options: opts})
 			return hv, hv.Calls
 		}, delVol, hypervisors.ErrUnsupported},
 		{"overlay on wrapped libvirt", func() (hypervisors.Hypervisor, func() map[string]int) {
-			hv := libvirtsim.NewLibvirt(opts)
+			hv := libvirtsim.NewLibvirt(libvirtsim.Options{Options: opts})
 			return bare{hv}, hv.Calls
 		}, overlay, nil},
 		{"clone on wrapped proxmox", func() (hypervisors.Hypervisor, func() map[string]int) {
-			hv := proxmoxsim.NewProxmox(opts)
+			hv := proxmoxsim.NewProxmox(proxmoxsim.Options{Options: opts})
 			return bare{hv}, hv.Calls
 		}, clone, nil},
 		{"clone on wrapped libvirt", func() (hypervisors.Hypervisor, func() map[string]int) {
-			hv := libvirtsim.NewLibvirt(opts)
+			hv := libvirtsim.NewLibvirt(libvirtsim.Options{Options: opts})
 			return bare{hv}, hv.Calls
 		}, clone, hypervisors.ErrUnsupported},
 	}
@@ -260,7 +260,7 @@ func (namedLikeBind) PlanJSON(*jsonplan.Params) {}
 // dereference a nil marker), and a step of an action nobody defines is
 // refused before anything is looked up.
 func TestPluginStepsGoToApply(t *testing.T) {
-	hv := libvirtsim.NewLibvirt(simcore.Options{Zones: []string{"z"}})
+	hv := libvirtsim.NewLibvirt(libvirtsim.Options{Options: simcore.Options{Zones: []string{"z"}}})
 	defer hv.Close()
 	tg := hypervisors.Target{Zone: "z", Name: "bf-vm"}
 	_, err := newExec(hv, nil).Run(context.Background(), planner.Change{Machine: "m", Steps: []planner.Step{

@@ -59,7 +59,7 @@ func TestGraphIsValidated(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			hv := libvirtsim.NewLibvirt(simcore.Options{Zones: []string{"z"}})
+			hv := libvirtsim.NewLibvirt(libvirtsim.Options{Options: simcore.Options{Zones: []string{"z"}}})
 			_, err := newExec(hv, nil).Run(context.Background(), planner.Change{Machine: "m", Steps: tc.steps}, "op")
 			if !errors.Is(err, hypervisors.ErrInvalid) {
 				t.Fatalf("err = %v, want ErrInvalid", err)
@@ -81,7 +81,7 @@ func TestShuffledStepsConverge(t *testing.T) {
 		}
 		return z
 	}
-	ordered := libvirtsim.NewLibvirt(simcore.Options{Zones: []string{"z"}})
+	ordered := libvirtsim.NewLibvirt(libvirtsim.Options{Options: simcore.Options{Zones: []string{"z"}}})
 	if _, err := newExec(ordered, nil).Run(context.Background(), planner.Change{Machine: "m-vm", Steps: libvirtCreate("vm")}, "op"); err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +93,7 @@ func TestShuffledStepsConverge(t *testing.T) {
 	for i := range 20 {
 		steps := libvirtCreate("vm")
 		rng.Shuffle(len(steps), func(a, b int) { steps[a], steps[b] = steps[b], steps[a] })
-		hv := libvirtsim.NewLibvirt(simcore.Options{Zones: []string{"z"}})
+		hv := libvirtsim.NewLibvirt(libvirtsim.Options{Options: simcore.Options{Zones: []string{"z"}}})
 		if _, err := newExec(hv, nil).Run(context.Background(), planner.Change{Machine: "m-vm", Steps: steps}, "op"); err != nil {
 			t.Fatalf("permutation %d: %v", i, err)
 		}
@@ -106,7 +106,7 @@ func TestShuffledStepsConverge(t *testing.T) {
 // The VMID a clone learns reaches its dependants even when they come
 // first in the slice.
 func TestVMIDFlowsAlongDependencies(t *testing.T) {
-	hv := proxmoxsim.NewProxmox(simcore.Options{Zones: []string{"z"}})
+	hv := proxmoxsim.NewProxmox(proxmoxsim.Options{Options: simcore.Options{Zones: []string{"z"}}})
 	mk := observed.Marker{Installation: inst, MachineID: "m"}
 	tg := hypervisors.Target{Zone: "z", Name: "vm"}
 	steps := chain(
@@ -161,7 +161,7 @@ func barrier(n int, ops ...string) (simcore.Hook, func() int) {
 
 func TestIndependentStepsOverlap(t *testing.T) {
 	hook, _ := barrier(2, "CreateOverlay", "CreateSeed")
-	hv := libvirtsim.NewLibvirt(simcore.Options{Zones: []string{"z"}, Hook: hook})
+	hv := libvirtsim.NewLibvirt(libvirtsim.Options{Options: simcore.Options{Zones: []string{"z"}, Hook: hook}})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := newExec(hv, nil).Run(ctx, planner.Change{Machine: "m-vm", Steps: libvirtCreate("vm")}, "op"); err != nil {
@@ -211,7 +211,7 @@ func TestPerZoneBoundHolds(t *testing.T) {
 	for _, bound := range []int{1, 2, 3} {
 		t.Run(fmt.Sprint(bound), func(t *testing.T) {
 			hook, peak := inflight(bound)
-			hv := libvirtsim.NewLibvirt(simcore.Options{Zones: []string{"z"}, Hook: hook})
+			hv := libvirtsim.NewLibvirt(libvirtsim.Options{Options: simcore.Options{Zones: []string{"z"}, Hook: hook}})
 			ex := New(Options{Hypervisor: hv, Installation: inst, PerZone: bound, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
 			var wg sync.WaitGroup
 			errs := make([]error, 4)
@@ -252,7 +252,7 @@ func TestFirstFailureCancelsTheRest(t *testing.T) {
 		}
 		return nil
 	}
-	hv := libvirtsim.NewLibvirt(simcore.Options{Zones: []string{"z"}, Hook: hook})
+	hv := libvirtsim.NewLibvirt(libvirtsim.Options{Options: simcore.Options{Zones: []string{"z"}, Hook: hook}})
 	_, err := newExec(hv, nil).Run(context.Background(), planner.Change{Machine: "m-vm", Steps: libvirtCreate("vm")}, "op")
 	var se *StepError
 	if !errors.As(err, &se) || se.Step != "z/vm/create-overlay:disk" || !errors.Is(err, hypervisors.ErrNotFound) {

@@ -102,7 +102,7 @@ func TestRepairAttemptsBudget(t *testing.T) {
 		{"operation", "op-1", context.DeadlineExceeded, func(n int) bool { return n > 3 }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			hv := libvirtsim.NewLibvirt(simcore.Options{Zones: []string{"z"}})
+			hv := libvirtsim.NewLibvirt(libvirtsim.Options{Options: simcore.Options{Zones: []string{"z"}}})
 			if err := hv.AddOwnedVM("z", "vm", observed.Marker{Installation: inst, MachineID: "m"}, observed.PowerStopped); err != nil {
 				t.Fatal(err)
 			}

@@ -54,7 +54,7 @@ var libvirtSetup = Setup{
 			DomainType: "kvm", UserData: k["user_data"], Kernel: k["kernel"]}), nil
 	},
 	World: func(zones []string, now func() time.Time) World {
-		return lvWorld{libvirtsim.NewLibvirt(simcore.Options{Zones: zones, Clock: now})}
+		return lvWorld{libvirtsim.NewLibvirt(libvirtsim.Options{Options: simcore.Options{Zones: zones, Clock: now}})}
 	},
 }
 
@@ -68,7 +68,7 @@ var proxmoxSetup = Setup{
 			BootstrapExec: []string{"/bin/sh"}}), nil
 	},
 	World: func(zones []string, now func() time.Time) World {
-		return pveWorld{proxmoxsim.NewProxmox(simcore.Options{Zones: zones, Clock: now})}
+		return pveWorld{proxmoxsim.NewProxmox(proxmoxsim.Options{Options: simcore.Options{Zones: zones, Clock: now}})}
 	},
 }
 

@@ -19,7 +19,6 @@ import (
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/proxmoxsim"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvesim"
 	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvespec"
-	"github.com/bigfleet-vm/provider/hypervisors/simcore"
 )
 
 // hvCalls reads hypervisor_calls_total as "op outcome" -> count.
@@ -71,7 +70,7 @@ func TestInstrumentForwardsShapes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	lv, px := newLibvirt(t), newProxmox(t)
-	fakeLv, fakePx := libvirtsim.NewLibvirt(simcore.Options{}), proxmoxsim.NewProxmox(simcore.Options{})
+	fakeLv, fakePx := libvirtsim.NewLibvirt(libvirtsim.Options{}), proxmoxsim.NewProxmox(proxmoxsim.Options{})
 	defer fakeLv.Close()
 	defer fakePx.Close()
 	deleteVolume := func(zone string) func(hypervisors.Hypervisor) {
@@ -211,7 +210,7 @@ func hvDurations(t *testing.T, m *Metrics) map[string]uint64 {
 func TestCallDurationsByZoneAndProcedure(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	fk := libvirtsim.NewLibvirt(simcore.Options{})
+	fk := libvirtsim.NewLibvirt(libvirtsim.Options{})
 	defer fk.Close()
 	r := &reporting{Hypervisor: fk}
 	m := New(nil, nil)

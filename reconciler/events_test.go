@@ -60,7 +60,7 @@ func volumeNames(t *testing.T, sim *libvirtsim.Libvirt) []string {
 // pass, without waiting for a full listing to show them (issue 12: they
 // leaked until the next full pass).
 func TestFailedMachineVolumesReapedInSamePass(t *testing.T) {
-	sim := libvirtsim.NewLibvirt(simcore.Options{Zones: []string{"z1"}})
+	sim := libvirtsim.NewLibvirt(libvirtsim.Options{Options: simcore.Options{Zones: []string{"z1"}}})
 	defer sim.Close()
 	r := quietRig(t, sim)
 	ctx := context.Background()
@@ -108,7 +108,7 @@ func (e *eventHV) Events() <-chan hypervisors.Event { return e.ch }
 // for its zone is an hour away (issue 18: with the default 1 s retry the
 // test passed with the zone-up handler deleted).
 func TestEventsWakeWork(t *testing.T) {
-	sim := libvirtsim.NewLibvirt(simcore.Options{Zones: []string{"z1"}})
+	sim := libvirtsim.NewLibvirt(libvirtsim.Options{Options: simcore.Options{Zones: []string{"z1"}}})
 	defer sim.Close()
 	hv := &eventHV{Libvirt: sim, ch: make(chan hypervisors.Event, 16)}
 	r := quietRig(t, hv, func(o *Options) { o.RetryMin, o.RetryMax = time.Hour, time.Hour })

@@ -32,10 +32,10 @@ func newRig(t *testing.T, shape string, mem *desired.MemoryStore, fo simcore.Opt
 	var hv hypervisors.Hypervisor
 	pc := planner.Config{Installation: "inst", StopGrace: time.Second, ReapFailed: true}
 	if shape == "libvirt" {
-		hv = libvirtsim.NewLibvirt(fo)
+		hv = libvirtsim.NewLibvirt(libvirtsim.Options{Options: fo})
 		pc.Plugin = libvirt.Planner(libvirt.PlanSettings{Pool: "default", Image: "golden.qcow2", Network: "default", DomainType: "kvm"})
 	} else {
-		hv = proxmoxsim.NewProxmox(fo)
+		hv = proxmoxsim.NewProxmox(proxmoxsim.Options{Options: fo})
 		pc.Plugin = proxmox.Planner(proxmox.PlanSettings{BootstrapPath: "/run/bigfleet-bootstrap", BootstrapExec: []string{"/bin/sh"}})
 	}
 	var slots []desired.Slot

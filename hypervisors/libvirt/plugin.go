@@ -256,8 +256,11 @@ func (l *Settings) Open(_ context.Context, o plugin.OpenOptions) (hypervisors.Hy
 // OpenSimulator opens the libvirt-shaped simulator with the pool,
 // network and image the flags name.
 func (l *Settings) OpenSimulator(o plugin.SimOptions) (hypervisors.Hypervisor, error) {
-	opts := simcore.Options{Zones: o.Zones, Latency: o.Latency, Faults: o.Faults, SlowOK: o.SlowOK, Host: o.Host,
-		Pool: l.StoragePool, Network: l.Network, Image: l.Image, State: o.State, ReadOnly: o.ReadOnly}
+	opts := libvirtsim.Options{
+		Options: simcore.Options{Zones: o.Zones, Latency: o.Latency, Faults: o.Faults, SlowOK: o.SlowOK, Host: o.Host,
+			State: o.State, ReadOnly: o.ReadOnly},
+		Pool: l.StoragePool, Network: l.Network, Image: l.Image,
+	}
 	if o.Journal != nil {
 		opts.Store = o.Journal
 	}

@@ -1,6 +1,7 @@
 package libvirt
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -8,7 +9,9 @@ import (
 
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/hypervisors/libvirt/libvirtsim"
+	"github.com/bigfleet-vm/provider/hypervisors/libvirt/lvspec"
 	"github.com/bigfleet-vm/provider/inventory"
+	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/plugin"
 	"github.com/bigfleet-vm/provider/plugin/plugintest"
 	"github.com/google/go-cmp/cmp"
@@ -101,5 +104,45 @@ func TestSimulatorHasTheCapability(t *testing.T) {
 	}
 	if err := sim.AddForeign(hypervisors.Target{Zone: "local-a", Name: "other"}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestSimulatorUsesTheFlags: the simulator the plug-in opens holds the
+// base image --image names in the --storage-pool pool and the --network
+// network, so a domain planned from the flags starts on it.
+func TestSimulatorUsesTheFlags(t *testing.T) {
+	ctx := context.Background()
+	s, probs := resolve(t, false, "--storage-pool", "vms", "--network", "br0", "--image", "base.qcow2")
+	if len(probs) != 0 {
+		t.Fatalf("problems %q", probs)
+	}
+	hv, err := s.OpenSimulator(plugin.SimOptions{Zones: []string{"local-a"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hv.Close()
+	sim := hv.(*libvirtsim.Libvirt)
+	want := []libvirtsim.Volume{{Pool: "vms", Name: "base.qcow2", Format: libvirtsim.DefaultImageFormat, CapacityGiB: libvirtsim.DefaultImageSizeGiB}}
+	if d := cmp.Diff(want, sim.Volumes("local-a")); d != "" {
+		t.Fatalf("volumes (-want +got):\n%s", d)
+	}
+	m := observed.Marker{Installation: "inst", MachineID: "m-1"}
+	name := "bf-inst-m-1"
+	spec := lvspec.DomainSpec{Name: name, VCPU: 2, MemoryMiB: 2048, DomainType: "kvm", Pool: "vms",
+		Overlay: lvspec.OverlayVolume(name), Seed: lvspec.SeedVolume(name), Network: "br0", Marker: m}
+	steps := []func() error{
+		func() error {
+			return sim.CreateOverlay(ctx, "local-a", lvspec.OverlaySpec{Pool: "vms", Name: spec.Overlay, BaseImage: "base.qcow2"})
+		},
+		func() error {
+			return sim.CreateSeed(ctx, "local-a", lvspec.SeedSpec{Pool: "vms", Name: spec.Seed, InstanceID: name, Hostname: name})
+		},
+		func() error { return sim.DefineDomain(ctx, "local-a", spec) },
+		func() error { return sim.Start(ctx, hypervisors.Target{Zone: "local-a", Name: name}) },
+	}
+	for i, step := range steps {
+		if err := step(); err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
 	}
 }

@@ -355,11 +355,14 @@ func pollInterval(d time.Duration) time.Duration {
 // --template-vmid template on the first zone and every other template
 // the catalog names.
 func (x *Settings) OpenSimulator(o plugin.SimOptions) (hypervisors.Hypervisor, error) {
-	opts := simcore.Options{Zones: o.Zones, Latency: o.Latency, Faults: o.Faults, SlowOK: o.SlowOK, Host: o.Host,
-		TemplateVMID: x.TemplateVMID, BootstrapPath: x.BootstrapPath, State: o.State, ReadOnly: o.ReadOnly}
+	opts := proxmoxsim.Options{
+		Options: simcore.Options{Zones: o.Zones, Latency: o.Latency, Faults: o.Faults, SlowOK: o.SlowOK, Host: o.Host,
+			BootstrapPath: x.BootstrapPath, State: o.State, ReadOnly: o.ReadOnly},
+		TemplateVMID: x.TemplateVMID,
+	}
 	for _, it := range o.Catalog {
 		if it.Source != 0 && it.Source != x.TemplateVMID {
-			opts.Templates = append(opts.Templates, simcore.Template{VMID: it.Source, Zone: o.Zones[0], Name: fmt.Sprintf("template-%d", it.Source)})
+			opts.Templates = append(opts.Templates, proxmoxsim.Template{VMID: it.Source, Zone: o.Zones[0], Name: fmt.Sprintf("template-%d", it.Source)})
 		}
 	}
 	if o.Journal != nil {

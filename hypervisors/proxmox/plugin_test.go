@@ -2,14 +2,18 @@ package proxmox
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/proxmoxsim"
+	"github.com/bigfleet-vm/provider/hypervisors/proxmox/pvespec"
 	"github.com/bigfleet-vm/provider/hypervisors/simcore"
 	"github.com/bigfleet-vm/provider/inventory"
+	"github.com/bigfleet-vm/provider/observed"
 	"github.com/bigfleet-vm/provider/plugin"
 	"github.com/bigfleet-vm/provider/plugin/plugintest"
 	"github.com/google/go-cmp/cmp"
@@ -138,5 +142,55 @@ func TestSimulatorHasTheCapability(t *testing.T) {
 	}
 	if simcore.DefaultReadyCommand != plugin.SimReadyCommand {
 		t.Errorf("the simulated guest answers %q, the core plans %q", simcore.DefaultReadyCommand, plugin.SimReadyCommand)
+	}
+}
+
+// TestSimulatorUsesTheFlags: the simulator the plug-in opens holds the
+// --template-vmid template and every other template the catalog names, on
+// the first zone, and answers the bootstrap at --bootstrap-path.
+func TestSimulatorUsesTheFlags(t *testing.T) {
+	ctx := context.Background()
+	s, probs := resolve(t, false, "--template-vmid", "7000", "--bootstrap-path", "/run/other-bootstrap")
+	if len(probs) != 0 {
+		t.Fatalf("problems %q", probs)
+	}
+	catalog := inventory.Catalog{
+		"a": {Name: "a", VCPU: 2, MemoryMiB: 2048, Source: 7000},
+		"b": {Name: "b", VCPU: 4, MemoryMiB: 4096, Source: 7001},
+	}
+	hv, err := s.OpenSimulator(plugin.SimOptions{Zones: []string{"pve-a", "pve-b"}, Catalog: catalog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hv.Close()
+	z, err := hv.Observe(ctx, "pve-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []int
+	for _, vm := range z.VMs {
+		if vm.Template {
+			got = append(got, vm.VMID)
+		}
+	}
+	if want := []int{7000, 7001}; !cmp.Equal(want, got) {
+		t.Errorf("templates on pve-a %v, want %v", got, want)
+	}
+	sim := hv.(*proxmoxsim.Proxmox)
+	m := observed.Marker{Installation: "inst", MachineID: "m-1", Cluster: "c-1"}
+	id, err := sim.CloneVM(ctx, "pve-a", pvespec.CloneSpec{Name: "bf-inst-m-1", TemplateVMID: 7001, Marker: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vm := hypervisors.Target{Zone: "pve-a", Name: "bf-inst-m-1", VMID: id}
+	if err := sim.Start(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+	if err := sim.AgentWriteFile(ctx, vm, "/run/other-bootstrap", []byte("blob"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r, err := sim.AgentExec(ctx, vm, []string{"/bin/sh", "/run/other-bootstrap"})
+	if err != nil || r.ExitCode != 0 || len(sim.Bootstraps(vm)) != 1 {
+		t.Errorf("bootstrap at --bootstrap-path: exit %d %q, %v, bootstraps %v", r.ExitCode, r.Stderr, err, sim.Bootstraps(vm))
 	}
 }

@@ -15,8 +15,9 @@
 // out-of-band methods such as StopVM, RemoveVM, AddForeignVM), Options
 // (Latency, AgentDelay, Faults) and per-call hooks (Hook, FailN,
 // SetUnreachable, SetFlaky: one kind of call on a zone fails transiently).
-// Options holds every simulator's settings; the libvirt and Proxmox fields
-// are read, and defaulted, by their simulator only.
+// Options holds the settings every simulator shares; each room's own
+// Options (libvirtsim.Options, proxmoxsim.Options) embeds it next to its
+// hypervisor's settings, which this package never sees.
 //
 // The simulated guest agent answers once the VM has been running for
 // Options.AgentDelay (never while stopped or paused). Its guest is a

@@ -25,23 +25,13 @@ const (
 	StatePrefix = "sim/"
 )
 
-// Options configure a simulator. The zero value is usable.
+// Options are the settings every simulator shares; each room's simulator
+// embeds them in its own Options next to its hypervisor's settings. The
+// zero value is usable.
 type Options struct {
 	// Zones are the libvirt hosts or Proxmox nodes (default: "fake-a",
 	// "fake-b").
 	Zones []string
-
-	// Libvirt (read by libvirtsim only, which applies the defaults): the
-	// storage pool every host has (default "default"), the base image
-	// volume pre-existing in it (default "golden.qcow2") and its format
-	// (default "qcow2"; "raw" is the other choice), its virtual size
-	// (default 10 GiB), and the network every host has (default
-	// "default").
-	Pool         string
-	Image        string
-	ImageFormat  string
-	ImageSizeGiB int
-	Network      string
 
 	// The simulated guest's commands (see the package doc).
 	BootstrapHook string // default "/opt/bigfleet/bootstrap"
@@ -49,14 +39,6 @@ type Options struct {
 	BootstrapPath string // Proxmox --bootstrap-path, default "/run/bigfleet-bootstrap"
 	DrainCommand  string // default "/opt/bigfleet/drain"
 	ReadyCommand  string // default "/opt/bigfleet/node-ready"
-
-	// Proxmox (read by proxmoxsim only, which applies the defaults): the
-	// template on the first zone (default 9000), extra templates, and the
-	// size of the default template (default 2 vCPU, 2048 MiB).
-	TemplateVMID   int
-	Templates      []Template
-	TemplateVCPU   int
-	TemplateMemory int
 
 	// Latency is added to every hypervisor call, and is the duration of
 	// every Proxmox task. 0 is instant. Waiting honours ctx.
@@ -98,15 +80,6 @@ type Options struct {
 	// Clock returns the current time (default time.Now). It dates guest
 	// uptime, tasks and bootstraps; latency always uses real time.
 	Clock func() time.Time
-}
-
-// Template is an extra Proxmox template VM placed at construction.
-type Template struct {
-	VMID      int    `json:"vmid"`
-	Zone      string `json:"zone"`
-	Name      string `json:"name"`
-	VCPU      int    `json:"vcpu,omitempty"`
-	MemoryMiB int    `json:"memory_mib,omitempty"`
 }
 
 // WithDefaults returns o with the shared defaults applied: two zones

@@ -27,6 +27,10 @@
 //     through others, on a package of another room, and nothing under
 //     hypervisors/simcore (the simulators' shared core) depends on any
 //     room; a package's tests count as the package.
+//   - Shared simulator settings: every field of simcore.Options is read by
+//     simcore itself; a setting only a room reads (a libvirt pool, a
+//     Proxmox template) belongs in that room's simulator Options, which
+//     embed simcore's.
 //
 // Every violation is reported at once, sorted, as file:line: what.
 package layout

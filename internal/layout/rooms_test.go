@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"go/types"
 	"io"
 	"slices"
 	"strings"
@@ -224,4 +225,39 @@ func TestChainTo(t *testing.T) {
 			t.Errorf("room(%s) = %q, want %q", p, got, want)
 		}
 	}
+}
+
+// TestSimcoreOptionsAreShared: every field of simcore.Options is read by
+// simcore itself (its non-test files). A field only a room reads is that
+// hypervisor's setting and belongs in the room's own Options
+// (libvirtsim.Options, proxmoxsim.Options), which embed simcore's.
+func TestSimcoreOptionsAreShared(t *testing.T) {
+	const core = module + "/hypervisors/simcore"
+	pkgs := typeCheck(t, moduleRoot(t), []string{core})
+	if len(pkgs) != 1 {
+		t.Fatalf("type-checked %d packages, want 1", len(pkgs))
+	}
+	info := pkgs[0].info
+	var fields *types.Struct
+	for id, obj := range info.Defs {
+		if tn, ok := obj.(*types.TypeName); ok && id.Name == "Options" && tn.Parent() == tn.Pkg().Scope() {
+			fields, _ = tn.Type().Underlying().(*types.Struct)
+		}
+	}
+	if fields == nil || fields.NumFields() == 0 {
+		t.Fatal("simcore.Options not found")
+	}
+	read := map[*types.Var]bool{}
+	for _, sel := range info.Selections {
+		if v, ok := sel.Obj().(*types.Var); ok && v.IsField() {
+			read[v] = true
+		}
+	}
+	var problems []string
+	for i := range fields.NumFields() {
+		if f := fields.Field(i); !read[f] {
+			problems = append(problems, fmt.Sprintf("simcore.Options.%s: simcore never reads it; a room's own setting belongs in the room's simulator Options", f.Name()))
+		}
+	}
+	report(t, problems)
 }

@@ -22,7 +22,7 @@ import (
 // lvspec.Steps.
 type Libvirt struct {
 	c    *simcore.Core
-	opts simcore.Options
+	opts Options
 
 	zones []string
 	hosts map[string]*lvHost
@@ -39,10 +39,30 @@ var (
 
 // Defaults applied by NewLibvirt to zero Options fields.
 const (
-	DefaultPool    = "default"
-	DefaultImage   = "golden.qcow2"
-	DefaultNetwork = "default"
+	DefaultPool         = "default"
+	DefaultImage        = "golden.qcow2"
+	DefaultImageFormat  = "qcow2"
+	DefaultImageSizeGiB = 10
+	DefaultNetwork      = "default"
 )
+
+// Options configure a simulated host set: the settings every simulator
+// shares (simcore.Options, embedded) and the hosts' own. The zero value is
+// usable.
+type Options struct {
+	simcore.Options
+
+	// Pool is the storage pool every host has (default "default"), Image
+	// the base image volume pre-existing in it (default "golden.qcow2"),
+	// ImageFormat its format (default "qcow2"; "raw" is the other choice)
+	// and ImageSizeGiB its virtual size (default 10).
+	Pool         string
+	Image        string
+	ImageFormat  string
+	ImageSizeGiB int
+	// Network is the network every host has (default "default").
+	Network string
+}
 
 type lvHost struct {
 	Networks []string                      `json:"networks"`
@@ -85,10 +105,10 @@ type domain struct {
 // NewLibvirt returns a fresh simulated host set: every zone has the pool
 // opts.Pool holding the base image opts.Image, the network opts.Network,
 // and no domains. With opts.Store every change is journaled there.
-func NewLibvirt(opts simcore.Options) *Libvirt {
-	opts = withDefaults(opts.WithDefaults())
+func NewLibvirt(opts Options) *Libvirt {
+	opts = withDefaults(opts)
 	f := &Libvirt{opts: opts, zones: opts.Zones, hosts: map[string]*lvHost{}}
-	f.c = simcore.New(opts, simcore.Machines{Find: f.machineOf, Save: f.saveMachine})
+	f.c = simcore.New(opts.Options, simcore.Machines{Find: f.machineOf, Save: f.saveMachine})
 	for _, z := range opts.Zones {
 		f.hosts[z] = f.newHost()
 	}
@@ -98,7 +118,7 @@ func NewLibvirt(opts simcore.Options) *Libvirt {
 // OpenLibvirt is NewLibvirt plus the domains and volumes persisted in
 // opts.State (zones only the state knows are added). With opts.ReadOnly
 // every mutating call fails with ErrPermission (provider plan offline).
-func OpenLibvirt(opts simcore.Options) (*Libvirt, error) {
+func OpenLibvirt(opts Options) (*Libvirt, error) {
 	f := NewLibvirt(opts)
 	var loaded []string
 	host := func(zone string) *lvHost {
@@ -139,8 +159,9 @@ func OpenLibvirt(opts simcore.Options) (*Libvirt, error) {
 	return f, nil
 }
 
-// withDefaults applies the host set's defaults.
-func withDefaults(o simcore.Options) simcore.Options {
+// withDefaults applies the shared defaults and the host set's own.
+func withDefaults(o Options) Options {
+	o.Options = o.Options.WithDefaults()
 	def := func(s *string, v string) {
 		if *s == "" {
 			*s = v
@@ -148,10 +169,10 @@ func withDefaults(o simcore.Options) simcore.Options {
 	}
 	def(&o.Pool, DefaultPool)
 	def(&o.Image, DefaultImage)
-	def(&o.ImageFormat, "qcow2")
+	def(&o.ImageFormat, DefaultImageFormat)
 	def(&o.Network, DefaultNetwork)
 	if o.ImageSizeGiB == 0 {
-		o.ImageSizeGiB = 10
+		o.ImageSizeGiB = DefaultImageSizeGiB
 	}
 	return o
 }

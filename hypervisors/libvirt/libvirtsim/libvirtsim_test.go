@@ -19,7 +19,7 @@ import (
 // the same result and never duplicates anything.
 func TestLibvirtLifecycle(t *testing.T) {
 	ctx := context.Background()
-	f := NewLibvirt(simcore.Options{Zones: []string{"rack1"}})
+	f := NewLibvirt(Options{Options: simcore.Options{Zones: []string{"rack1"}}})
 	defer f.Close()
 	name := naming.VMName(inst, "m-1", 0)
 	vm := hypervisors.Target{Zone: "rack1", Name: name}
@@ -206,7 +206,7 @@ func TestLibvirtSemantics(t *testing.T) {
 	withFaults := map[string]bool{"define with create fault": true}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			f := NewLibvirt(simcore.Options{Faults: withFaults[c.name]})
+			f := NewLibvirt(Options{Options: simcore.Options{Faults: withFaults[c.name]}})
 			defer f.Close()
 			if c.setup != nil {
 				c.setup(t, f)
@@ -224,7 +224,7 @@ func TestLibvirtSemantics(t *testing.T) {
 // observed without a marker and never adopted.
 func TestLibvirtForeignCollision(t *testing.T) {
 	ctx := context.Background()
-	f := NewLibvirt(simcore.Options{Zones: []string{"rack1"}})
+	f := NewLibvirt(Options{Options: simcore.Options{Zones: []string{"rack1"}}})
 	defer f.Close()
 	name := naming.VMName(inst, "m-1", 0)
 	if err := f.AddForeignVM("rack1", name, nil); err != nil {
@@ -284,7 +284,7 @@ func TestLibvirtForeignCollision(t *testing.T) {
 
 func TestLibvirtOutOfBand(t *testing.T) {
 	ctx := context.Background()
-	f := NewLibvirt(simcore.Options{})
+	f := NewLibvirt(Options{})
 	defer f.Close()
 	vm := hypervisors.Target{Zone: "fake-a", Name: "bf-a"}
 	if err := f.AddOwnedVM("fake-a", "bf-a", marker("m-1", ""), observed.PowerRunning); err != nil {
@@ -326,7 +326,7 @@ func TestLibvirtOutOfBand(t *testing.T) {
 // read the same way directly, and becomes a proper seed when CreateSeed
 // runs again (as the libvirt adapter re-uploads).
 func TestLibvirtBlankSeed(t *testing.T) {
-	f := NewLibvirt(simcore.Options{Zones: []string{"rack1"}})
+	f := NewLibvirt(Options{Options: simcore.Options{Zones: []string{"rack1"}}})
 	defer f.Close()
 	ctx := context.Background()
 	name := "bf-blank-cidata.iso"
@@ -352,5 +352,52 @@ func TestLibvirtBlankSeed(t *testing.T) {
 	want := []*observed.Volume{{Zone: "rack1", Pool: "default", Name: name, Format: "iso", Identity: lvspec.SeedIdentity(spec)}}
 	if d := cmp.Diff(want, z.Volumes); d != "" {
 		t.Errorf("after CreateSeed (-want +got):\n%s", d)
+	}
+}
+
+// TestOptionsShapeTheHosts: the host set's own Options (pool, base image,
+// its format and size, network) are what every host holds, and a domain
+// built from them starts; the zero value holds the documented defaults.
+func TestOptionsShapeTheHosts(t *testing.T) {
+	ctx := context.Background()
+	cases := []struct {
+		name    string
+		opts    Options
+		want    []Volume
+		network string
+	}{
+		{"defaults", Options{},
+			[]Volume{{Pool: DefaultPool, Name: DefaultImage, Format: DefaultImageFormat, CapacityGiB: DefaultImageSizeGiB}}, DefaultNetwork},
+		{"own settings", Options{Pool: "vms", Image: "base.raw", ImageFormat: "raw", ImageSizeGiB: 20, Network: "br0"},
+			[]Volume{{Pool: "vms", Name: "base.raw", Format: "raw", CapacityGiB: 20}}, "br0"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			c.opts.Zones = []string{"z"}
+			f := NewLibvirt(c.opts)
+			defer f.Close()
+			if d := cmp.Diff(c.want, f.Volumes("z")); d != "" {
+				t.Fatalf("volumes (-want +got):\n%s", d)
+			}
+			base := c.want[0]
+			name := naming.VMName(inst, "m-1", 0)
+			spec := domainSpec(name, marker("m-1", ""))
+			spec.Pool, spec.Network = base.Pool, c.network
+			steps := []func() error{
+				func() error {
+					return f.CreateOverlay(ctx, "z", lvspec.OverlaySpec{Pool: base.Pool, Name: spec.Overlay, BaseImage: base.Name})
+				},
+				func() error {
+					return f.CreateSeed(ctx, "z", lvspec.SeedSpec{Pool: base.Pool, Name: spec.Seed, InstanceID: name, Hostname: name})
+				},
+				func() error { return f.DefineDomain(ctx, "z", spec) },
+				func() error { return f.Start(ctx, hypervisors.Target{Zone: "z", Name: name}) },
+			}
+			for i, step := range steps {
+				if err := step(); err != nil {
+					t.Fatalf("step %d: %v", i, err)
+				}
+			}
+		})
 	}
 }

@@ -26,7 +26,7 @@ var (
 
 // shape is the libvirt host set as the shared suite drives it.
 var shape = simtest.Shape{
-	Open: func(o simcore.Options) (simtest.Sim, error) { return OpenLibvirt(o) },
+	Open: func(o simcore.Options) (simtest.Sim, error) { return OpenLibvirt(Options{Options: o}) },
 	Create: func(t *testing.T, h simtest.Sim, name string, m observed.Marker) hypervisors.Target {
 		f := h.(*Libvirt)
 		zone := f.Zones()[0]
@@ -50,7 +50,7 @@ func TestShared(t *testing.T) { simtest.Run(t, shape) }
 
 // The simulator offers the libvirt steps, so the executor applies them.
 func TestSteps(t *testing.T) {
-	f := NewLibvirt(simcore.Options{})
+	f := NewLibvirt(Options{})
 	defer f.Close()
 	if _, ok := hypervisors.Find[lvspec.Steps](f); !ok {
 		t.Error("the libvirt simulator does not offer lvspec.Steps")
@@ -89,7 +89,7 @@ func TestHooksAndReachability(t *testing.T) {
 		mu.Unlock()
 		return nil
 	}
-	f := NewLibvirt(simcore.Options{Zones: []string{"rack1", "rack2"}, Hook: simcore.Chain(record, simcore.FailN("Observe", 2, transient))})
+	f := NewLibvirt(Options{Options: simcore.Options{Zones: []string{"rack1", "rack2"}, Hook: simcore.Chain(record, simcore.FailN("Observe", 2, transient))}})
 	defer f.Close()
 	for i, want := range []error{transient, transient, nil, nil} {
 		_, err := f.Observe(ctx, "rack1")

@@ -29,7 +29,7 @@ const taskUser = "bigfleet@pve"
 // pvespec.Steps.
 type Proxmox struct {
 	c    *simcore.Core
-	opts simcore.Options
+	opts Options
 
 	zones   []string
 	vms     map[int]*pveVM
@@ -49,9 +49,39 @@ const (
 	// DefaultTemplateVMID is the template NewProxmox places on the first
 	// zone when Options.TemplateVMID is zero.
 	DefaultTemplateVMID = 9000
+	// DefaultTemplateVCPU and DefaultTemplateMemory size a template whose
+	// Options (or Template) leave it zero.
+	DefaultTemplateVCPU   = 2
+	DefaultTemplateMemory = 2048
 	// FirstVMID is the lowest VMID the simulator allocates.
 	FirstVMID = 100
 )
+
+// Options configure a simulated cluster: the settings every simulator
+// shares (simcore.Options, embedded) and the cluster's own. The zero value
+// is usable.
+type Options struct {
+	simcore.Options
+
+	// TemplateVMID is the template on the first zone (default
+	// DefaultTemplateVMID), Templates the extra templates, and
+	// TemplateVCPU and TemplateMemory (MiB) the size of a template that
+	// does not set its own (default 2 vCPU, 2048 MiB).
+	TemplateVMID   int
+	Templates      []Template
+	TemplateVCPU   int
+	TemplateMemory int
+}
+
+// Template is an extra template VM placed at construction; an empty Zone
+// is the first zone.
+type Template struct {
+	VMID      int    `json:"vmid"`
+	Zone      string `json:"zone"`
+	Name      string `json:"name"`
+	VCPU      int    `json:"vcpu,omitempty"`
+	MemoryMiB int    `json:"memory_mib,omitempty"`
+}
 
 type pveVM struct {
 	VMID        int      `json:"vmid"`
@@ -92,8 +122,8 @@ type task struct {
 // NewProxmox returns a fresh simulated cluster: the nodes opts.Zones, the
 // template opts.TemplateVMID on the first node, opts.Templates, and no
 // other VMs. With opts.Store every change is journaled there.
-func NewProxmox(opts simcore.Options) *Proxmox {
-	opts = withDefaults(opts.WithDefaults())
+func NewProxmox(opts Options) *Proxmox {
+	opts = withDefaults(opts)
 	f := newProxmox(opts)
 	f.vms[opts.TemplateVMID] = &pveVM{
 		VMID: opts.TemplateVMID, Node: opts.Zones[0], Name: "bigfleet-template", Template: true,
@@ -114,11 +144,12 @@ func NewProxmox(opts simcore.Options) *Proxmox {
 	return f
 }
 
-// withDefaults applies the cluster's defaults.
-func withDefaults(o simcore.Options) simcore.Options {
+// withDefaults applies the shared defaults and the cluster's own.
+func withDefaults(o Options) Options {
+	o.Options = o.Options.WithDefaults()
 	o.TemplateVMID = cmpOr(o.TemplateVMID, DefaultTemplateVMID)
-	o.TemplateVCPU = cmpOr(o.TemplateVCPU, 2)
-	o.TemplateMemory = cmpOr(o.TemplateMemory, 2048)
+	o.TemplateVCPU = cmpOr(o.TemplateVCPU, DefaultTemplateVCPU)
+	o.TemplateMemory = cmpOr(o.TemplateMemory, DefaultTemplateMemory)
 	return o
 }
 
@@ -129,16 +160,16 @@ func cmpOr(v, def int) int {
 	return v
 }
 
-func newProxmox(opts simcore.Options) *Proxmox {
+func newProxmox(opts Options) *Proxmox {
 	f := &Proxmox{opts: opts, zones: opts.Zones, vms: map[int]*pveVM{}, nextPID: 0x1000}
-	f.c = simcore.New(opts, simcore.Machines{Find: f.machineOf, Save: f.saveMachine})
+	f.c = simcore.New(opts.Options, simcore.Machines{Find: f.machineOf, Save: f.saveMachine})
 	return f
 }
 
 // OpenProxmox is NewProxmox plus the VMs persisted in opts.State (nodes
 // only the state knows are added). With opts.ReadOnly every mutating call
 // fails with ErrPermission (provider plan offline).
-func OpenProxmox(opts simcore.Options) (*Proxmox, error) {
+func OpenProxmox(opts Options) (*Proxmox, error) {
 	f := NewProxmox(opts)
 	var nodes []string
 	err := f.c.Persisted(keyVM, func(key string, raw []byte) error {

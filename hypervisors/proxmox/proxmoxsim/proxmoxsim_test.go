@@ -31,7 +31,7 @@ func template(zone string) *observed.VM {
 // executor drives them, running every call twice.
 func TestProxmoxLifecycle(t *testing.T) {
 	ctx := context.Background()
-	f := NewProxmox(simcore.Options{Zones: []string{"pve1", "pve2"}})
+	f := NewProxmox(Options{Options: simcore.Options{Zones: []string{"pve1", "pve2"}}})
 	defer f.Close()
 	name := naming.VMName(inst, "m-1", 0)
 	m := marker("m-1", "")
@@ -212,7 +212,7 @@ func TestProxmoxSemantics(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			f := NewProxmox(c.opts)
+			f := NewProxmox(Options{Options: c.opts})
 			defer f.Close()
 			if c.setup != nil {
 				c.setup(t, f)
@@ -230,7 +230,7 @@ func TestProxmoxSemantics(t *testing.T) {
 // description, and concurrent clones never share a VMID.
 func TestProxmoxVMIDs(t *testing.T) {
 	ctx := context.Background()
-	f := NewProxmox(simcore.Options{Zones: []string{"pve1"}, Latency: 2 * time.Millisecond})
+	f := NewProxmox(Options{Options: simcore.Options{Zones: []string{"pve1"}, Latency: 2 * time.Millisecond}})
 	defer f.Close()
 	other := observed.Marker{Installation: "other", MachineID: "x"}
 	f.AddForeignVM("pve1", 100, "bf-inst-1-m-1", nil)
@@ -287,7 +287,7 @@ func TestProxmoxVMIDs(t *testing.T) {
 // converge on one VM.
 func TestProxmoxConcurrentCloneOfOneMachine(t *testing.T) {
 	ctx := context.Background()
-	f := NewProxmox(simcore.Options{Latency: 2 * time.Millisecond})
+	f := NewProxmox(Options{Options: simcore.Options{Latency: 2 * time.Millisecond}})
 	defer f.Close()
 	spec := pvespec.CloneSpec{Name: "bf-m", TemplateVMID: DefaultTemplateVMID, Marker: marker("m", "")}
 	var wg sync.WaitGroup
@@ -330,7 +330,7 @@ func blockTask(typ string) (simcore.Hook, chan struct{}, chan struct{}) {
 
 func TestProxmoxTaskLocks(t *testing.T) {
 	ctx := context.Background()
-	f := NewProxmox(simcore.Options{})
+	f := NewProxmox(Options{})
 	defer f.Close()
 	m := marker("m", "")
 	id, err := f.CloneVM(ctx, "fake-a", pvespec.CloneSpec{Name: "bf-m", TemplateVMID: DefaultTemplateVMID, Marker: m})
@@ -363,7 +363,7 @@ func TestProxmoxTasks(t *testing.T) {
 	vm := hypervisors.Target{Zone: "fake-a", VMID: FirstVMID}
 
 	t.Run("failed start", func(t *testing.T) {
-		f := NewProxmox(simcore.Options{})
+		f := NewProxmox(Options{})
 		defer f.Close()
 		if _, err := f.CloneVM(ctx, "fake-a", spec); err != nil {
 			t.Fatal(err)
@@ -382,7 +382,7 @@ func TestProxmoxTasks(t *testing.T) {
 		}
 	})
 	t.Run("failed clone leaves nothing", func(t *testing.T) {
-		f := NewProxmox(simcore.Options{Hook: simcore.FailN("task/qmclone", 1, errors.New("storage full"))})
+		f := NewProxmox(Options{Options: simcore.Options{Hook: simcore.FailN("task/qmclone", 1, errors.New("storage full"))}})
 		defer f.Close()
 		_, err := f.CloneVM(ctx, "fake-a", spec)
 		if err == nil {
@@ -397,7 +397,7 @@ func TestProxmoxTasks(t *testing.T) {
 		}
 	})
 	t.Run("abandoned wait", func(t *testing.T) {
-		f := NewProxmox(simcore.Options{})
+		f := NewProxmox(Options{})
 		if _, err := f.CloneVM(ctx, "fake-a", spec); err != nil {
 			t.Fatal(err)
 		}
@@ -421,4 +421,46 @@ func TestProxmoxTasks(t *testing.T) {
 			t.Errorf("VMs after destroy task finished: %d, want the template", n)
 		}
 	})
+}
+
+// TestOptionsPlaceTheTemplates: the cluster's own Options place the
+// template on the first node and every extra Template on its node (the
+// first when it names none), sized by the template's own size or the
+// Options'; the zero value places the documented default template.
+func TestOptionsPlaceTheTemplates(t *testing.T) {
+	ctx := context.Background()
+	tmpl := func(zone string, vmid, vcpu, mem int, name string) *observed.VM {
+		return &observed.VM{Zone: zone, Name: name, VMID: vmid, Power: observed.PowerStopped, VCPU: vcpu, MemoryMiB: mem, Template: true}
+	}
+	cases := []struct {
+		name string
+		opts Options
+		want map[string][]*observed.VM
+	}{
+		{"defaults", Options{}, map[string][]*observed.VM{
+			"fake-a": {tmpl("fake-a", DefaultTemplateVMID, DefaultTemplateVCPU, DefaultTemplateMemory, "bigfleet-template")},
+		}},
+		{"own settings", Options{TemplateVMID: 7000, TemplateVCPU: 1, TemplateMemory: 512, Templates: []Template{
+			{VMID: 7001, Zone: "fake-b", Name: "big", VCPU: 8, MemoryMiB: 16384},
+			{VMID: 7002, Name: "small"},
+		}}, map[string][]*observed.VM{
+			"fake-a": {tmpl("fake-a", 7000, 1, 512, "bigfleet-template"), tmpl("fake-a", 7002, 1, 512, "small")},
+			"fake-b": {tmpl("fake-b", 7001, 8, 16384, "big")},
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := NewProxmox(c.opts)
+			defer f.Close()
+			for _, zone := range []string{"fake-a", "fake-b"} {
+				z, err := f.Observe(ctx, zone)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d := cmp.Diff(c.want[zone], z.VMs); d != "" {
+					t.Errorf("%s (-want +got):\n%s", zone, d)
+				}
+			}
+		})
+	}
 }

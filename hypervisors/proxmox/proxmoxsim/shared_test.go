@@ -21,7 +21,7 @@ var (
 
 // shape is the Proxmox cluster as the shared suite drives it.
 var shape = simtest.Shape{
-	Open: func(o simcore.Options) (simtest.Sim, error) { return OpenProxmox(o) },
+	Open: func(o simcore.Options) (simtest.Sim, error) { return OpenProxmox(Options{Options: o}) },
 	Create: func(t *testing.T, h simtest.Sim, name string, m observed.Marker) hypervisors.Target {
 		t.Helper()
 		ctx := context.Background()
@@ -57,7 +57,7 @@ func TestShared(t *testing.T) { simtest.Run(t, shape) }
 
 // The simulator offers the Proxmox steps, so the executor applies them.
 func TestSteps(t *testing.T) {
-	f := NewProxmox(simcore.Options{})
+	f := NewProxmox(Options{})
 	defer f.Close()
 	if _, ok := hypervisors.Find[pvespec.Steps](f); !ok {
 		t.Error("the Proxmox simulator does not offer pvespec.Steps")
