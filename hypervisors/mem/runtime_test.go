@@ -283,7 +283,7 @@ func (w *world) create(ctx context.Context, t hypervisors.Target, p *create) (in
 // transport is simcore's simulated guest.
 
 // maxWrite is the most one message of mem's agent channel carries.
-const maxWrite = 64
+const maxWrite = 64 << 10
 
 // transport is mem's agent channel: simcore's wire with a message size
 // limit.

@@ -610,20 +610,6 @@ func (c *checker) isType(e ast.Expr) bool {
 	return ok && id.Name == "string"
 }
 
-// isMap reports whether lit is a map literal.
-func (c *checker) isMap(lit *ast.CompositeLit) bool {
-	if _, ok := lit.Type.(*ast.MapType); ok {
-		return true
-	}
-	if c.info != nil {
-		if t := c.info.TypeOf(lit); t != nil {
-			_, ok := t.Underlying().(*types.Map)
-			return ok
-		}
-	}
-	return false
-}
-
 // typeName is the package-qualified name of t or of what it points to.
 func typeName(t types.Type) string {
 	if p, ok := t.(*types.Pointer); ok {
