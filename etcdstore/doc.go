@@ -43,7 +43,12 @@
 //     MaxRequestBytes; one op and a reserve per txn are the store's own),
 //     one txn in flight at a time. Ops of one txn touch distinct keys; of
 //     several ops on one key (within or across batches) the last wins,
-//     which is what applying them in order would leave.
+//     which is what applying them in order would leave. A queue holding
+//     only background batches (CommitBackground: the reconciler's records,
+//     no RPC waits on them) is held up to Options.Linger (2 ms) until a
+//     Commit joins it, so a lone client's next mutation shares the txn of
+//     the reconciler's record of its previous one instead of waiting a
+//     whole txn behind it; the order of the queue does not change.
 //   - Atomicity per batch, except oversized ones. A batch that fits one
 //     txn applies all together or not at all. Only a batch larger than one
 //     txn (the first write of a whole fleet) is split: all but its last
