@@ -45,10 +45,13 @@
 //     several ops on one key (within or across batches) the last wins,
 //     which is what applying them in order would leave. A queue holding
 //     only background batches (CommitBackground: the reconciler's records,
-//     no RPC waits on them) is held up to Options.Linger (2 ms) until a
-//     Commit joins it, so a lone client's next mutation shares the txn of
-//     the reconciler's record of its previous one instead of waiting a
-//     whole txn behind it; the order of the queue does not change.
+//     no RPC waits on them) is held for the last txn's duration, at most
+//     Options.Linger (10 ms), until a Commit joins it, so a lone client's
+//     next mutation shares the txn of the reconciler's records of its
+//     previous one instead of waiting a whole txn behind it; a Commit that
+//     arrives within the hold is acknowledged no later than it would have
+//     been behind the background txn. The order of the queue, what a txn
+//     guards and when done runs relative to etcd's commit do not change.
 //   - Atomicity per batch, except oversized ones. A batch that fits one
 //     txn applies all together or not at all. Only a batch larger than one
 //     txn (the first write of a whole fleet) is split: all but its last

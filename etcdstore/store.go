@@ -32,11 +32,9 @@ const (
 	DefaultLoadPageSize    = 4096
 	DefaultChunkParallel   = 4
 	DefaultWarmWait        = time.Second
-	// DefaultLinger is about one client's turn-around between an ack and
-	// its next call on one host: long enough that a client's next
-	// mutation joins the reconciler's record of its previous one, short
-	// against any step the reconciler runs.
-	DefaultLinger = 2 * time.Millisecond
+	// DefaultLinger caps the hold of a background-only queue (see
+	// Options.Linger): short against any step the reconciler runs.
+	DefaultLinger = 10 * time.Millisecond
 	// MaxKeyBytes caps an Op's key.
 	MaxKeyBytes = 4096
 	// txnReserve is the part of a request kept for the compares, the
@@ -87,11 +85,14 @@ type Options struct {
 	Warm func(ctx context.Context, rev int64) (Copy, error)
 	// WarmWait bounds Load's wait for Warm. Zero means DefaultWarmWait.
 	WarmWait time.Duration
-	// Linger is how long the committer holds a queue that holds only
+	// Linger caps how long the committer holds a queue that holds only
 	// background batches (CommitBackground: the reconciler's records, no
 	// RPC waits on them) before writing it, so that a Commit arriving
 	// meanwhile (an RPC's ack waits on it) shares their txn instead of
-	// waiting behind it; a Commit, Close or the end of Linger ends the
+	// waiting behind it. The hold is the previous txn's duration (Linger
+	// before the first), at most Linger: a Commit arriving within it is
+	// then acknowledged no later than it would have been behind the
+	// background txn. A Commit, Close or the end of the hold ends the
 	// wait. Zero means DefaultLinger; negative means never.
 	Linger time.Duration
 	// OnCommit, if set, is called after every successful txn with the
@@ -127,6 +128,7 @@ type Store struct {
 	writerRev int64          // mod revision of writerKey after our last txn
 	openRev   int64          // the revision Open read the writer key at
 	seq       uint64         // txns sent in this term
+	lastTook  time.Duration  // how long the last successful txn took
 	sizes     map[string]int // committed key → len(key)+len(value)
 
 	size    atomic.Int64
@@ -444,15 +446,20 @@ func (s *Store) run() {
 	}
 }
 
-// lingerLocked holds a queue of background batches only, for at most
-// Options.Linger, until a foreground batch joins it or the store closes.
+// lingerLocked holds a queue of background batches only, for the last
+// txn's duration (at most Options.Linger), until a foreground batch joins
+// it or the store closes.
 // The queue keeps its order; only its txn waits. Called with mu held.
 func (s *Store) lingerLocked() {
 	if s.opts.Linger <= 0 || s.closing || !s.backgroundOnlyLocked() {
 		return
 	}
+	hold := s.opts.Linger
+	if s.lastTook > 0 {
+		hold = min(hold, s.lastTook)
+	}
 	expired := false
-	t := time.AfterFunc(s.opts.Linger, func() {
+	t := time.AfterFunc(hold, func() {
 		s.mu.Lock()
 		expired = true
 		s.wake.Broadcast()
@@ -817,6 +824,7 @@ func (s *Store) refused(buf *txnBuf, resp *clientv3.TxnResponse, id string, star
 
 func (s *Store) committed(buf *txnBuf, rev int64, start time.Time) {
 	s.writerRev = rev
+	s.lastTook = time.Since(start)
 	s.account(buf.ops)
 	if s.opts.OnCommit != nil {
 		s.opts.OnCommit(len(buf.ops), buf.bytes, time.Since(start))

@@ -13,6 +13,9 @@ import (
 type stateStore interface {
 	backend
 	Journal(key string, value []byte)
+	// CommitBackground: see desired.BackgroundStore. Every stateStore is
+	// one, so whatever wraps it for the document (loadOnce) is one too.
+	CommitBackground(ops []desired.Op, done func(error))
 }
 
 // backend is a store the provider can run on: in memory (no --state), the

@@ -32,19 +32,19 @@ func (b *kindBackend) CommitBackground(ops []desired.Op, done func(error)) {
 	b.MemoryStore.Commit(ops, done)
 }
 
-// TestJournaledBackground: the store the document runs on (journaled) is a
-// desired.BackgroundStore that hands background batches, and the
-// simulator world's records, to a backend that can hold them (the etcd
-// store), and commits them at once on any other.
+// TestJournaledBackground: the store a term gives the document (loadOnce
+// over journaled) is a desired.BackgroundStore that hands background
+// batches, and the simulator world's records, to a backend that can hold
+// them (the etcd store), and commits them at once on any other.
 func TestJournaledBackground(t *testing.T) {
 	b := &kindBackend{MemoryStore: desired.NewMemoryStore(nil)}
-	var doc desired.Store = journaled{b}
+	j := journaled{b}
+	var doc desired.Store = &loadOnce{stateStore: j} // as openTerm does
 	bs, ok := doc.(desired.BackgroundStore)
 	if !ok {
-		t.Fatal("journaled is not a desired.BackgroundStore: the document commits the reconciler's records like an RPC's")
+		t.Fatal("the document's store is not a desired.BackgroundStore: the document commits the reconciler's records like an RPC's")
 	}
-	j := doc.(journaled)
-	j.Commit([]desired.Op{{Key: "rpc", Value: []byte("v")}}, nil)
+	doc.Commit([]desired.Op{{Key: "rpc", Value: []byte("v")}}, nil)
 	bs.CommitBackground([]desired.Op{{Key: "complete", Value: []byte("v")}}, nil)
 	j.Journal("world", []byte("v"))
 	b.mu.Lock()
