@@ -610,6 +610,9 @@ type txn struct {
 	notify bool
 	// epochsDirty: the fence epochs must be written.
 	epochsDirty bool
+	// background: no RPC's answer waits on this change (the reconciler's
+	// records), so a BackgroundStore may hold it for a moment.
+	background bool
 }
 
 func (d *Document) begin() *txn {
@@ -689,7 +692,12 @@ func (t *txn) commit() *change {
 		}
 	}
 	d.last = c
-	d.opts.Store.Commit(t.ops, func(err error) { d.settle(c, err) })
+	done := func(err error) { d.settle(c, err) }
+	if bs, ok := d.opts.Store.(BackgroundStore); ok && t.background {
+		bs.CommitBackground(t.ops, done)
+	} else {
+		d.opts.Store.Commit(t.ops, done)
+	}
 	return c
 }
 
@@ -1131,7 +1139,8 @@ type Result struct {
 }
 
 // update applies f to the working value of machine id under the lock and
-// commits what f put; f returns false to change nothing.
+// commits what f put; f returns false to change nothing. Its callers are
+// the reconciler's records, so the change is a background one.
 func (d *Document) update(ctx context.Context, f func(t *txn) bool) (bool, error) {
 	d.mu.Lock()
 	if d.failed != nil {
@@ -1139,6 +1148,7 @@ func (d *Document) update(ctx context.Context, f func(t *txn) bool) (bool, error
 		return false, unavailable(d.failed)
 	}
 	t := d.begin()
+	t.background = true
 	if !f(t) {
 		d.mu.Unlock()
 		return false, nil

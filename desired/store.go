@@ -32,6 +32,19 @@ type Store interface {
 	Healthy() error
 }
 
+// BackgroundStore is a Store that may hold a background batch (one no
+// RPC's answer waits on: the reconciler's records) for a moment before
+// writing it, so that an RPC's batch committed meanwhile shares its write
+// instead of waiting behind it (etcdstore: Options.Linger). The document
+// commits through CommitBackground what the reconciler records (Complete,
+// Fail, ExecStarting...) and through Commit every mutation an RPC
+// acknowledges. CommitBackground keeps Commit's contract: one atomic
+// batch, done once, in the order of every Commit and CommitBackground.
+type BackgroundStore interface {
+	Store
+	CommitBackground(ops []Op, done func(error))
+}
+
 // ErrStoreClosed is what a MemoryStore reports for batches committed after
 // Close.
 var ErrStoreClosed = errors.New("state store is closed")

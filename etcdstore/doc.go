@@ -43,7 +43,15 @@
 //     MaxRequestBytes; one op and a reserve per txn are the store's own),
 //     one txn in flight at a time. Ops of one txn touch distinct keys; of
 //     several ops on one key (within or across batches) the last wins,
-//     which is what applying them in order would leave.
+//     which is what applying them in order would leave. A queue holding
+//     only background batches (CommitBackground: the reconciler's records,
+//     no RPC waits on them) is held for the last txn's duration, at most
+//     Options.Linger (10 ms), until a Commit joins it, so a lone client's
+//     next mutation shares the txn of the reconciler's records of its
+//     previous one instead of waiting a whole txn behind it; a Commit that
+//     arrives within the hold is acknowledged no later than it would have
+//     been behind the background txn. The order of the queue, what a txn
+//     guards and when done runs relative to etcd's commit do not change.
 //   - Atomicity per batch, except oversized ones. A batch that fits one
 //     txn applies all together or not at all. Only a batch larger than one
 //     txn (the first write of a whole fleet) is split: all but its last

@@ -32,6 +32,9 @@ const (
 	DefaultLoadPageSize    = 4096
 	DefaultChunkParallel   = 4
 	DefaultWarmWait        = time.Second
+	// DefaultLinger caps the hold of a background-only queue (see
+	// Options.Linger): short against any step the reconciler runs.
+	DefaultLinger = 10 * time.Millisecond
 	// MaxKeyBytes caps an Op's key.
 	MaxKeyBytes = 4096
 	// txnReserve is the part of a request kept for the compares, the
@@ -82,6 +85,16 @@ type Options struct {
 	Warm func(ctx context.Context, rev int64) (Copy, error)
 	// WarmWait bounds Load's wait for Warm. Zero means DefaultWarmWait.
 	WarmWait time.Duration
+	// Linger caps how long the committer holds a queue that holds only
+	// background batches (CommitBackground: the reconciler's records, no
+	// RPC waits on them) before writing it, so that a Commit arriving
+	// meanwhile (an RPC's ack waits on it) shares their txn instead of
+	// waiting behind it. The hold is the previous txn's duration (Linger
+	// before the first), at most Linger: a Commit arriving within it is
+	// then acknowledged no later than it would have been behind the
+	// background txn. A Commit, Close or the end of the hold ends the
+	// wait. Zero means DefaultLinger; negative means never.
+	Linger time.Duration
 	// OnCommit, if set, is called after every successful txn with the
 	// number of ops and request bytes it carried and how long it took. It
 	// runs on the committer goroutine and must return quickly.
@@ -115,16 +128,24 @@ type Store struct {
 	writerRev int64          // mod revision of writerKey after our last txn
 	openRev   int64          // the revision Open read the writer key at
 	seq       uint64         // txns sent in this term
+	lastTook  time.Duration  // how long the last successful txn took
 	sizes     map[string]int // committed key → len(key)+len(value)
 
 	size    atomic.Int64
 	stopped chan struct{}
 	decoded map[string]any // Load's warm copy's decoded records (under mu)
+
+	// onLinger, if set (tests), is called under mu when the committer
+	// starts holding a background-only queue.
+	onLinger func()
 }
 
 type pending struct {
 	ops  []Op
 	done func(error)
+	// background: CommitBackground's; the committer may hold it for
+	// Options.Linger.
+	background bool
 }
 
 // Open starts the store for term under prefix (data keys live under
@@ -158,6 +179,9 @@ func Open(ctx context.Context, client *clientv3.Client, prefix string, term *Ter
 	}
 	if opts.WarmWait == 0 {
 		opts.WarmWait = DefaultWarmWait
+	}
+	if opts.Linger == 0 {
+		opts.Linger = DefaultLinger
 	}
 	switch {
 	case opts.MaxTxnOps < 2:
@@ -279,7 +303,18 @@ func (s *Store) adopt(m map[string][]byte) {
 // failure every later batch fails too. The store keeps ops' values; the
 // caller must not modify them afterwards.
 func (s *Store) Commit(ops []Op, done func(error)) {
-	p := pending{ops: append([]Op(nil), ops...), done: done}
+	s.commit(pending{ops: append([]Op(nil), ops...), done: done})
+}
+
+// CommitBackground is Commit for a batch no RPC's answer waits on (the
+// reconciler's): the committer may hold it for Options.Linger, until a
+// Commit arrives to share its txn. Order, atomicity and done are as for
+// Commit.
+func (s *Store) CommitBackground(ops []Op, done func(error)) {
+	s.commit(pending{ops: append([]Op(nil), ops...), done: done, background: true})
+}
+
+func (s *Store) commit(p pending) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closing {
@@ -397,6 +432,7 @@ func (s *Store) run() {
 		for len(s.queue) == 0 && !s.closing {
 			s.wake.Wait()
 		}
+		s.lingerLocked()
 		q := s.queue
 		s.queue = nil
 		if len(q) == 0 {
@@ -408,6 +444,43 @@ func (s *Store) run() {
 		s.mu.Unlock()
 		s.process(q)
 	}
+}
+
+// lingerLocked holds a queue of background batches only, for the last
+// txn's duration (at most Options.Linger), until a foreground batch joins
+// it or the store closes.
+// The queue keeps its order; only its txn waits. Called with mu held.
+func (s *Store) lingerLocked() {
+	if s.opts.Linger <= 0 || s.closing || !s.backgroundOnlyLocked() {
+		return
+	}
+	hold := s.opts.Linger
+	if s.lastTook > 0 {
+		hold = min(hold, s.lastTook)
+	}
+	expired := false
+	t := time.AfterFunc(hold, func() {
+		s.mu.Lock()
+		expired = true
+		s.wake.Broadcast()
+		s.mu.Unlock()
+	})
+	defer t.Stop()
+	if s.onLinger != nil {
+		s.onLinger()
+	}
+	for !expired && !s.closing && s.backgroundOnlyLocked() {
+		s.wake.Wait()
+	}
+}
+
+func (s *Store) backgroundOnlyLocked() bool {
+	for _, p := range s.queue {
+		if !p.background {
+			return false
+		}
+	}
+	return len(s.queue) > 0
 }
 
 // txnBuf collects the ops of one txn, one per key (last wins).
@@ -751,6 +824,7 @@ func (s *Store) refused(buf *txnBuf, resp *clientv3.TxnResponse, id string, star
 
 func (s *Store) committed(buf *txnBuf, rev int64, start time.Time) {
 	s.writerRev = rev
+	s.lastTook = time.Since(start)
 	s.account(buf.ops)
 	if s.opts.OnCommit != nil {
 		s.opts.OnCommit(len(buf.ops), buf.bytes, time.Since(start))

@@ -13,6 +13,9 @@ import (
 type stateStore interface {
 	backend
 	Journal(key string, value []byte)
+	// CommitBackground: see desired.BackgroundStore. Every stateStore is
+	// one, so whatever wraps it for the document (loadOnce) is one too.
+	CommitBackground(ops []desired.Op, done func(error))
 }
 
 // backend is a store the provider can run on: in memory (no --state), the
@@ -34,6 +37,21 @@ var (
 // records go through the document's own queue.
 type journaled struct{ backend }
 
+var _ desired.BackgroundStore = journaled{}
+
+// Journal queues a world record as a background batch: no RPC waits on
+// it (the simulator records what the reconciler did).
 func (j journaled) Journal(key string, value []byte) {
-	j.Commit([]desired.Op{{Key: key, Value: value, Delete: value == nil}}, nil)
+	j.CommitBackground([]desired.Op{{Key: key, Value: value, Delete: value == nil}}, nil)
+}
+
+// CommitBackground hands a background batch on to a backend that can hold
+// it (desired.BackgroundStore: the etcd store); any other commits it at
+// once.
+func (j journaled) CommitBackground(ops []desired.Op, done func(error)) {
+	if bs, ok := j.backend.(desired.BackgroundStore); ok {
+		bs.CommitBackground(ops, done)
+		return
+	}
+	j.Commit(ops, done)
 }

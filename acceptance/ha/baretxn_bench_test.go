@@ -94,6 +94,7 @@ func BenchmarkHABareTxn(b *testing.B) {
 			}
 			guardRev := put.Header.Revision
 			pad := func(n int, s string) string {
+				n = max(n, 0)
 				if len(s) >= n {
 					return s[:n]
 				}
@@ -116,7 +117,12 @@ func BenchmarkHABareTxn(b *testing.B) {
 						}
 						var then []clientv3.Op
 						for j := range sh.keys {
-							k := pad(sh.keys[j], fmt.Sprintf("%s/state/%d/%d/%d/", pfx, w, i%1000, j))
+							// Distinct keys of the Create's key sizes: the
+							// part that tells them apart comes last and is
+							// never cut off (a key shorter than it runs a few
+							// bytes longer).
+							tail := fmt.Sprintf("/%d/%d/%d", w, i%1000, j)
+							k := pad(sh.keys[j]-len(tail), pfx+"/state/") + tail
 							if j == len(sh.keys)-1 {
 								k = writer
 							}

@@ -114,10 +114,12 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 // committed to etcd (three members, guarded txn) before the answer.
 func BenchmarkHACreateAck(b *testing.B) {
 	s := benchReplicas(b)
-	c := s.client(s.waitLeader(b))
+	leader := s.waitLeader(b)
+	c := s.client(leader)
 	targets := take(b, b.N)
 	lat := make([]time.Duration, 0, b.N)
 	before := etcdRev(b, s.cluster.Client(b), s.prefix+"/writer")
+	profiled := profileLeader(b, s.reps[leader], fmt.Sprintf("createack-%d", b.N))
 	b.ResetTimer()
 	for i := range b.N {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -130,6 +132,7 @@ func BenchmarkHACreateAck(b *testing.B) {
 		}
 	}
 	b.StopTimer()
+	profiled()
 	b.ReportMetric(ms(pct(lat, 0.50)), "ms-p50")
 	b.ReportMetric(ms(pct(lat, 0.99)), "ms-p99")
 	// Everything the leader committed meanwhile (the Creates and the

@@ -16,10 +16,17 @@ import (
 	"time"
 )
 
+// PprofDirEnv names a directory: when set, Build makes a profiling
+// provider that serves net/http/pprof on a loopback port of its own and
+// writes that address to DIR/<pid>.addr (block and mutex profiling on).
+// For profiling a benchmark's provider from outside; never set by a test.
+const PprofDirEnv = "PROVIDERTEST_PPROF_DIR"
+
 // Build compiles ./cmd/provider of the enclosing module into a temporary
 // directory and returns the binary's path and a cleanup function. When
 // the tests run with -race, so does the binary; check its output with
-// NoRace.
+// NoRace. With PprofDirEnv set, the binary is built with -tags pprof
+// and serves net/http/pprof (see cmd/provider/pprof.go).
 func Build(prefix string) (binary string, cleanup func(), err error) {
 	out, err := exec.Command("go", "env", "GOMOD").Output()
 	if err != nil {
@@ -34,6 +41,9 @@ func Build(prefix string) (binary string, cleanup func(), err error) {
 	args := []string{"build", "-o", binary}
 	if RaceEnabled {
 		args = append(args, "-race")
+	}
+	if os.Getenv(PprofDirEnv) != "" {
+		args = append(args, "-tags", "pprof")
 	}
 	build := exec.Command("go", append(args, "./cmd/provider")...)
 	build.Dir = root

@@ -1,0 +1,72 @@
+//go:build ha
+
+package ha
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bigfleet-vm/provider/internal/providertest"
+)
+
+// profileSeconds is how long a profile of the leader covers when
+// providertest.PprofDirEnv is set (PROVIDERTEST_PPROF_SECONDS overrides).
+const profileSeconds = 15
+
+// profileLeader, when providertest.PprofDirEnv names a directory (the
+// replicas were then built to serve net/http/pprof), starts taking the
+// leader's CPU, block and mutex profiles (deltas) and a short runtime
+// trace, as name-cpu.pprof, name-block.pprof, name-mutex.pprof and
+// name.trace in that directory; the returned wait blocks until they are
+// written. Without the variable, or for fewer than 100 ops, it does
+// nothing. Profiles only ever run
+// by hand: see docs/high-availability.md, "Profiling".
+func profileLeader(b *testing.B, rep *providertest.Provider, name string) (wait func()) {
+	dir := os.Getenv(providertest.PprofDirEnv)
+	if dir == "" || b.N < 100 { // not the benchmark's first, one-op run
+		return func() {}
+	}
+	secs := profileSeconds
+	if v, err := strconv.Atoi(os.Getenv("PROVIDERTEST_PPROF_SECONDS")); err == nil && v > 0 {
+		secs = v
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, strconv.Itoa(rep.Pid())+".addr"))
+	if err != nil {
+		b.Fatalf("profiling: the leader (pid %d) wrote no pprof address: %v", rep.Pid(), err)
+	}
+	base := "http://" + strings.TrimSpace(string(raw)) + "/debug/pprof/"
+	client := &http.Client{Timeout: time.Duration(secs)*time.Second + time.Minute}
+	var wg sync.WaitGroup
+	for file, path := range map[string]string{
+		name + "-cpu.pprof":   fmt.Sprintf("profile?seconds=%d", secs),
+		name + "-block.pprof": fmt.Sprintf("block?seconds=%d", secs),
+		name + "-mutex.pprof": fmt.Sprintf("mutex?seconds=%d", secs),
+		name + ".trace":       "trace?seconds=2",
+	} {
+		wg.Go(func() {
+			resp, err := client.Get(base + path)
+			if err != nil {
+				b.Errorf("profiling: %s: %v", path, err)
+				return
+			}
+			defer resp.Body.Close()
+			body, err := io.ReadAll(resp.Body)
+			if err != nil || resp.StatusCode != http.StatusOK {
+				b.Errorf("profiling: %s: %s %v %.200s", path, resp.Status, err, body)
+				return
+			}
+			if err := os.WriteFile(filepath.Join(dir, file), body, 0o644); err != nil {
+				b.Error(err)
+			}
+		})
+	}
+	return wg.Wait
+}
