@@ -47,9 +47,10 @@ func (v *vm) observe() *observed.VM {
 
 // world is a mem installation: its zones (hosts) and their VMs.
 type world struct {
-	c     *simcore.Core
-	zones []string
-	vms   map[int]*vm // by id, unique across zones; guarded by c's lock
+	simcore.Surface // what every simulator answers alike: health, capacity, hooks...
+	c               *simcore.Core
+	zones           []string
+	vms             map[int]*vm // by id, unique across zones; guarded by c's lock
 }
 
 var (
@@ -66,6 +67,7 @@ func newWorld(opts simcore.Options) *world {
 	opts = opts.WithDefaults()
 	w := &world{zones: opts.Zones, vms: map[int]*vm{}}
 	w.c = simcore.New(opts, simcore.Machines{Find: w.machine, Save: w.saveTarget})
+	w.Surface = simcore.NewSurface(w.c, &w.zones)
 	return w
 }
 
@@ -132,9 +134,6 @@ func (w *world) nextID() int {
 	}
 	return slices.Max(slices.Collect(maps.Keys(w.vms))) + 1
 }
-
-func (w *world) Zones() []string { return slices.Clone(w.zones) }
-func (w *world) Close() error    { return w.c.Close() }
 
 // Observe lists a zone's VMs by id.
 func (w *world) Observe(ctx context.Context, zone string) (*observed.Zone, error) {
@@ -337,18 +336,6 @@ func (w *world) AgentRemoveFile(ctx context.Context, t hypervisors.Target, path 
 
 // The optional parts: health, capacity, and the simulator's out-of-band
 // changes (the admin endpoints, the golden runner).
-
-func (w *world) ZoneHealth() map[string]error { return w.c.ZoneHealth(w.zones) }
-
-func (w *world) ReadCapacity(ctx context.Context, zone string) (hypervisors.HostCapacity, error) {
-	return w.c.ReadCapacity(ctx, w.zones, zone)
-}
-
-func (w *world) SetUnreachable(zone string, on bool) { w.c.SetUnreachable(zone, on) }
-
-func (w *world) SetFlaky(zone, op string, on bool) error { return w.c.SetFlaky(w.zones, zone, op, on) }
-
-func (w *world) SimGuest(t hypervisors.Target) (hypervisors.SimGuest, bool) { return w.c.SimGuest(t) }
 
 // oob changes t's VM behind the provider's back: no hook, latency or count.
 func (w *world) oob(t hypervisors.Target, fn func(v *vm)) error {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -21,8 +20,9 @@ import (
 // storage pools, networks and domains, behind hypervisors.Hypervisor and
 // lvspec.Steps.
 type Libvirt struct {
-	c    *simcore.Core
-	opts Options
+	simcore.Surface // the calls every simulator answers alike
+	c               *simcore.Core
+	opts            Options
 
 	zones []string
 	hosts map[string]*lvHost
@@ -109,6 +109,7 @@ func NewLibvirt(opts Options) *Libvirt {
 	opts = withDefaults(opts)
 	f := &Libvirt{opts: opts, zones: opts.Zones, hosts: map[string]*lvHost{}}
 	f.c = simcore.New(opts.Options, simcore.Machines{Find: f.machineOf, Save: f.saveMachine})
+	f.Surface = simcore.NewSurface(f.c, &f.zones)
 	for _, z := range opts.Zones {
 		f.hosts[z] = f.newHost()
 	}
@@ -221,83 +222,6 @@ func (f *Libvirt) newHost() *lvHost {
 func (f *Libvirt) Apply(ctx context.Context, t hypervisors.Target, p hypervisors.StepParams) (int, error) {
 	return lvspec.Apply(ctx, f, t, p)
 }
-
-// Zones returns the configured hosts.
-func (f *Libvirt) Zones() []string { return append([]string(nil), f.zones...) }
-
-// Close waits for background work and flushes persistence. Calls after
-// Close fail with ErrUnreachable.
-func (f *Libvirt) Close() error { return f.c.Close() }
-
-// SetHook replaces the per-call hook (nil removes it); safe at any time.
-func (f *Libvirt) SetHook(h simcore.Hook) { f.c.SetHook(h) }
-
-// SetUnreachable makes every call on zone fail with ErrUnreachable (on)
-// or restores it.
-func (f *Libvirt) SetUnreachable(zone string, on bool) { f.c.SetUnreachable(zone, on) }
-
-// SetFlaky makes every call op (one of simcore.FlakyOps) on zone fail
-// with ErrTransient after the usual latency (on), as a flapping host
-// answers a call it cannot complete with a timeout, or restores it; the
-// zone's other calls are unaffected. An unknown op or zone is an
-// ErrInvalid error, so the set stays bounded by zones times ops.
-func (f *Libvirt) SetFlaky(zone, op string, on bool) error {
-	return f.c.SetFlaky(f.zones, zone, op, on)
-}
-
-// ZoneHealth implements hypervisors.HealthReporter.
-func (f *Libvirt) ZoneHealth() map[string]error { return f.c.ZoneHealth(f.zones) }
-
-// Calls returns how many times each operation was called.
-func (f *Libvirt) Calls() map[string]int { return f.c.Calls() }
-
-// ResetCalls zeroes the call counters.
-func (f *Libvirt) ResetCalls() { f.c.ResetCalls() }
-
-// ReadCapacity implements hypervisors.CapacityReader with the configured
-// host (Options.Host, Options.Hosts).
-func (f *Libvirt) ReadCapacity(ctx context.Context, zone string) (hypervisors.HostCapacity, error) {
-	return f.c.ReadCapacity(ctx, f.zones, zone)
-}
-
-// AgentPing returns ErrAgentNotReady unless the domain has been running
-// for Options.AgentDelay.
-func (f *Libvirt) AgentPing(ctx context.Context, t hypervisors.Target) error {
-	return f.c.AgentPing(ctx, t)
-}
-
-// AgentExec runs argv in the simulated guest at most once (see package
-// simcore).
-func (f *Libvirt) AgentExec(ctx context.Context, t hypervisors.Target, argv []string) (hypervisors.ExecResult, error) {
-	return f.c.AgentExec(ctx, t, argv)
-}
-
-// AgentWriteFile writes a file in the simulated guest.
-func (f *Libvirt) AgentWriteFile(ctx context.Context, t hypervisors.Target, path string, data []byte, mode os.FileMode) error {
-	return f.c.AgentWriteFile(ctx, t, path, data, mode)
-}
-
-// AgentRemoveFile deletes a file in the simulated guest; a missing file
-// is success.
-func (f *Libvirt) AgentRemoveFile(ctx context.Context, t hypervisors.Target, path string) error {
-	return f.c.AgentRemoveFile(ctx, t, path)
-}
-
-// Guest returns a copy of a domain's simulated guest, or false if the
-// domain is unknown.
-func (f *Libvirt) Guest(t hypervisors.Target) (simcore.GuestState, bool) { return f.c.Guest(t) }
-
-// GuestFile returns a file written into a domain's guest.
-func (f *Libvirt) GuestFile(t hypervisors.Target, path string) ([]byte, bool) {
-	return f.c.GuestFile(t, path)
-}
-
-// Bootstraps returns the successful bootstrap runs of a domain, oldest
-// first.
-func (f *Libvirt) Bootstraps(t hypervisors.Target) []simcore.Bootstrap { return f.c.Bootstraps(t) }
-
-// SimGuest implements hypervisors.Simulator.
-func (f *Libvirt) SimGuest(t hypervisors.Target) (hypervisors.SimGuest, bool) { return f.c.SimGuest(t) }
 
 // AddForeign implements hypervisors.Simulator: it defines a domain named
 // t.Name that this installation does not own.

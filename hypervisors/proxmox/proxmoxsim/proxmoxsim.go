@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"sort"
 	"strconv"
@@ -28,8 +27,9 @@ const taskUser = "bigfleet@pve"
 // per-VM config locks, behind hypervisors.Hypervisor and
 // pvespec.Steps.
 type Proxmox struct {
-	c    *simcore.Core
-	opts Options
+	simcore.Surface // the calls every simulator answers alike
+	c               *simcore.Core
+	opts            Options
 
 	zones   []string
 	vms     map[int]*pveVM
@@ -163,6 +163,7 @@ func cmpOr(v, def int) int {
 func newProxmox(opts Options) *Proxmox {
 	f := &Proxmox{opts: opts, zones: opts.Zones, vms: map[int]*pveVM{}, nextPID: 0x1000}
 	f.c = simcore.New(opts.Options, simcore.Machines{Find: f.machineOf, Save: f.saveMachine})
+	f.Surface = simcore.NewSurface(f.c, &f.zones)
 	return f
 }
 
@@ -200,81 +201,6 @@ func (f *Proxmox) saveVM(vmid int) {
 func (f *Proxmox) Apply(ctx context.Context, t hypervisors.Target, p hypervisors.StepParams) (int, error) {
 	return pvespec.Apply(ctx, f, t, p)
 }
-
-// Zones returns the configured nodes.
-func (f *Proxmox) Zones() []string { return append([]string(nil), f.zones...) }
-
-// Close waits for running tasks and flushes persistence. Calls after
-// Close fail with ErrUnreachable.
-func (f *Proxmox) Close() error { return f.c.Close() }
-
-// SetHook replaces the per-call hook (nil removes it); safe at any time.
-// The hook also sees task completions as "task/<type>".
-func (f *Proxmox) SetHook(h simcore.Hook) { f.c.SetHook(h) }
-
-// SetUnreachable makes every call on zone fail with ErrUnreachable (on)
-// or restores it.
-func (f *Proxmox) SetUnreachable(zone string, on bool) { f.c.SetUnreachable(zone, on) }
-
-// SetFlaky makes every call op (one of simcore.FlakyOps) on zone fail
-// with ErrTransient after the usual latency (on), or restores it (see
-// simcore.Core.SetFlaky).
-func (f *Proxmox) SetFlaky(zone, op string, on bool) error {
-	return f.c.SetFlaky(f.zones, zone, op, on)
-}
-
-// ZoneHealth implements hypervisors.HealthReporter.
-func (f *Proxmox) ZoneHealth() map[string]error { return f.c.ZoneHealth(f.zones) }
-
-// Calls returns how many times each operation was called.
-func (f *Proxmox) Calls() map[string]int { return f.c.Calls() }
-
-// ResetCalls zeroes the call counters.
-func (f *Proxmox) ResetCalls() { f.c.ResetCalls() }
-
-// ReadCapacity implements hypervisors.CapacityReader with the configured
-// host (Options.Host, Options.Hosts).
-func (f *Proxmox) ReadCapacity(ctx context.Context, zone string) (hypervisors.HostCapacity, error) {
-	return f.c.ReadCapacity(ctx, f.zones, zone)
-}
-
-// AgentPing returns ErrAgentNotReady unless the VM has been running for
-// Options.AgentDelay.
-func (f *Proxmox) AgentPing(ctx context.Context, t hypervisors.Target) error {
-	return f.c.AgentPing(ctx, t)
-}
-
-// AgentExec runs argv in the simulated guest at most once (see package
-// simcore).
-func (f *Proxmox) AgentExec(ctx context.Context, t hypervisors.Target, argv []string) (hypervisors.ExecResult, error) {
-	return f.c.AgentExec(ctx, t, argv)
-}
-
-// AgentWriteFile writes a file in the simulated guest.
-func (f *Proxmox) AgentWriteFile(ctx context.Context, t hypervisors.Target, path string, data []byte, mode os.FileMode) error {
-	return f.c.AgentWriteFile(ctx, t, path, data, mode)
-}
-
-// AgentRemoveFile deletes a file in the simulated guest; a missing file
-// is success.
-func (f *Proxmox) AgentRemoveFile(ctx context.Context, t hypervisors.Target, path string) error {
-	return f.c.AgentRemoveFile(ctx, t, path)
-}
-
-// Guest returns a copy of a VM's simulated guest, or false if the VM is
-// unknown.
-func (f *Proxmox) Guest(t hypervisors.Target) (simcore.GuestState, bool) { return f.c.Guest(t) }
-
-// GuestFile returns a file written into a VM's guest.
-func (f *Proxmox) GuestFile(t hypervisors.Target, path string) ([]byte, bool) {
-	return f.c.GuestFile(t, path)
-}
-
-// Bootstraps returns the successful bootstrap runs of a VM, oldest first.
-func (f *Proxmox) Bootstraps(t hypervisors.Target) []simcore.Bootstrap { return f.c.Bootstraps(t) }
-
-// SimGuest implements hypervisors.Simulator.
-func (f *Proxmox) SimGuest(t hypervisors.Target) (hypervisors.SimGuest, bool) { return f.c.SimGuest(t) }
 
 // AddForeign implements hypervisors.Simulator: it places a VM this
 // installation does not own, with VMID t.VMID (0 allocates one).
