@@ -13,6 +13,7 @@ import (
 
 	"github.com/bigfleet-vm/provider/hypervisors"
 	"github.com/bigfleet-vm/provider/observed"
+	"github.com/bigfleet-vm/provider/retry"
 )
 
 // Core is the machinery every simulator shares: the world lock, call
@@ -227,20 +228,14 @@ func (s *Core) ResetCalls() {
 // Sleep waits d or until ctx is done. A done ctx fails even a zero wait,
 // as a real call on a dead context would.
 func Sleep(ctx context.Context, d time.Duration) error {
-	if err := ctx.Err(); err != nil {
+	err := ctx.Err()
+	if err == nil && d > 0 {
+		err = retry.Sleep(ctx, d)
+	}
+	if err != nil {
 		return fmt.Errorf("fake: %w", err)
 	}
-	if d <= 0 {
-		return nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("fake: %w", ctx.Err())
-	}
+	return nil
 }
 
 // Persist journals one entity of the world under key: its JSON, or a
