@@ -56,17 +56,6 @@ func (s *sink) RepairFailed(zone string) {
 	s.repairs[zone]++
 }
 
-// last returns the newest totals, how many were published and how many
-// full passes ran.
-func (s *sink) last() (*planner.Totals, int, int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.totals) == 0 {
-		return nil, 0, s.full
-	}
-	return s.totals[len(s.totals)-1], len(s.totals), s.full
-}
-
 // stopped is how many stopped findings and pending start steps t counts.
 func stopped(t *planner.Totals) [2]int {
 	if t == nil {
@@ -75,13 +64,24 @@ func stopped(t *planner.Totals) [2]int {
 	return [2]int{t.Drift[planner.DriftKey{Zone: "z1", Kind: planner.DriftStopped}], t.Pending[planner.ActionStart]}
 }
 
+// await waits until ok holds of the newest totals and returns them with
+// the number of zone observations full passes had made by then. A full
+// pass observes before it publishes its totals but counts itself
+// (Reconciled "full") only after, so the observations, not the full
+// count, tell whether a publication came from a new full pass.
 func (s *sink) await(t *testing.T, what string, ok func(*planner.Totals) bool) (*planner.Totals, int) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		tot, _, full := s.last()
+		s.mu.Lock()
+		var tot *planner.Totals
+		if len(s.totals) > 0 {
+			tot = s.totals[len(s.totals)-1]
+		}
+		observed := s.observed
+		s.mu.Unlock()
 		if ok(tot) {
-			return tot, full
+			return tot, observed
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("%s: last totals %+v", what, tot)
@@ -108,10 +108,10 @@ func TestTotalsFollowTheMachinesReconcile(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.rec.Trigger()
-	_, fullAtDrift := s.await(t, "the full pass finds the stopped VM", func(t *planner.Totals) bool { return stopped(t) == [2]int{1, 1} })
-	_, fullAtRepair := s.await(t, "the repair clears the totals", func(t *planner.Totals) bool { return stopped(t) == [2]int{0, 0} })
-	if fullAtRepair != fullAtDrift {
-		t.Errorf("the totals were cleared by a full pass (%d, then %d), not by the machine's reconcile", fullAtDrift, fullAtRepair)
+	_, obsAtDrift := s.await(t, "the full pass finds the stopped VM", func(t *planner.Totals) bool { return stopped(t) == [2]int{1, 1} })
+	_, obsAtRepair := s.await(t, "the repair clears the totals", func(t *planner.Totals) bool { return stopped(t) == [2]int{0, 0} })
+	if obsAtRepair != obsAtDrift {
+		t.Errorf("the totals were cleared by a full pass (zone observations %d, then %d), not by the machine's reconcile", obsAtDrift, obsAtRepair)
 	}
 }
 
