@@ -242,6 +242,15 @@ func (f *Libvirt) host(zone string) (*lvHost, error) {
 	return h, nil
 }
 
+// pool is the pool name on host zone; the world lock is held.
+func (f *Libvirt) pool(zone, name string) (map[string]*volume, error) {
+	h, err := f.host(zone)
+	if err != nil {
+		return nil, err
+	}
+	return h.pool(zone, name)
+}
+
 func (h *lvHost) pool(zone, name string) (map[string]*volume, error) {
 	p := h.Pools[name]
 	if p == nil {
@@ -345,11 +354,7 @@ func (f *Libvirt) ReadVolumes(ctx context.Context, zone, pool string, names []st
 	}
 	f.c.Lock()
 	defer f.c.Unlock()
-	h, err := f.host(zone)
-	if err != nil {
-		return nil, fmt.Errorf("read volumes on %s: %w", zone, err)
-	}
-	p, err := h.pool(zone, pool)
+	p, err := f.pool(zone, pool)
 	if err != nil {
 		return nil, fmt.Errorf("read volumes on %s: %w", zone, err)
 	}
@@ -367,11 +372,7 @@ func (f *Libvirt) ReadVolumes(ctx context.Context, zone, pool string, names []st
 func (f *Libvirt) AddBlankSeedVolume(zone, pool, name string) error {
 	f.c.Lock()
 	defer f.c.Unlock()
-	h, err := f.host(zone)
-	if err != nil {
-		return err
-	}
-	p, err := h.pool(zone, pool)
+	p, err := f.pool(zone, pool)
 	if err != nil {
 		return err
 	}
@@ -810,11 +811,7 @@ func (f *Libvirt) RemoveVM(t hypervisors.Target) error {
 func (f *Libvirt) RemoveVolume(zone, pool, name string) error {
 	f.c.Lock()
 	defer f.c.Unlock()
-	h, err := f.host(zone)
-	if err != nil {
-		return err
-	}
-	p, err := h.pool(zone, pool)
+	p, err := f.pool(zone, pool)
 	if err != nil {
 		return err
 	}
