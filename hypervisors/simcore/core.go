@@ -38,6 +38,12 @@ type Core struct {
 	tasks sync.WaitGroup
 	// stop is closed by Close to end guest commands still running.
 	stop chan struct{}
+
+	// persisted are the starting world's keys (opts.State's under
+	// StatePrefix), sorted: found in one pass over a state that is mostly
+	// the document's (100,000 machines or more), not one per Persisted.
+	persisted     []string
+	persistedOnce sync.Once
 }
 
 // Machines is how the Core reaches the VMs of the simulator that owns it.
@@ -258,14 +264,20 @@ func (s *Core) Persist(key string, v any) {
 // Persisted calls f for every entity of the starting world under a key
 // prefix (after StatePrefix), in key order.
 func (s *Core) Persisted(prefix string, f func(key string, raw []byte) error) error {
-	keys := make([]string, 0)
-	for k := range s.opts.State {
-		if strings.HasPrefix(k, StatePrefix+prefix) {
-			keys = append(keys, k)
+	s.persistedOnce.Do(func() {
+		for k := range s.opts.State {
+			if strings.HasPrefix(k, StatePrefix) {
+				s.persisted = append(s.persisted, k)
+			}
 		}
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
+		sort.Strings(s.persisted)
+	})
+	keys := s.persisted
+	first, _ := slices.BinarySearch(keys, StatePrefix+prefix)
+	for _, k := range keys[first:] {
+		if !strings.HasPrefix(k, StatePrefix+prefix) {
+			break
+		}
 		if err := f(strings.TrimPrefix(k, StatePrefix), s.opts.State[k]); err != nil {
 			return fmt.Errorf("load simulated world %s: %w", k, err)
 		}
