@@ -1,6 +1,7 @@
 package desired
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -9,6 +10,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -45,12 +48,12 @@ type Slot struct {
 // Options configure a Document.
 type Options struct {
 	Store Store
-	// Decoded, when set, is called once after Store.Load and returns
-	// records already decoded by DecodeRecord from exactly the values
-	// Load returned for the same keys (a warm standby decodes each record
-	// as it arrives). Open takes those instead of decoding the values
-	// again, and validates them all the same.
-	Decoded func() map[string]any
+	// Warm, when set, is called once after Store.Load and returns a warm
+	// standby's copy built from exactly the values Load returned (nil:
+	// none). Open then takes its decoded, validated and indexed records
+	// instead of reading every value again, if it was built against the
+	// very slots Open is given.
+	Warm func() *Warm
 	// Installation names this installation in VM names and markers. If the
 	// store already records one, a different non-empty value is an error.
 	Installation string
@@ -195,31 +198,71 @@ type LoadReport struct {
 type loaded struct {
 	meta     meta
 	fresh    bool
-	machines []*Machine // sorted by revision, then id
+	machines []*Machine // sorted by revision, then id (nil when log is set)
 	marks    map[fenceKey]mark
 	migrate  []Op // format-1 fence keys to rewrite
 	epochs   epochs
 	lost     []byte // the store's loss report (LossKey), nil if none
+
+	// From a warm copy (Warm.load): the machines by id and, when they
+	// arrived in order, by revision; pick are the only ones whose slot can
+	// differ or that carry an intent, slotAt each slot's index and
+	// withSlot how many machines have one. All nil from a plain load.
+	byID     map[string]*Machine
+	log      *revlog
+	pick     map[string]struct{}
+	slotAt   map[string]int
+	withSlot int
 }
 
-// DecodeRecord decodes one stored record ahead of Open (see
-// Options.Decoded): a machine record's value, nil for any other key or a
-// value that does not decode (Open decodes those itself, and reports
-// them). The result is the caller's until Open takes it.
-func DecodeRecord(key string, value []byte) any {
-	if !strings.HasPrefix(key, keyMachine) {
-		return nil
+// index is the loaded machines by id (a warm copy's own map), in a map
+// with room for n.
+func (ld *loaded) index(n int) map[string]*Machine {
+	if ld.byID != nil {
+		return ld.byID
 	}
-	m := &Machine{}
-	if json.Unmarshal(value, m) != nil {
-		return nil
+	m := make(map[string]*Machine, max(n, len(ld.machines)))
+	for _, mc := range ld.machines {
+		m[mc.ID] = mc
 	}
 	return m
 }
 
+// prepare decodes and validates one machine record, ready for a
+// document.
+func prepare(key string, raw []byte) (*Machine, error) {
+	m := &Machine{}
+	if err := json.Unmarshal(raw, m); err != nil {
+		return nil, fmt.Errorf("state: decode machine %s: %w", Clip(strings.TrimPrefix(key, keyMachine), maxEcho), err)
+	}
+	if err := validMachine(key, m); err != nil {
+		return nil, fmt.Errorf("state: record %s: %v: the document never writes such a value, so it is refused rather than served (the state was damaged, or written by something else)", Clip(key, maxEcho), err)
+	}
+	m.memo = &memo{}
+	if m.Ops == nil {
+		m.Ops = map[Kind]OpRecord{}
+	}
+	return m, nil
+}
+
+// sameSlice says whether a and b are the same slice (not only equal).
+func sameSlice(a, b []Slot) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
+}
+
+// sortByRev sorts machines by revision, then id.
+func sortByRev(ms []*Machine) {
+	slices.SortFunc(ms, func(a, b *Machine) int {
+		if c := cmp.Compare(a.Rev, b.Rev); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+}
+
 // decode reads a stored document. It checks the format and the
 // installation id against opts, but changes nothing.
-func decode(stored map[string][]byte, opts Options) (*loaded, error) {
+func decode(stored map[string][]byte, opts Options, w *Warm) (*loaded, error) {
 	ld := &loaded{marks: map[fenceKey]mark{}}
 	if raw, ok := stored[keyMeta]; ok {
 		if err := json.Unmarshal(raw, &ld.meta); err != nil {
@@ -250,35 +293,33 @@ func decode(stored map[string][]byte, opts Options) (*loaded, error) {
 		}
 	}
 	ld.lost = stored[LossKey]
-	var pre map[string]any
-	if opts.Decoded != nil {
-		pre = opts.Decoded()
-	}
-	ids := map[string]bool{}
 	var fenceKeys []string
-	for k, raw := range stored {
-		switch {
-		case strings.HasPrefix(k, keyMachine):
-			m, _ := pre[k].(*Machine)
-			if m == nil {
-				m = &Machine{}
-				if err := json.Unmarshal(raw, m); err != nil {
-					return nil, fmt.Errorf("state: decode machine %s: %w", Clip(strings.TrimPrefix(k, keyMachine), maxEcho), err)
-				}
-			}
-			if err := validMachine(k, m); err != nil {
-				return nil, fmt.Errorf("state: record %s: %v: the document never writes such a value, so it is refused rather than served (the state was damaged, or written by something else)", Clip(k, maxEcho), err)
-			}
-			m.memo = &memo{}
-			if m.Ops == nil {
-				m.Ops = map[Kind]OpRecord{}
-			}
-			ld.machines = append(ld.machines, m)
-			ids[m.ID] = true
-			ld.meta.Rev = max(ld.meta.Rev, m.Rev)
-		case strings.HasPrefix(k, keyFence):
+	if w != nil {
+		if err := w.load(ld); err != nil {
+			return nil, err
+		}
+		for k := range w.fences {
 			fenceKeys = append(fenceKeys, k)
 		}
+	} else {
+		for k, raw := range stored {
+			switch {
+			case strings.HasPrefix(k, keyMachine):
+				m, err := prepare(k, raw)
+				if err != nil {
+					return nil, err
+				}
+				ld.machines = append(ld.machines, m)
+				ld.meta.Rev = max(ld.meta.Rev, m.Rev)
+			case strings.HasPrefix(k, keyFence):
+				fenceKeys = append(fenceKeys, k)
+			}
+		}
+		sortByRev(ld.machines)
+	}
+	var ids map[string]*Machine // format 1 only: its fence keys need the machine ids
+	if ld.meta.Version == 1 && len(fenceKeys) > 0 {
+		ids = ld.index(0)
 	}
 	for _, k := range fenceKeys {
 		var fm mark
@@ -289,7 +330,7 @@ func decode(stored map[string][]byte, opts Options) (*loaded, error) {
 		var fk fenceKey
 		var ok bool
 		if ld.meta.Version == 1 {
-			fk, ok = parseV1FenceKey(body, func(id string) bool { return ids[id] })
+			fk, ok = parseV1FenceKey(body, func(id string) bool { return ids[id] != nil })
 			if ok {
 				ld.migrate = append(ld.migrate, Op{Key: k, Delete: true}, Op{Key: fk.storeKey(), Value: stored[k]})
 			}
@@ -301,13 +342,6 @@ func decode(stored map[string][]byte, opts Options) (*loaded, error) {
 		}
 		ld.marks[fk] = fm
 	}
-	sort.Slice(ld.machines, func(i, j int) bool {
-		a, b := ld.machines[i], ld.machines[j]
-		if a.Rev != b.Rev {
-			return a.Rev < b.Rev
-		}
-		return a.ID < b.ID
-	})
 	return ld, nil
 }
 
@@ -326,33 +360,62 @@ func Open(ctx context.Context, opts Options, slots []Slot) (*Document, LoadRepor
 	if err != nil {
 		return nil, rep, fmt.Errorf("state: load: %w", err)
 	}
-	ld, err := decode(stored, opts)
+	var w *Warm
+	if opts.Warm != nil {
+		// Classified against other offerings, the copy's index would be
+		// wrong: only the very slots it was built for are taken.
+		if w = opts.Warm(); w != nil && !sameSlice(w.slots, slots) {
+			w = nil
+		}
+	}
+	ld, err := decode(stored, opts, w)
 	if err != nil {
 		return nil, rep, err
 	}
-	if err := checkSlots(ld.machines, slots); err != nil {
+	// The slots to compare with their machines: every one, or, from a
+	// warm copy in which every slot has its machine, only those of the
+	// machines it picked, in the offerings' order (the others match their
+	// slot exactly).
+	compare := slots
+	if ld.pick != nil && ld.withSlot == len(slots) {
+		at := make([]int, 0, len(ld.pick))
+		for id := range ld.pick {
+			if i, ok := ld.slotAt[id]; ok {
+				at = append(at, i)
+			}
+		}
+		slices.Sort(at)
+		compare = make([]Slot, len(at))
+		for k, i := range at {
+			compare[k] = slots[i]
+		}
+	}
+	work := ld.index(len(slots))
+	if err := checkSlots(work, compare); err != nil {
 		return nil, rep, err
+	}
+	log := ld.log
+	if log == nil {
+		log = newRevlog(max(len(slots), len(ld.machines)))
+		for _, m := range ld.machines {
+			log.put(m)
+		}
 	}
 	d := &Document{
 		opts:         opts,
 		installation: ld.meta.Installation,
 		lineageHex:   ld.meta.Lineage,
 		lineage:      lineageBytes(ld.meta.Lineage),
-		work:         make(map[string]*Machine, len(slots)),
+		work:         work,
 		fences:       newFences(),
-		machines:     make(map[string]*Machine, len(slots)),
-		log:          newRevlog(max(len(slots), len(ld.machines))),
+		machines:     maps.Clone(work),
+		log:          log,
 		meta:         ld.meta,
 		rev:          ld.meta.Rev,
 		hist:         newHistory(opts.History),
 	}
 	d.meta.Version = formatVersion
 	d.epochs = ld.epochs
-	for _, m := range ld.machines {
-		d.work[m.ID] = m
-		d.machines[m.ID] = m
-		d.log.put(m)
-	}
 	for k, m := range ld.marks {
 		d.fences.add(k, m, d.work[k.machine] != nil)
 	}
@@ -384,9 +447,8 @@ func Open(ctx context.Context, opts Options, slots []Slot) (*Document, LoadRepor
 			d.hist.dirty[id] = true
 		}
 	}
-	inSlots := make(map[string]bool, len(slots))
-	for _, s := range slots {
-		inSlots[s.ID] = true
+	withSlot := 0 // stored machines with a slot (counted when comparing every slot)
+	for _, s := range compare {
 		old := d.work[s.ID]
 		if old == nil {
 			t.put(&Machine{ID: s.ID, Zone: s.Zone, InstanceType: s.InstanceType, Capacity: s.Capacity,
@@ -397,6 +459,7 @@ func Open(ctx context.Context, opts Options, slots []Slot) (*Document, LoadRepor
 			rep.Added++
 			continue
 		}
+		withSlot++
 		if !slotMatches(old, s) {
 			m := old.clone()
 			m.Capacity, m.VCPU, m.MemoryMiB, m.Source = s.Capacity, s.VCPU, s.MemoryMiB, s.Source
@@ -404,10 +467,29 @@ func Open(ctx context.Context, opts Options, slots []Slot) (*Document, LoadRepor
 			t.put(m)
 		}
 	}
-	for _, old := range ld.machines {
-		if inSlots[old.ID] {
-			continue
+	// The stored machines without a slot (in revision order), and those
+	// whose interrupted transition is re-driven (in id order): from a warm
+	// copy, among the machines it picked; otherwise among all.
+	var slotless, redrive []*Machine
+	if ld.pick != nil {
+		for id := range ld.pick {
+			if _, ok := ld.slotAt[id]; !ok {
+				slotless = append(slotless, ld.byID[id])
+			}
 		}
+		sortByRev(slotless)
+	} else if withSlot < len(ld.machines) {
+		inSlots := make(map[string]bool, len(slots))
+		for _, s := range slots {
+			inSlots[s.ID] = true
+		}
+		for _, old := range ld.machines {
+			if !inSlots[old.ID] {
+				slotless = append(slotless, old)
+			}
+		}
+	}
+	for _, old := range slotless {
 		if old.State == Speculative {
 			t.del(old.ID, CauseOffering)
 			rep.Removed++
@@ -420,11 +502,22 @@ func Open(ctx context.Context, opts Options, slots []Slot) (*Document, LoadRepor
 			rep.Slotless++
 		}
 	}
-	for _, id := range sortedKeys(d.work) {
-		old := d.work[id]
-		if old.Intent == nil {
-			continue
+	// Every interrupted transition is re-driven, in id order.
+	if ld.pick != nil {
+		for id := range ld.pick {
+			if m := d.work[id]; m != nil && m.Intent != nil {
+				redrive = append(redrive, m)
+			}
 		}
+	} else {
+		for _, m := range d.work {
+			if m.Intent != nil {
+				redrive = append(redrive, m)
+			}
+		}
+	}
+	slices.SortFunc(redrive, func(a, b *Machine) int { return strings.Compare(a.ID, b.ID) })
+	for _, old := range redrive {
 		// Every interrupted transition is re-driven from the durable
 		// intent, with a fresh deadline: the time the provider was down
 		// must not count against the hypervisor. A guest command it had
@@ -526,11 +619,7 @@ func (t *txn) commitSplit(limit int) *change {
 
 // checkSlots refuses offerings that disagree with the stored document on
 // where a known id lives.
-func checkSlots(machines []*Machine, slots []Slot) error {
-	byID := make(map[string]*Machine, len(machines))
-	for _, m := range machines {
-		byID[m.ID] = m
-	}
+func checkSlots(byID map[string]*Machine, slots []Slot) error {
 	for _, s := range slots {
 		if old := byID[s.ID]; old != nil && (old.Zone != s.Zone || old.InstanceType != s.InstanceType) {
 			return fmt.Errorf("state: machine %s is recorded as %s in %s but the offerings now say %s in %s; ids are stable per (zone, type), so this state belongs to other offerings", s.ID, old.InstanceType, old.Zone, s.InstanceType, s.Zone)
@@ -555,15 +644,6 @@ func mapsEqual(a, b map[string]string) bool {
 		}
 	}
 	return true
-}
-
-func sortedKeys(m map[string]*Machine) []string {
-	ids := make([]string, 0, len(m))
-	for id := range m {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
-	return ids
 }
 
 func newLineage() string {
@@ -776,6 +856,21 @@ func (d *Document) All() []*Machine {
 	}
 	d.mu.RUnlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// Select returns the committed machines keep is true for, sorted by id
+// (only those are sorted: cheap when few of many are kept).
+func (d *Document) Select(keep func(*Machine) bool) []*Machine {
+	var out []*Machine
+	d.mu.RLock()
+	for _, m := range d.machines {
+		if keep(m) {
+			out = append(out, m)
+		}
+	}
+	d.mu.RUnlock()
+	slices.SortFunc(out, func(a, b *Machine) int { return strings.Compare(a.ID, b.ID) })
 	return out
 }
 

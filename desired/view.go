@@ -24,11 +24,11 @@ type View struct {
 // does (format, installation id, offerings that move a known id) and
 // changes nothing.
 func Inspect(stored map[string][]byte, opts Options, slots []Slot) (*View, error) {
-	ld, err := decode(stored, opts)
+	ld, err := decode(stored, opts, nil)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkSlots(ld.machines, slots); err != nil {
+	if err := checkSlots(ld.index(0), slots); err != nil {
 		return nil, err
 	}
 	now := time.Now()

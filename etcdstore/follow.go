@@ -39,10 +39,21 @@ type FollowOptions struct {
 	Retry time.Duration
 	// Logger receives reloads and failures; nil discards them.
 	Logger *slog.Logger
-	// Decode, when set, decodes every value as it arrives (nil: nothing
-	// to keep); Take hands the results over with the copy, so a new term
-	// need not decode the document itself.
-	Decode func(key string, value []byte) any
+	// Index, when set, makes a fresh index for each load of the copy;
+	// Take hands it over with the copy, so a new term need not decode or
+	// index the document itself.
+	Index func() Index
+}
+
+// Index is kept current with a follower's copy: it is given every value
+// of a load, then every change in commit order, under the follower's
+// lock (so each call must be quick: no I/O).
+type Index interface {
+	Put(key string, value []byte)
+	Delete(key string)
+	// Settle ends a consistent cut: a whole load (its values come in no
+	// particular order), or one watch response (whole txns).
+	Settle()
 }
 
 // Copy is a follower's copy of the document, handed over by Take.
@@ -50,9 +61,9 @@ type Copy struct {
 	// Values are the key/value pairs under the prefix's state directory,
 	// keys without it.
 	Values map[string][]byte
-	// Decoded holds FollowOptions.Decode's result for each key it did not
-	// return nil for, decoded from exactly the value in Values.
-	Decoded map[string]any
+	// Index is FollowOptions.Index's, kept with exactly Values (nil
+	// without one).
+	Index Index
 	// Revision is the revision the copy is current at.
 	Revision int64
 }
@@ -72,14 +83,14 @@ type Follower struct {
 	page   int64
 	retry  time.Duration
 	log    *slog.Logger
-	decode func(key string, value []byte) any
+	index  func() Index
 
 	mu      sync.Mutex
 	advance chan struct{} // closed (and replaced) whenever rev moves
 	doc     map[string][]byte
-	dec     map[string]any // decode's results, when set
-	bytes   int64          // len(key)+len(value) over doc
-	rev     int64          // the revision doc is current at; 0 while there is none
+	idx     Index // kept with doc, when FollowOptions.Index is set
+	bytes   int64 // len(key)+len(value) over doc
+	rev     int64 // the revision doc is current at; 0 while there is none
 	taken   bool
 	loads   int   // full loads so far
 	err     error // why the last load or watch ended
@@ -105,7 +116,7 @@ func NewFollower(client *clientv3.Client, prefix string, opts FollowOptions) (*F
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Follower{client: client, state: prefix + stateDir, page: int64(opts.LoadPageSize),
-		retry: opts.Retry, log: log, decode: opts.Decode, advance: make(chan struct{})}, nil
+		retry: opts.Retry, log: log, index: opts.Index, advance: make(chan struct{})}, nil
 }
 
 // Run follows the state until ctx ends or Take took the copy. A follower
@@ -175,24 +186,25 @@ func (f *Follower) follow(ctx context.Context) (bool, error) {
 // install makes m, read at rev, the copy; false once it was taken.
 func (f *Follower) install(m map[string][]byte, rev int64) bool {
 	var n int64
-	var dec map[string]any
-	if f.decode != nil {
-		dec = make(map[string]any, len(m))
+	var idx Index
+	if f.index != nil {
+		idx = f.index()
 	}
 	for k, v := range m {
 		n += int64(len(k) + len(v))
-		if f.decode != nil {
-			if d := f.decode(k, v); d != nil {
-				dec[k] = d
-			}
+		if idx != nil {
+			idx.Put(k, v)
 		}
+	}
+	if idx != nil {
+		idx.Settle()
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.taken {
 		return false
 	}
-	f.doc, f.dec, f.bytes, f.loads, f.err = m, dec, n, f.loads+1, nil
+	f.doc, f.idx, f.bytes, f.loads, f.err = m, idx, n, f.loads+1, nil
 	f.moveLocked(rev)
 	f.log.Info("following the etcd state", "keys", len(m), "revision", rev)
 	return true
@@ -220,20 +232,21 @@ func (f *Follower) apply(wr clientv3.WatchResponse) bool {
 		if old, ok := f.doc[k]; ok {
 			f.bytes -= int64(len(k) + len(old))
 		}
-		if f.dec != nil {
-			delete(f.dec, k)
-		}
 		if ev.Type == mvccpb.DELETE {
 			delete(f.doc, k)
+			if f.idx != nil {
+				f.idx.Delete(k)
+			}
 			continue
 		}
 		f.doc[k] = ev.Kv.Value
-		if f.decode != nil {
-			if d := f.decode(k, ev.Kv.Value); d != nil {
-				f.dec[k] = d
-			}
+		if f.idx != nil {
+			f.idx.Put(k, ev.Kv.Value)
 		}
 		f.bytes += int64(len(k) + len(ev.Kv.Value))
+	}
+	if f.idx != nil {
+		f.idx.Settle()
 	}
 	f.moveLocked(wr.Events[len(wr.Events)-1].Kv.ModRevision)
 	return true
@@ -308,8 +321,8 @@ func (f *Follower) Take(ctx context.Context, rev int64) (Copy, error) {
 	for {
 		f.mu.Lock()
 		if f.doc != nil && !f.taken && f.rev >= rev {
-			c := Copy{Values: f.doc, Decoded: f.dec, Revision: f.rev}
-			f.doc, f.dec, f.bytes, f.rev, f.taken = nil, nil, 0, 0, true
+			c := Copy{Values: f.doc, Index: f.idx, Revision: f.rev}
+			f.doc, f.idx, f.bytes, f.rev, f.taken = nil, nil, 0, 0, true
 			f.mu.Unlock()
 			return c, nil
 		}
@@ -336,5 +349,5 @@ func (f *Follower) Take(ctx context.Context, rev int64) (Copy, error) {
 func (f *Follower) Stop() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.doc, f.dec, f.bytes, f.rev, f.taken = nil, nil, 0, 0, true
+	f.doc, f.idx, f.bytes, f.rev, f.taken = nil, nil, 0, 0, true
 }

@@ -18,12 +18,7 @@ import (
 func startFollower(t *testing.T, cl *clientv3.Client, prefix string) *Follower {
 	t.Helper()
 	f, err := NewFollower(cl, prefix, FollowOptions{LoadPageSize: 7, Retry: 200 * time.Millisecond,
-		Decode: func(key string, value []byte) any {
-			if strings.HasPrefix(key, "skip/") {
-				return nil
-			}
-			return "decoded:" + string(value)
-		}})
+		Index: func() Index { return &mapIndex{m: map[string]any{}} }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,6 +28,21 @@ func startFollower(t *testing.T, cl *clientv3.Client, prefix string) *Follower {
 	t.Cleanup(func() { cancel(); <-done })
 	return f
 }
+
+// mapIndex is an index of "decoded:"+value for every key outside skip/;
+// settled counts the cuts it was told of.
+type mapIndex struct {
+	m       map[string]any
+	settled int
+}
+
+func (x *mapIndex) Put(k string, v []byte) {
+	if !strings.HasPrefix(k, "skip/") {
+		x.m[k] = "decoded:" + string(v)
+	}
+}
+func (x *mapIndex) Delete(k string) { delete(x.m, k) }
+func (x *mapIndex) Settle()         { x.settled++ }
 
 // headRev is the cluster's revision now (a linearizable read).
 func headRev(t *testing.T, cl *clientv3.Client) int64 {
@@ -130,8 +140,12 @@ func TestFollowerAppliesEvents(t *testing.T) {
 			wantDecoded[k] = "decoded:" + v
 		}
 	}
-	if diff := cmp.Diff(wantDecoded, cp.Decoded); diff != "" {
-		t.Errorf("decoded records differ from the copy's values (-want +got):\n%s", diff)
+	idx := cp.Index.(*mapIndex)
+	if diff := cmp.Diff(wantDecoded, idx.m); diff != "" {
+		t.Errorf("the index differs from the copy's values (-want +got):\n%s", diff)
+	}
+	if idx.settled < 2 {
+		t.Errorf("the index was told of %d cuts, want its load and the watch responses since", idx.settled)
 	}
 	if st := f.Status(); st.HasCurrent || st.Revision != 0 {
 		t.Errorf("after Take the follower still holds a copy: %+v", st)

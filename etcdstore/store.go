@@ -125,15 +125,20 @@ type Store struct {
 
 	// Owned by the committer goroutine (and Load, which runs before it
 	// has work).
-	writerRev int64          // mod revision of writerKey after our last txn
-	openRev   int64          // the revision Open read the writer key at
-	seq       uint64         // txns sent in this term
-	lastTook  time.Duration  // how long the last successful txn took
-	sizes     map[string]int // committed key → len(key)+len(value)
+	writerRev int64         // mod revision of writerKey after our last txn
+	openRev   int64         // the revision Open read the writer key at
+	seq       uint64        // txns sent in this term
+	lastTook  time.Duration // how long the last successful txn took
+	// A committed key's size (len(key)+len(value)) is sizes's, or else
+	// the loaded value's: loaded is the document as Load read it (the
+	// caller's too, never written), sizes every key committed since (0:
+	// deleted). No copy of the sizes of a large document is built.
+	loaded map[string][]byte
+	sizes  map[string]int
 
 	size    atomic.Int64
 	stopped chan struct{}
-	decoded map[string]any // Load's warm copy's decoded records (under mu)
+	index   Index // Load's warm copy's index (under mu)
 
 	// onLinger, if set (tests), is called under mu when the committer
 	// starts holding a background-only queue.
@@ -249,10 +254,10 @@ func (s *Store) Load(ctx context.Context) (map[string][]byte, error) {
 			if err := s.term.Err(); err != nil {
 				return nil, fmt.Errorf("load: %w", err)
 			}
-			s.log.Info("state taken from the warm standby's copy", "keys", len(c.Values), "decoded", len(c.Decoded), "revision", c.Revision, "needed", s.openRev)
+			s.log.Info("state taken from the warm standby's copy", "keys", len(c.Values), "revision", c.Revision, "needed", s.openRev)
 			s.adopt(c.Values)
 			s.mu.Lock()
-			s.decoded = c.Decoded
+			s.index = c.Index
 			s.mu.Unlock()
 			return c.Values, nil
 		}
@@ -282,16 +287,25 @@ func (s *Store) Load(ctx context.Context) (map[string][]byte, error) {
 
 // adopt sizes the loaded document.
 func (s *Store) adopt(m map[string][]byte) {
-	sizes := make(map[string]int, len(m))
 	var total int64
 	for k, v := range m {
-		sizes[k] = len(k) + len(v)
 		total += int64(len(k) + len(v))
 	}
 	s.mu.Lock()
-	s.sizes = sizes
+	s.loaded, s.sizes = m, map[string]int{}
 	s.mu.Unlock()
 	s.size.Store(total)
+}
+
+// sizeOf is committed key k's size and whether it exists; under mu.
+func (s *Store) sizeOf(k string) (int, bool) {
+	if n, ok := s.sizes[k]; ok {
+		return n, n > 0
+	}
+	if v, ok := s.loaded[k]; ok {
+		return len(k) + len(v), true
+	}
+	return 0, false
 }
 
 // Commit queues ops as one batch and returns without waiting. done, if
@@ -348,15 +362,15 @@ func (s *Store) Healthy() error {
 	return s.err
 }
 
-// Decoded hands over the decoded records of the warm copy Load took
-// (see Copy.Decoded), once: nil after the first call, and when Load read
-// etcd itself.
-func (s *Store) Decoded() map[string]any {
+// Index hands over the index of the warm copy Load took (see
+// Copy.Index), once: nil after the first call, and when Load read the
+// state itself.
+func (s *Store) Index() Index {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	d := s.decoded
-	s.decoded = nil
-	return d
+	x := s.index
+	s.index = nil
+	return x
 }
 
 // Size is the number of key and value bytes the store holds: what Load
@@ -836,12 +850,16 @@ func (s *Store) account(ops []Op) {
 	var delta int64
 	s.mu.Lock()
 	for _, op := range ops {
-		old, had := s.sizes[op.Key]
+		old, had := s.sizeOf(op.Key)
 		if had {
 			delta -= int64(old)
 		}
 		if op.Delete {
-			delete(s.sizes, op.Key)
+			if _, ok := s.loaded[op.Key]; ok {
+				s.sizes[op.Key] = 0
+			} else {
+				delete(s.sizes, op.Key)
+			}
 			continue
 		}
 		n := len(op.Key) + len(op.Value)

@@ -660,3 +660,39 @@ func TestRetryable(t *testing.T) {
 		}
 	}
 }
+
+// TestSizeAfterLoad counts a loaded document's size right as its keys
+// are overwritten, deleted, written again and joined by new ones (a key's
+// size comes from the loaded value until it is committed again).
+func TestSizeAfterLoad(t *testing.T) {
+	c := sharedCluster(t)
+	prefix := testPrefix("size-load")
+	cl, term, s := leader(t, c, prefix, Options{})
+	var md model
+	first := []Op{{Key: "a", Value: value(1, 10)}, {Key: "b", Value: value(2, 20)}, {Key: "c", Value: value(3, 30)}}
+	md.apply(first)
+	if err := commitWithin(t, s, wait, first...); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+
+	s2 := openStore(t, cl, prefix, term, Options{})
+	if _, err := s2.Load(ctxFor(t)); err != nil {
+		t.Fatal(err)
+	}
+	for i, b := range [][]Op{
+		{{Key: "a", Value: value(4, 5)}},                                  // a loaded key, smaller
+		{{Key: "b", Delete: true}},                                        // a loaded key, gone
+		{{Key: "b", Value: value(5, 40)}, {Key: "d", Value: value(6, 7)}}, // back, and a new one
+		{{Key: "d", Delete: true}, {Key: "c", Delete: true}},              // the new one and a loaded one gone
+		{{Key: "c", Delete: true}},                                        // gone twice
+	} {
+		md.apply(b)
+		if err := commitWithin(t, s2, wait, b...); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := s2.Size(), md.bytes(); got != want {
+			t.Errorf("after batch %d: Size() = %d, want %d", i, got, want)
+		}
+	}
+}

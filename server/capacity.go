@@ -169,6 +169,29 @@ func newLedger(spec capacity.TypeSpec) *ledger {
 // whose machine the pass still saw SPECULATIVE (its Create came after the
 // pass's read) is kept.
 func (l *ledger) pass(machines []*desired.Machine) {
+	held := l.sum(machines)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.machines, l.held = machines, held
+	for id := range l.reserved {
+		if m := find(machines, id); m == nil || m.State != desired.Speculative {
+			delete(l.reserved, id)
+		}
+	}
+}
+
+// start takes the machines that hold their hosts when a term opens
+// (sorted by id): the sums are theirs, until the first full pass. Without
+// the others, a takeover of a large fleet sorts only what holds a host.
+func (l *ledger) start(holding []*desired.Machine) {
+	held := l.sum(holding)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.machines, l.held = holding, held
+}
+
+// sum is what the machines that hold their hosts hold, by zone.
+func (l *ledger) sum(machines []*desired.Machine) map[string]capacity.Usage {
 	held := map[string]capacity.Usage{}
 	for _, m := range machines {
 		if !holdsHost(m.State.String()) {
@@ -181,14 +204,7 @@ func (l *ledger) pass(machines []*desired.Machine) {
 			held[m.Zone] = u
 		}
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.machines, l.held = machines, held
-	for id := range l.reserved {
-		if m := find(machines, id); m == nil || m.State != desired.Speculative {
-			delete(l.reserved, id)
-		}
-	}
+	return held
 }
 
 // find is machine id in machines (sorted by id), or nil.

@@ -33,6 +33,8 @@ type replica struct {
 	// warm is this replica's copy of the document while it stands by: a
 	// new term starts from it instead of loading the state.
 	warm *etcdstore.Follower
+	// slots are the offerings the copy is indexed against.
+	slots []desired.Slot
 	// trouble says why the last attempt to lead failed, nil once a term
 	// opened; /readyz reports it.
 	trouble atomic.Pointer[trouble]
@@ -77,7 +79,9 @@ func (p *Provider) newReplica(ctx context.Context) (*replica, error) {
 		client.Close()
 		return nil, err
 	}
-	warm, err := etcdstore.NewFollower(client, e.Prefix, etcdstore.FollowOptions{Logger: p.log, Decode: desired.DecodeRecord})
+	slots := desiredSlots(p.cfg)
+	warm, err := etcdstore.NewFollower(client, e.Prefix, etcdstore.FollowOptions{Logger: p.log,
+		Index: func() etcdstore.Index { return desired.NewWarm(slots) }})
 	if err != nil {
 		client.Close()
 		return nil, err
@@ -88,7 +92,7 @@ func (p *Provider) newReplica(ctx context.Context) (*replica, error) {
 		return st.Revision, st.Err
 	}
 	follow.progress = warm.RequestProgress
-	return &replica{client: client, elector: elector, self: e.Identity, follow: follow, warm: warm}, nil
+	return &replica{client: client, elector: elector, self: e.Identity, follow: follow, warm: warm, slots: slots}, nil
 }
 
 // standBy starts following the document (the warm copy) until the
@@ -176,7 +180,8 @@ func (p *Provider) lead(ctx context.Context, hs *health.Server, serving *atomic.
 		p.setTerm(t)
 		t.start()
 		setServing(hs, serving, true)
-		log.Info("leading: serving the desired state", "machines", t.doc.Len(), "took", time.Since(started).Round(time.Millisecond))
+		t.laps.lap("start")
+		log.Info("leading: serving the desired state", "machines", t.doc.Len(), "took", time.Since(started).Round(time.Millisecond), "parts", t.laps.String())
 		select {
 		case <-tm.Done():
 			// Stop acting at once: the next leader owns the state now.
@@ -204,16 +209,22 @@ func (p *Provider) lead(ctx context.Context, hs *health.Server, serving *atomic.
 // restart.
 func (p *Provider) openLeaderTerm(tm *etcdstore.Term) (*term, error) {
 	ctx := tm.Context()
+	started := time.Now()
 	store, err := etcdstore.Open(ctx, p.ha.client, p.cfg.Etcd.Prefix, tm, etcdstore.Options{Logger: p.log,
 		Warm:     p.ha.warm.Take,
 		OnCommit: func(ops, bytes int, took time.Duration) { p.Metrics.Commit(ops, bytes, took) }})
 	if err != nil {
 		return nil, err
 	}
-	t, err := openTerm(ctx, p.cfg, p.log, p.Metrics, journaled{store}, tm.Err, store.Decoded)
+	opened := time.Since(started)
+	t, err := openTerm(ctx, p.cfg, p.log, p.Metrics, journaled{store}, tm.Err, &standbyCopy{slots: p.ha.slots, take: func() *desired.Warm {
+		w, _ := store.Index().(*desired.Warm)
+		return w
+	}})
 	if err != nil {
 		return nil, err
 	}
+	t.laps.parts = append([]string{"store=" + opened.Round(100*time.Microsecond).String()}, t.laps.parts...)
 	if err := tm.Err(); err != nil {
 		t.close()
 		return nil, fmt.Errorf("the term ended while the state was loading: %w", err)

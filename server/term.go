@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/bigfleet-vm/provider/capacity"
@@ -46,7 +47,30 @@ type term struct {
 	canReadCapacity bool
 	types           capacity.TypeSpec
 	maxRatio        float64
+
+	// laps is how long each part of opening the term took (logged when
+	// it starts serving: what a takeover spends, part by part).
+	laps laps
 }
+
+// laps times consecutive parts of a piece of work.
+type laps struct {
+	last  time.Time
+	parts []string
+}
+
+// lap ends the part named name (begun at the previous lap, or at the
+// first call's time when there is none).
+func (l *laps) lap(name string) {
+	now := time.Now()
+	if !l.last.IsZero() {
+		l.parts = append(l.parts, name+"="+now.Sub(l.last).Round(100*time.Microsecond).String())
+	}
+	l.last = now
+}
+
+// String is the parts in order, "name=duration" each.
+func (l *laps) String() string { return strings.Join(l.parts, " ") }
 
 // capacitySection is the live plan's capacity section, from the newest
 // readings of the full passes (no hypervisor call of its own); nil under
@@ -65,10 +89,11 @@ func (t *term) capacitySection() *jsonplan.Capacity {
 //
 // guard, when set, is asked before every hypervisor step and before every
 // answer served from the document (an etcd leadership term's Err).
-// decoded, when set, hands over records the store's load had decoded
-// already (a warm standby's copy; desired.Options.Decoded).
-func openTerm(ctx context.Context, cfg *config.Config, log *slog.Logger, m *metrics.Metrics, store stateStore, guard func() error, decoded func() map[string]any) (_ *term, err error) {
+// warm, when set, is a warm standby's copy the store's load may hand
+// over (desired.Options.Warm).
+func openTerm(ctx context.Context, cfg *config.Config, log *slog.Logger, m *metrics.Metrics, store stateStore, guard func() error, warm *standbyCopy) (_ *term, err error) {
 	t := &term{store: store, log: log, guard: guard}
+	t.laps.lap("")
 	defer func() {
 		if err != nil {
 			store.Close()
@@ -76,19 +101,25 @@ func openTerm(ctx context.Context, cfg *config.Config, log *slog.Logger, m *metr
 	}()
 	// The document and the simulator's world come from one read of the
 	// store (a 100,000-machine etcd state takes a while to read).
-	once := &loadOnce{stateStore: store}
+	once := &loadOnce{stateStore: store, laps: &t.laps}
 	opts := docOptions(cfg, once)
-	opts.Decoded = decoded
+	var slots []desired.Slot
+	if warm != nil {
+		slots, opts.Warm = warm.slots, warm.take
+	} else {
+		slots = desiredSlots(cfg)
+	}
 	opts.Notify = func(id string) {
 		if t.rec != nil {
 			t.rec.Enqueue(id)
 		}
 	}
-	doc, rep, err := desired.Open(ctx, opts, desiredSlots(cfg))
+	doc, rep, err := desired.Open(ctx, opts, slots)
 	if err != nil {
 		return nil, err
 	}
 	t.doc = doc
+	t.laps.lap("document")
 	log.Info("state loaded", "machines", doc.Len(), "added", rep.Added, "removed", rep.Removed, "slotless", rep.Slotless,
 		"redriven", rep.Redriven, "installation", doc.Installation())
 	if rep.Lost != "" {
@@ -104,6 +135,7 @@ func openTerm(ctx context.Context, cfg *config.Config, log *slog.Logger, m *metr
 		return nil, err
 	}
 	t.hv = metrics.Instrument(t.raw, m)
+	t.laps.lap("hypervisor")
 	t.planner = plannerConfig(cfg, doc.Installation())
 	exec := executor.New(executor.Options{Hypervisor: t.hv, Identity: t.planner.Plugin.Observation().Identity, Installation: doc.Installation(), Blob: doc.Blob,
 		PerZone: cfg.MaxConcurrentPerZone, Logger: log, Observer: m,
@@ -131,6 +163,7 @@ func openTerm(ctx context.Context, cfg *config.Config, log *slog.Logger, m *metr
 		t.latest = &capacity.Latest{}
 		_, t.canReadCapacity = hypervisors.Find[hypervisors.CapacityReader](t.hv)
 	}
+	t.laps.lap("executor")
 	switch cfg.CapacityCheck {
 	case config.CapacityRefuse:
 		if err := refuseOver(ctx, t.hv, t.latest, doc.All(), types, cfg.CapacityOvercommit, log); err != nil {
@@ -142,10 +175,11 @@ func openTerm(ctx context.Context, cfg *config.Config, log *slog.Logger, m *metr
 		// What the zones' machines hold, from the start (a Create before
 		// the first pass is held against the stored machines too).
 		l := newLedger(types)
-		l.pass(doc.All())
+		l.start(doc.Select(func(m *desired.Machine) bool { return holdsHost(m.State.String()) }))
 		check = hostCheck(t.hv, t.latest, l, types, cfg.CapacityOvercommit, capacityReadTimeout, t.metrics, log)
 		fit = hostFit(t.latest, l, types, cfg.CapacityOvercommit, cfg.CapacityCheck == config.CapacityRefuse)
 	}
+	t.laps.lap("capacity")
 	t.rec = reconciler.New(reconciler.Options{Doc: doc, Hypervisor: t.hv, Executor: exec, Planner: t.planner,
 		Interval: cfg.ReconcileInterval, Capacity: capType, Logger: log, Metrics: t.metrics, QueueMetrics: m.QueueMetrics(),
 		RepairDelay: cfg.DriftRepairDelay, RepairTimeout: cfg.RepairTimeout, Types: reconciler.TypeSpec(types), HostCheck: check, HostFit: fit})
@@ -253,16 +287,26 @@ func (t *term) lost() <-chan error {
 	return ch
 }
 
+// standbyCopy is how a term takes a warm standby's copy of the document:
+// the offerings the copy was indexed against (this process's, computed
+// once) and what hands the copy over once the store's load took it.
+type standbyCopy struct {
+	slots []desired.Slot
+	take  func() *desired.Warm
+}
+
 // loadOnce remembers what the document loaded, so the simulator's world
 // (its sim/ keys, which the document never writes) is read from the same
 // cut without a second read of the store.
 type loadOnce struct {
 	stateStore
 	loaded map[string][]byte
+	laps   *laps
 }
 
 func (l *loadOnce) Load(ctx context.Context) (map[string][]byte, error) {
 	m, err := l.stateStore.Load(ctx)
 	l.loaded = m
+	l.laps.lap("load")
 	return m, err
 }

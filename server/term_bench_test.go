@@ -25,8 +25,8 @@ func (h handed) Load(context.Context) (map[string][]byte, error) { return h.m, n
 // BenchmarkOpenTermFromCopy is the provider's own part of a warm
 // takeover without etcd: a term opened from a document already in
 // memory (decoding and recovering it, opening the simulated world from
-// the same keys), at 1,000, 10,000 and 100,000 machines; decoded=true
-// with the records decoded ahead, as the warm standby hands them over.
+// the same keys), at 1,000, 10,000 and 100,000 machines; warm=true
+// with a warm copy (desired.Warm) built ahead, as the standby hands it over.
 func BenchmarkOpenTermFromCopy(b *testing.B) {
 	for _, n := range []int{1000, 10000, 100000} {
 		b.Run("machines="+strconv.Itoa(n), func(b *testing.B) {
@@ -50,22 +50,22 @@ func BenchmarkOpenTermFromCopy(b *testing.B) {
 				b.Fatal(err)
 			}
 			for _, pre := range []bool{false, true} {
-				b.Run("decoded="+strconv.FormatBool(pre), func(b *testing.B) {
+				b.Run("warm="+strconv.FormatBool(pre), func(b *testing.B) {
 					b.ResetTimer()
 					for range b.N {
-						var decoded func() map[string]any
+						var warm *standbyCopy
 						if pre {
 							b.StopTimer()
-							dec := make(map[string]any, len(snap))
+							slots := desiredSlots(cfg)
+							w := desired.NewWarm(slots)
 							for k, v := range snap {
-								if d := desired.DecodeRecord(k, v); d != nil {
-									dec[k] = d
-								}
+								w.Put(k, v)
 							}
-							decoded = func() map[string]any { return dec }
+							w.Settle()
+							warm = &standbyCopy{slots: slots, take: func() *desired.Warm { return w }}
 							b.StartTimer()
 						}
-						t, err := openTerm(ctx, cfg, log, metrics.New(nil, nil), journaled{handed{desired.NewMemoryStore(nil), snap}}, nil, decoded)
+						t, err := openTerm(ctx, cfg, log, metrics.New(nil, nil), journaled{handed{desired.NewMemoryStore(nil), snap}}, nil, warm)
 						if err != nil {
 							b.Fatal(err)
 						}

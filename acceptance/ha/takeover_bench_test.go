@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -97,6 +98,7 @@ func benchTakeover(b *testing.B, machines int) {
 		own = append(own, acked.Sub(del))
 		total = append(total, acked.Sub(t0))
 		inProc = append(inProc, loadTime(b, s.reps[next].Output()))
+		fmt.Fprintf(os.Stderr, "takeover %d of %d machines: %s\n", i+1, machines, takeoverParts(s.reps[next].Output()))
 		if strings.Contains(s.reps[next].Output(), warmTaken) {
 			warm++
 		}
@@ -111,6 +113,18 @@ func benchTakeover(b *testing.B, machines int) {
 	}
 	fmt.Fprintf(os.Stderr, "takeover of %d machines (%d of %d from the warm copy): kill -9 -> acknowledged Create %s; lease (kill -> election key deleted) %s; provider's own part (deleted -> acknowledged) %s; of which elected -> serving (standby's log) %s\n",
 		machines, warm, b.N, dist(total), dist(lease), dist(own), dist(inProc))
+}
+
+// partsRE finds the parts of a new leader's opening of its term.
+var partsRE = regexp.MustCompile(`msg="leading: serving the desired state" .* parts="([^"]*)"`)
+
+// takeoverParts is what the newest term in out spent, part by part.
+func takeoverParts(out string) string {
+	m := partsRE.FindAllStringSubmatch(out, -1)
+	if len(m) == 0 {
+		return "(no parts logged)"
+	}
+	return m[len(m)-1][1]
 }
 
 // waitWarm waits until replica p's current process has loaded its copy.
