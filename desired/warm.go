@@ -27,12 +27,9 @@ type Warm struct {
 	machines map[string]*Machine // the valid machine records, by id
 	bad      map[string]error    // machine keys whose record Open would refuse, and why
 	// log has the settled machines in revision order; pending the ones
-	// put since the last Settle. ordered is false once a cut held a
-	// record below one an earlier cut settled (never, from one writer in
-	// commit order): Open then sorts the machines itself.
+	// put since the last Settle; maxRev is the newest revision settled.
 	log     *revlog
 	pending map[string]*Machine
-	ordered bool
 	maxRev  uint64
 	fences  map[string]struct{} // fence mark keys
 	// pick are the machines Open must look at: no slot, a slot that
@@ -46,7 +43,7 @@ type Warm struct {
 // the very slice later given to Open (Open uses the copy only then).
 func NewWarm(slots []Slot) *Warm {
 	w := &Warm{slots: slots, slotAt: make(map[string]int, len(slots)), machines: map[string]*Machine{},
-		bad: map[string]error{}, log: newRevlog(0), pending: map[string]*Machine{}, ordered: true, fences: map[string]struct{}{}, pick: map[string]struct{}{}}
+		bad: map[string]error{}, log: newRevlog(0), pending: map[string]*Machine{}, fences: map[string]struct{}{}, pick: map[string]struct{}{}}
 	for i, s := range slots {
 		w.slotAt[s.ID] = i
 	}
@@ -99,7 +96,9 @@ func (w *Warm) Delete(key string) {
 }
 
 // Settle ends a consistent cut: the machines put since the last one go
-// into the revision order.
+// into the revision order. A cut that holds a record below one settled
+// before (a large commit whose parts the store wrote in parallel) has the
+// order rebuilt once, here on the standby rather than at takeover.
 func (w *Warm) Settle() {
 	if len(w.pending) == 0 {
 		return
@@ -108,12 +107,11 @@ func (w *Warm) Settle() {
 	clear(w.pending)
 	sortByRev(ms)
 	if ms[0].Rev <= w.maxRev {
-		w.ordered = false
+		ms = slices.Collect(maps.Values(w.machines))
+		sortByRev(ms)
+		w.log = newRevlog(len(ms))
 	}
 	w.maxRev = max(w.maxRev, ms[len(ms)-1].Rev)
-	if !w.ordered {
-		return
-	}
 	for _, m := range ms {
 		w.log.put(m)
 	}
@@ -133,22 +131,13 @@ func (w *Warm) load(ld *loaded) error {
 		return w.bad[slices.Min(keys)]
 	}
 	w.Settle()
-	ld.byID, ld.pick, ld.slotAt, ld.withSlot = w.machines, w.pick, w.slotAt, w.withSlot
-	if w.ordered {
-		ld.log = w.log
-		// The newest stored machine's revision, as a full load counts it.
-		for i := len(w.log.entries) - 1; i >= 0; i-- {
-			if e := w.log.entries[i]; !e.dead {
-				ld.meta.Rev = max(ld.meta.Rev, e.m.Rev)
-				break
-			}
+	ld.byID, ld.pick, ld.slotAt, ld.withSlot, ld.log = w.machines, w.pick, w.slotAt, w.withSlot, w.log
+	// The newest stored machine's revision, as a full load counts it.
+	for i := len(w.log.entries) - 1; i >= 0; i-- {
+		if e := w.log.entries[i]; !e.dead {
+			ld.meta.Rev = max(ld.meta.Rev, e.m.Rev)
+			break
 		}
-		return nil
-	}
-	ld.machines = slices.Collect(maps.Values(w.machines))
-	sortByRev(ld.machines)
-	if len(ld.machines) > 0 {
-		ld.meta.Rev = max(ld.meta.Rev, ld.machines[len(ld.machines)-1].Rev)
 	}
 	return nil
 }

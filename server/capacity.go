@@ -136,6 +136,11 @@ func holdsHost(state string) bool {
 	return state != desired.Speculative.String() && state != desired.Failed.String()
 }
 
+// holds is holdsHost for a machine of the document (no state names).
+func holds(m *desired.Machine) bool {
+	return m.State != desired.Speculative && m.State != desired.Failed
+}
+
 // ledger is what each zone's machines hold of their host, for the Create
 // check, kept without reading the whole document per Create: the sums of
 // the newest full pass (every machine in a state that holds its host,
@@ -194,7 +199,7 @@ func (l *ledger) start(holding []*desired.Machine) {
 func (l *ledger) sum(machines []*desired.Machine) map[string]capacity.Usage {
 	held := map[string]capacity.Usage{}
 	for _, m := range machines {
-		if !holdsHost(m.State.String()) {
+		if !holds(m) {
 			continue
 		}
 		if vcpu, mib, ok := l.spec(m.InstanceType); ok {
@@ -221,7 +226,7 @@ func (l *ledger) usedBesides(m *desired.Machine, need capacity.Usage) capacity.U
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	used := l.held[m.Zone]
-	if c := find(l.machines, m.ID); c != nil && holdsHost(c.State.String()) && c.Zone == m.Zone {
+	if c := find(l.machines, m.ID); c != nil && holds(c) && c.Zone == m.Zone {
 		used.VCPU = max(used.VCPU-need.VCPU, 0) // itself, counted by the pass
 		used.MemoryBytes -= min(used.MemoryBytes, need.MemoryBytes)
 	}
