@@ -33,43 +33,61 @@ func (sh createShape) String() string {
 }
 
 var (
-	shapeOnce sync.Once
-	shape     createShape
+	shapeMu sync.Mutex
+	shapes  = map[bool]createShape{}
 )
 
-// benchShape acknowledges one Create on the bench replicas while watching
-// their prefix and returns the shape of the txn that carried it.
-func benchShape(b *testing.B, s *replicaSet) createShape {
-	shapeOnce.Do(func() {
-		cl := s.cluster.Client(b)
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		head, err := cl.Get(ctx, s.prefix+"/writer")
-		if err != nil {
+// benchShape acknowledges Creates on the bench replicas while watching
+// their prefix and returns the shape of the txn that carried the last
+// one: after one Create alone (alone), or after 200 in a row from one
+// client (steady), when each Create's txn also carries what the
+// reconciler wrote for the one before (its completion and history, and
+// the simulator's world records), as in BenchmarkHACreateAck.
+func benchShape(b *testing.B, s *replicaSet, steady bool) createShape {
+	shapeMu.Lock()
+	defer shapeMu.Unlock()
+	if sh, ok := shapes[steady]; ok {
+		return sh
+	}
+	cl := s.cluster.Client(b)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	n := 1
+	if steady {
+		n = 200
+	}
+	ids := take(b, n)
+	c := s.client(s.waitLeader(b))
+	head, err := cl.Get(ctx, s.prefix+"/writer")
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Watched from before the first: no pause before the last Create.
+	wch := cl.Watch(ctx, s.prefix+"/", clientv3.WithPrefix(), clientv3.WithRev(head.Header.Revision+1))
+	for _, id := range ids {
+		if _, err := c.Create(ctx, &pb.CreateRequest{MachineId: id}); err != nil {
 			b.Fatal(err)
 		}
-		wch := cl.Watch(ctx, s.prefix+"/", clientv3.WithPrefix(), clientv3.WithRev(head.Header.Revision+1))
-		id := take(b, 1)[0]
-		if _, err := s.client(s.waitLeader(b)).Create(ctx, &pb.CreateRequest{MachineId: id}); err != nil {
-			b.Fatal(err)
-		}
-		// The txn that holds the machine's record.
-		for wr := range wch {
-			for _, ev := range wr.Events {
-				if strings.HasSuffix(string(ev.Kv.Key), id) {
-					for _, e := range wr.Events {
-						if e.Kv.ModRevision == ev.Kv.ModRevision {
-							shape.keys = append(shape.keys, len(e.Kv.Key))
-							shape.values = append(shape.values, len(e.Kv.Value))
-						}
+	}
+	id := ids[n-1]
+	// The first txn that holds the machine's record is its Create's.
+	for wr := range wch {
+		for _, ev := range wr.Events {
+			if strings.HasSuffix(string(ev.Kv.Key), "/m/"+id) {
+				var sh createShape
+				for _, e := range wr.Events {
+					if e.Kv.ModRevision == ev.Kv.ModRevision {
+						sh.keys = append(sh.keys, len(e.Kv.Key))
+						sh.values = append(sh.values, len(e.Kv.Value))
 					}
-					return
 				}
+				shapes[steady] = sh
+				return sh
 			}
 		}
-		b.Fatal("the Create's txn was never seen")
-	})
-	return shape
+	}
+	b.Fatal("the Create's txn was never seen")
+	return createShape{}
 }
 
 // BenchmarkHABareTxn is etcd's own cost of what one Create writes, on the
@@ -77,13 +95,24 @@ func benchShape(b *testing.B, s *replicaSet) createShape {
 // (same key and value sizes) guarded the way the store guards its txns
 // (an election key's create revision and the writer key's mod revision,
 // with the same Else reads), from 1 and from 16 clients, each client its
-// own writer chain. Compare with BenchmarkHACreateAck and
-// BenchmarkHAMutations16.
+// own writer chain. Two shapes: a Create alone, and a Create in a
+// one-client stream (shape=steady), whose txn also carries the
+// reconciler's records for the Create before it (what
+// BenchmarkHACreateAck's txns hold). Compare with BenchmarkHACreateAck
+// and BenchmarkHAMutations16.
 func BenchmarkHABareTxn(b *testing.B) {
-	for _, clients := range []int{1, 16} {
-		b.Run(fmt.Sprintf("clients=%d", clients), func(b *testing.B) {
+	for _, bc := range []struct {
+		clients int
+		steady  bool
+	}{{1, false}, {1, true}, {16, false}} {
+		clients := bc.clients
+		shape := "alone"
+		if bc.steady {
+			shape = "steady"
+		}
+		b.Run(fmt.Sprintf("shape=%s/clients=%d", shape, clients), func(b *testing.B) {
 			s := benchReplicas(b)
-			sh := benchShape(b, s)
+			sh := benchShape(b, s, bc.steady)
 			ctx := context.Background()
 			cl := s.cluster.Client(b)
 			pfx := fmt.Sprintf("/ha/bare-%d-%d", clients, time.Now().UnixNano())
@@ -153,8 +182,8 @@ func BenchmarkHABareTxn(b *testing.B) {
 			b.ReportMetric(ms(pct(lat, 0.50)), "ms-p50")
 			b.ReportMetric(ms(pct(lat, 0.99)), "ms-p99")
 			b.ReportMetric(float64(b.N)/el.Seconds(), "txns/s")
-			fmt.Fprintf(os.Stderr, "bare guarded txn (%s), %d clients: p50 %v p99 %v, %.0f txns/s\n",
-				sh, clients, pct(lat, 0.5).Round(10*time.Microsecond), pct(lat, 0.99).Round(10*time.Microsecond), float64(b.N)/el.Seconds())
+			fmt.Fprintf(os.Stderr, "bare guarded txn of a Create %s (%s), %d clients: p50 %v p99 %v, %.0f txns/s\n",
+				shape, sh, clients, pct(lat, 0.5).Round(10*time.Microsecond), pct(lat, 0.99).Round(10*time.Microsecond), float64(b.N)/el.Seconds())
 		})
 	}
 }
