@@ -74,12 +74,15 @@
 //   - Consistent load. Load reads P/state/ in pages (Options.LoadPageSize)
 //     at the revision of its first page, which is read in a txn guarded by
 //     the term; it restarts if compaction overtakes that revision.
-//   - Warm load. With Options.Warm, Load takes a standby's copy
-//     (Follower.Take) once it is current at the revision Open read
-//     P/writer at in its guarded txn, after the term began: every earlier
-//     term's writes were guarded by an election key deleted before then,
-//     so the copy equals what the guarded read would return. A copy that
-//     does not get there within Options.WarmWait is dropped and Load
+//   - Warm load. With Options.Warm, Open claims P/writer (a put guarded
+//     by the term and by the writer key's revision it read) and Load
+//     takes a standby's copy (Follower.Take) once the claim's event has
+//     reached it: every earlier term's writes were guarded by an election
+//     key deleted before this term began, and the watch delivers events
+//     in order, so the copy equals what a guarded read would return. No
+//     progress report is trusted for it (etcd before 3.4.25 and 3.5.8 may
+//     send one ahead of events still to come, etcd issue 15220). A copy
+//     that does not get there within Options.WarmWait is dropped and Load
 //     reads etcd.
 //
 // # Standbys
@@ -91,11 +94,12 @@
 // its executor and reconcile loop, closes its Store and campaigns again.
 //
 // A Follower keeps a standby's one copy of P/state/: a consistent load,
-// then a watch from the next revision (on a gRPC stream of its own, so
-// etcd answers its progress requests), every event applied as it comes;
-// a watch compacted past, cancelled or closed means a fresh load. Its
-// revision moves with the last applied event or a progress report, and
-// Take waits (asking for progress) until it reaches the revision asked.
+// then a watch of all of P/ from the next revision (on a gRPC stream of
+// its own that requires an etcd leader), every event of P/state/ applied
+// as it comes; a watch compacted past, cancelled or closed means a fresh
+// load. Its revision moves with every event under P/ (the writer key's
+// too) and never with a progress report, and Take waits until it reaches
+// the revision asked.
 //
 // # Operating etcd
 //

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,9 +20,6 @@ const (
 	// DefaultFollowRetry is the longest wait between two attempts to load
 	// and watch again after the watch broke or a load failed.
 	DefaultFollowRetry = 2 * time.Second
-	// progressEvery is how often Take asks etcd for a progress report
-	// while it waits for the copy to reach a revision.
-	progressEvery = 50 * time.Millisecond
 )
 
 // ErrNotCurrent is what Take returns when the copy did not reach the
@@ -79,6 +77,7 @@ type Copy struct {
 // revision; the follower forgets it and Run returns.
 type Follower struct {
 	client *clientv3.Client
+	root   string // prefix + "/": what the watch follows
 	state  string
 	page   int64
 	retry  time.Duration
@@ -115,7 +114,7 @@ func NewFollower(client *clientv3.Client, prefix string, opts FollowOptions) (*F
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Follower{client: client, state: prefix + stateDir, page: int64(opts.LoadPageSize),
+	return &Follower{client: client, root: prefix + "/", state: prefix + stateDir, page: int64(opts.LoadPageSize),
 		retry: opts.Retry, log: log, index: opts.Index, advance: make(chan struct{})}, nil
 }
 
@@ -169,7 +168,11 @@ func (f *Follower) follow(ctx context.Context) (bool, error) {
 	}
 	wctx, cancel := context.WithCancel(followStream(ctx))
 	defer cancel()
-	for wr := range f.client.Watch(wctx, f.state, clientv3.WithPrefix(), clientv3.WithRev(rev+1)) {
+	// The whole prefix, not only the document: the writer key's events
+	// (every leader's first write and every txn) move the copy's revision
+	// too, so a new leader's claim (Store.Open) vouches for the copy
+	// without any progress report.
+	for wr := range f.client.Watch(wctx, f.root, clientv3.WithPrefix(), clientv3.WithRev(rev+1)) {
 		if err := wr.Err(); err != nil {
 			return true, fmt.Errorf("watch %s from revision %d: %w", f.state, f.revision()+1, err)
 		}
@@ -220,14 +223,16 @@ func (f *Follower) apply(wr clientv3.WatchResponse) bool {
 	if f.taken || f.doc == nil {
 		return false
 	}
-	if wr.IsProgressNotify() {
-		f.moveLocked(wr.Header.Revision)
-		return true
-	}
 	if len(wr.Events) == 0 {
+		// A progress report (not asked for; never trusted: etcd before
+		// 3.4.25 and 3.5.8 may send one ahead of events, etcd issue
+		// 15220) moves nothing.
 		return true
 	}
 	for _, ev := range wr.Events {
+		if !strings.HasPrefix(string(ev.Kv.Key), f.state) {
+			continue // the writer or election keys: they only move the revision
+		}
 		k := string(ev.Kv.Key[len(f.state):])
 		if old, ok := f.doc[k]; ok {
 			f.bytes -= int64(len(k) + len(old))
@@ -292,32 +297,23 @@ func (f *Follower) Status() Status {
 	return Status{Revision: f.rev, Keys: len(f.doc), Bytes: f.bytes, Loads: f.loads, Err: f.err, HasCurrent: f.doc != nil}
 }
 
-// RequestProgress asks etcd to report how far the watch has come; the
-// answer moves the revision if the watch has sent everything up to the
-// cluster's current one. etcd answers only a watch that has caught up.
-func (f *Follower) RequestProgress(ctx context.Context) error {
-	return f.client.RequestProgress(followStream(ctx))
-}
-
 // followStream gives the follower's watch a gRPC stream of its own (the
-// client shares one per distinct metadata) that requires an etcd leader:
-// etcd answers a progress request only when every watch on the stream
-// has caught up and none starts in the future, which the election's
-// watches (each from the revision after a read) often do.
+// client shares one per distinct metadata) that requires an etcd leader,
+// so a member that lost its leader cancels the watch and the copy is
+// loaded again.
 func followStream(ctx context.Context) context.Context {
 	return metadata.AppendToOutgoingContext(clientv3.WithRequireLeader(ctx), "bigfleet-watch", "follow")
 }
 
-// Take waits until the copy is current at rev or later (asking etcd for
-// progress reports meanwhile) and hands it over: the follower forgets it
-// and Run returns. A copy current at rev holds every key as of rev; the
-// caller must know that nothing else writes the prefix after rev (a new
-// leader: the old one's writes are fenced). It fails with ErrNotCurrent
-// when ctx ends first.
+// Take waits until the copy is current at rev or later and hands it over:
+// the follower forgets it and Run returns. Only an event at rev or later
+// vouches for that (the watch delivers events in order), so rev must be
+// the revision of a write under the prefix (a new leader's claim of the
+// writer key, Store.Open). A copy current at rev holds every key as of
+// rev; the caller must know that nothing else writes the prefix after
+// rev (a new leader: the old one's writes are fenced). It fails with
+// ErrNotCurrent when ctx ends first.
 func (f *Follower) Take(ctx context.Context, rev int64) (Copy, error) {
-	tick := time.NewTicker(progressEvery)
-	defer tick.Stop()
-	asked := false
 	for {
 		f.mu.Lock()
 		if f.doc != nil && !f.taken && f.rev >= rev {
@@ -328,16 +324,8 @@ func (f *Follower) Take(ctx context.Context, rev int64) (Copy, error) {
 		}
 		have, advance := f.rev, f.advance
 		f.mu.Unlock()
-		if !asked {
-			// One request at once, then one per tick: a report only
-			// comes while the watch has caught up.
-			_ = f.RequestProgress(ctx)
-			asked = true
-		}
 		select {
 		case <-advance:
-		case <-tick.C:
-			asked = false
 		case <-ctx.Done():
 			return Copy{}, fmt.Errorf("%w: at revision %d, revision %d needed: %w", ErrNotCurrent, have, rev, context.Cause(ctx))
 		}

@@ -230,6 +230,22 @@ func Open(ctx context.Context, client *clientv3.Client, prefix string, term *Ter
 		s.writerRev = kvs[0].ModRevision
 	}
 	s.openRev = resp.Header.Revision
+	if opts.Warm != nil {
+		// The claim: the term's first write moves the writer key, so a
+		// warm copy that has seen its event holds everything before it
+		// (the watch delivers in order) without trusting any progress
+		// report. Fenced like every txn: by the term and by the writer
+		// key read above.
+		claim, err := client.Txn(ctx).If(term.Guard(), clientv3.Compare(clientv3.ModRevision(s.writerKey), "=", s.writerRev)).
+			Then(clientv3.OpPut(s.writerKey, fmt.Sprintf("%x/claim", int64(term.Lease())))).Commit()
+		if err != nil {
+			return nil, fmt.Errorf("open etcd store: claim %s: %w", s.writerKey, err)
+		}
+		if !claim.Succeeded {
+			return nil, fmt.Errorf("open etcd store: %w: election key %s is gone, or another writer moved %s", ErrNotLeader, term.Key(), s.writerKey)
+		}
+		s.writerRev, s.openRev = claim.Header.Revision, claim.Header.Revision
+	}
 	s.stopWatch = context.AfterFunc(term.Context(), func() { s.fail(context.Cause(term.Context())) })
 	go s.run()
 	return s, nil

@@ -33,18 +33,16 @@ const maxHeads = 16
 //
 // A warm standby (warm set: the revision its copy of the document is
 // current at) counts a head as reached only once its copy is current at
-// the head's revision (it asks etcd for a progress report after each
-// read, so an idle state confirms too): its lag is the age of the newest
-// head its copy has reached. Without warm, the lag is the age of the
-// last successful read.
+// the head's revision, the writer key's last write (which the copy's
+// watch sees too, so an idle state confirms without a progress report):
+// its lag is the age of the newest head its copy has reached. Without
+// warm, the lag is the age of the last successful read.
 type follower struct {
 	client *clientv3.Client
 	key    string
 	now    func() time.Time
-	// warm, when set, is the revision the standby's copy is current at,
-	// and progress asks etcd to report the copy's watch progress.
-	warm     func() (int64, error)
-	progress func(context.Context) error
+	// warm, when set, is the revision the standby's copy is current at.
+	warm func() (int64, error)
 
 	mu      sync.Mutex
 	started time.Time
@@ -53,7 +51,8 @@ type follower struct {
 	heads   []head    // warm: heads read but not reached yet, oldest first
 }
 
-// head is the cluster's revision at a read of the head, and when.
+// head is the writer key's mod revision at a read (0: never written),
+// and when it was read.
 type head struct {
 	rev int64
 	at  time.Time
@@ -76,11 +75,6 @@ func (f *follower) run(ctx context.Context) {
 			return
 		}
 		f.read(resp, err)
-		if err == nil && f.progress != nil {
-			pctx, cancel := context.WithTimeout(ctx, followTimeout)
-			_ = f.progress(pctx)
-			cancel()
-		}
 		if retry.Sleep(ctx, followEvery) != nil {
 			return
 		}
@@ -103,7 +97,11 @@ func (f *follower) read(resp *clientv3.GetResponse, err error) {
 	if len(f.heads) == maxHeads {
 		f.heads = append(f.heads[:0], f.heads[1:]...)
 	}
-	f.heads = append(f.heads, head{rev: resp.Header.Revision, at: f.now()})
+	var rev int64
+	if len(resp.Kvs) > 0 {
+		rev = resp.Kvs[0].ModRevision
+	}
+	f.heads = append(f.heads, head{rev: rev, at: f.now()})
 }
 
 // lag is how many seconds ago the committed state was last read (since

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -51,8 +52,16 @@ func TestFollowerWarmLag(t *testing.T) {
 	copyRev := int64(5)
 	f := &follower{now: func() time.Time { return now }, started: start,
 		warm: func() (int64, error) { return copyRev, nil }}
+	// The head is the writer key's last write, not the cluster's
+	// revision (other keys, on a shared etcd, move that one).
 	read := func(rev int64) {
-		f.read(&clientv3.GetResponse{Header: &etcdserverpb.ResponseHeader{Revision: rev}}, nil)
+		f.read(&clientv3.GetResponse{Header: &etcdserverpb.ResponseHeader{Revision: rev + 1000},
+			Kvs: []*mvccpb.KeyValue{{Key: []byte("/p/writer"), ModRevision: rev}}}, nil)
+	}
+	// A state never written is reached by any copy.
+	f.read(&clientv3.GetResponse{Header: &etcdserverpb.ResponseHeader{Revision: 50}}, nil)
+	if got := f.lag(); got != 0 {
+		t.Errorf("nothing written yet: lag %v, want 0", got)
 	}
 	now = start.Add(time.Second)
 	read(10)

@@ -91,7 +91,6 @@ func (p *Provider) newReplica(ctx context.Context) (*replica, error) {
 		st := warm.Status()
 		return st.Revision, st.Err
 	}
-	follow.progress = warm.RequestProgress
 	return &replica{client: client, elector: elector, self: e.Identity, follow: follow, warm: warm, slots: slots}, nil
 }
 
