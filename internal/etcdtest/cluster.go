@@ -1,7 +1,6 @@
 package etcdtest
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -44,8 +43,11 @@ type Options struct {
 
 // Cluster is a running embedded etcd cluster.
 type Cluster struct {
-	opts    Options
-	root    string
+	opts Options
+	root string
+	// binary is the etcd binary members run as child processes of, or
+	// "" for embedded members (BinaryEnv).
+	binary  string
 	members []*member
 	// Certs names the TLS files when Options.TLS is set.
 	Certs *Certs
@@ -59,8 +61,13 @@ type member struct {
 	dir       string
 	clientURL url.URL
 	peerURL   url.URL
-	etcd      *embed.Etcd // nil while stopped
+	etcd      *embed.Etcd // nil while stopped (or external)
+	proc      *process    // nil while stopped (or embedded)
 }
+
+func (m *member) embedded() bool { return m.etcd != nil }
+
+func (m *member) running() bool { return m.etcd != nil || m.proc != nil }
 
 // Start runs a cluster for tb and stops it when tb ends.
 func Start(tb testing.TB, opts Options) *Cluster {
@@ -83,7 +90,7 @@ func New(opts Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{opts: opts, root: root}
+	c := &Cluster{opts: opts, root: root, binary: Binary()}
 	if err := c.boot(); err != nil {
 		c.Close()
 		return nil, err
@@ -170,6 +177,9 @@ func (c *Cluster) config(m *member, cluster string) *embed.Config {
 // start runs m and waits until it serves. An existing data directory
 // makes etcd ignore the initial cluster and rejoin as the same member.
 func (c *Cluster) start(m *member, cluster string) error {
+	if c.binary != "" {
+		return c.startProcess(m, cluster)
+	}
 	e, err := embed.StartEtcd(c.config(m, cluster))
 	if err != nil {
 		return fmt.Errorf("start etcd member %s: %w", m.name, err)
@@ -206,21 +216,9 @@ func (c *Cluster) URL(prefix string) string {
 // certificate when the cluster has TLS); the cluster closes it.
 func (c *Cluster) Client(tb testing.TB) *clientv3.Client {
 	tb.Helper()
-	cfg := clientv3.Config{
-		Endpoints:   c.Endpoints(),
-		DialTimeout: 5 * time.Second,
-		Logger:      zap.NewNop(),
-	}
-	if c.Certs != nil {
-		tlsCfg, err := c.Certs.ClientTLS()
-		if err != nil {
-			tb.Fatal(err)
-		}
-		cfg.TLS = tlsCfg
-	}
-	cl, err := clientv3.New(cfg)
+	cl, err := c.newClient(c.Endpoints())
 	if err != nil {
-		tb.Fatalf("etcd client: %v", err)
+		tb.Fatal(err)
 	}
 	c.mu.Lock()
 	c.clients = append(c.clients, cl)
@@ -233,8 +231,13 @@ func (c *Cluster) Client(tb testing.TB) *clientv3.Client {
 func (c *Cluster) Stop(tb testing.TB, i int) {
 	tb.Helper()
 	m := c.members[i]
-	if m.etcd == nil {
+	if !m.running() {
 		tb.Fatalf("etcd member %s is already stopped", m.name)
+	}
+	if m.proc != nil {
+		m.proc.stop()
+		m.proc = nil
+		return
 	}
 	m.etcd.Close()
 	m.etcd = nil
@@ -245,8 +248,13 @@ func (c *Cluster) Stop(tb testing.TB, i int) {
 func (c *Cluster) Kill(tb testing.TB, i int) {
 	tb.Helper()
 	m := c.members[i]
-	if m.etcd == nil {
+	if !m.running() {
 		tb.Fatalf("etcd member %s is already stopped", m.name)
+	}
+	if m.proc != nil {
+		m.proc.kill()
+		m.proc = nil
+		return
 	}
 	m.etcd.Server.HardStop()
 	m.etcd.Close()
@@ -257,7 +265,7 @@ func (c *Cluster) Kill(tb testing.TB, i int) {
 func (c *Cluster) Restart(tb testing.TB, i int) {
 	tb.Helper()
 	m := c.members[i]
-	if m.etcd != nil {
+	if m.running() {
 		tb.Fatalf("etcd member %s is running", m.name)
 	}
 	var s []string
@@ -290,7 +298,7 @@ func (c *Cluster) startStopped() error {
 	var wg sync.WaitGroup
 	errs := make([]error, len(c.members))
 	for i, m := range c.members {
-		if m.etcd == nil {
+		if !m.running() {
 			wg.Go(func() { errs[i] = c.start(m, initial) })
 		}
 	}
@@ -299,11 +307,14 @@ func (c *Cluster) startStopped() error {
 }
 
 // Running reports whether member i runs.
-func (c *Cluster) Running(i int) bool { return c.members[i].etcd != nil }
+func (c *Cluster) Running(i int) bool { return c.members[i].running() }
 
 // Leader returns the index of the raft leader among the running members,
 // or -1 if none of them knows one.
 func (c *Cluster) Leader() int {
+	if c.binary != "" {
+		return c.externalLeader()
+	}
 	for _, m := range c.members {
 		if m.etcd == nil {
 			continue
@@ -332,13 +343,8 @@ func (c *Cluster) WaitLeader(tb testing.TB) int {
 func (c *Cluster) waitLeader() (int, error) {
 	deadline := time.Now().Add(startTimeout)
 	for time.Now().Before(deadline) {
-		if l := c.Leader(); l >= 0 {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			err := c.members[l].etcd.Server.LinearizableReadNotify(ctx)
-			cancel()
-			if err == nil {
-				return l, nil
-			}
+		if l := c.Leader(); l >= 0 && c.linearizable(l) == nil {
+			return l, nil
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -354,6 +360,18 @@ func (c *Cluster) Close() {
 	}
 	c.clients = nil
 	c.mu.Unlock()
+	if c.binary != "" {
+		// Child processes are killed, not stopped: nothing they hold
+		// outlives the cluster, and no member waits for a peer.
+		for _, m := range c.members {
+			if m.proc != nil {
+				m.proc.kill()
+				m.proc = nil
+			}
+		}
+		os.RemoveAll(c.root)
+		return
+	}
 	// Followers first: a leader that stops hands its leadership to a
 	// peer and waits for that, which takes etcd's request timeout when the
 	// peers are stopping too.

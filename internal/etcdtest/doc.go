@@ -1,8 +1,16 @@
-// Package etcdtest runs real etcd clusters inside a test process, built
-// with go.etcd.io/etcd/server/v3/embed: N members (3 by default) on
-// loopback with free ports and data in the test's temporary directory,
+// Package etcdtest runs real etcd clusters for tests, by default inside
+// the test process, built with go.etcd.io/etcd/server/v3/embed: N members
+// (3 by default) on loopback with free ports and data in the test's temporary directory,
 // optionally serving clients over TLS with client-certificate auth from a
 // freshly generated CA.
+//
+// With ETCDTEST_BINARY naming an etcd binary (Debian's etcd-server ships
+// 3.4 as /usr/bin/etcd), every member runs instead as a child process of
+// that binary with the same settings given as flags, so a suite can be
+// run against an etcd release other than the one this module embeds.
+// Each process has its own process group and dies with the test binary
+// (Pdeathsig); Kill is SIGKILL, Stop is SIGTERM, and Close kills every
+// member and waits for it.
 //
 // Invariants tests may rely on:
 //   - Start (and New) return only when every member is ready and the
