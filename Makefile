@@ -26,10 +26,10 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 RACE := $(shell [ "$$($(GO) env CGO_ENABLED)" = 1 ] && command -v "$$($(GO) env CC | cut -d' ' -f1)" >/dev/null 2>&1 && echo -race)
 FUZZTIME ?= 30s
 
-.PHONY: help build run test bench bench-scale fuzz golden proto lint check integration soak ha ha-bench pve-sim clean image local-base deploy-test container-test
+.PHONY: help build run test bench bench-scale fuzz golden proto lint check integration soak ha ha-bench ha-etcd34 pve-sim clean image local-base deploy-test container-test
 
 help: ## List the targets.
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
 build: ## Build bin/provider (static, CGO-free, version-stamped).
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/provider
@@ -85,6 +85,16 @@ ha: ## High-availability suite: fail-over under load, zombie leader, etcd faults
 ha-bench: ## HA benchmarks (etcd store): Create ack and 16-client throughput against bare guarded txns at 100,000 machines; takeover split into lease and provider at 1,000/10,000/100,000.
 	$(GO) test -tags ha -run '^$$' -bench 'HACreateAck|HAMutations16|HABareTxn' -benchtime 2000x -timeout 60m ./acceptance/ha/
 	$(GO) test -tags ha -run '^$$' -bench 'HATakeoverScale' -benchtime 5x -timeout 60m ./acceptance/ha/
+
+# The same suite and the 100,000-machine takeover against Debian's etcd
+# 3.4 (etcd-server) run as separate processes, not the embedded etcd.
+ha-etcd34: ## HA suite and the 100,000-machine takeover benchmark against Debian's etcd-server 3.4 (/usr/bin/etcd, installed if missing) instead of the embedded etcd.
+	bash scripts/etcd-server.sh
+	bash scripts/prometheus.sh
+	$(GO) vet -tags ha ./acceptance/ha/
+	ETCDTEST_BINARY=/usr/bin/etcd $(GO) test -count=1 -timeout 10m ./internal/etcdtest/
+	ETCDTEST_BINARY=/usr/bin/etcd CI=$${CI:-true} $(GO) test $(RACE) -tags ha -count=1 -timeout 20m -v ./acceptance/ha/
+	ETCDTEST_BINARY=/usr/bin/etcd $(GO) test -tags ha -run '^$$' -bench 'HATakeoverScale/machines=100000' -benchtime 5x -timeout 30m ./acceptance/ha/
 
 # The documented cap, at a million slots: minutes and several GiB each.
 bench-scale: ## The cap: 100,000 and 1,000,000 slots (and 250,000 with 1 KiB labels), file journal and etcd: boot, RSS, full List, Create ack.
