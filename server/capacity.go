@@ -129,15 +129,10 @@ func refuseOver(ctx context.Context, hv hypervisors.Hypervisor, latest *capacity
 	return nil
 }
 
-// holdsHost says whether a machine in state holds (or is about to hold)
-// host resources: every state but SPECULATIVE (no VM) and FAILED (its VM
-// is reaped).
-func holdsHost(state string) bool {
-	return state != desired.Speculative.String() && state != desired.Failed.String()
-}
-
-// holds is holdsHost for a machine of the document (no state names).
-func holds(m *desired.Machine) bool {
+// holdsHost says whether machine m holds (or is about to hold) host
+// resources: in every state but SPECULATIVE (no VM) and FAILED (its VM is
+// reaped).
+func holdsHost(m *desired.Machine) bool {
 	return m.State != desired.Speculative && m.State != desired.Failed
 }
 
@@ -199,7 +194,7 @@ func (l *ledger) start(holding []*desired.Machine) {
 func (l *ledger) sum(machines []*desired.Machine) map[string]capacity.Usage {
 	held := map[string]capacity.Usage{}
 	for _, m := range machines {
-		if !holds(m) {
+		if !holdsHost(m) {
 			continue
 		}
 		if vcpu, mib, ok := l.spec(m.InstanceType); ok {
@@ -226,7 +221,7 @@ func (l *ledger) usedBesides(m *desired.Machine, need capacity.Usage) capacity.U
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	used := l.held[m.Zone]
-	if c := find(l.machines, m.ID); c != nil && holds(c) && c.Zone == m.Zone {
+	if c := find(l.machines, m.ID); c != nil && holdsHost(c) && c.Zone == m.Zone {
 		used.VCPU = max(used.VCPU-need.VCPU, 0) // itself, counted by the pass
 		used.MemoryBytes -= min(used.MemoryBytes, need.MemoryBytes)
 	}

@@ -175,7 +175,7 @@ func openTerm(ctx context.Context, cfg *config.Config, log *slog.Logger, m *metr
 		// What the zones' machines hold, from the start (a Create before
 		// the first pass is held against the stored machines too).
 		l := newLedger(types)
-		l.start(doc.Select(holds))
+		l.start(doc.Select(holdsHost))
 		check = hostCheck(t.hv, t.latest, l, types, cfg.CapacityOvercommit, capacityReadTimeout, t.metrics, log)
 		fit = hostFit(t.latest, l, types, cfg.CapacityOvercommit, cfg.CapacityCheck == config.CapacityRefuse)
 	}
