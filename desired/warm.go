@@ -117,9 +117,6 @@ func (w *Warm) Settle() {
 	}
 }
 
-// Len is how many machine records the copy holds (valid or not).
-func (w *Warm) Len() int { return len(w.machines) + len(w.bad) }
-
 // load is what Open reads of the copy; stored must be the values the copy
 // was built from (the follower hands both over together).
 func (w *Warm) load(ld *loaded) error {

@@ -215,8 +215,8 @@ func (f *Follower) install(m map[string][]byte, rev int64) bool {
 
 // apply applies one watch response to the copy; false once it was taken.
 // Events of one revision arrive together, so after the events the copy is
-// current at the last one's revision; a progress report (no events) says
-// the watch has sent everything up to its header's revision.
+// current at the last one's revision; a response without events (a
+// progress report) changes nothing.
 func (f *Follower) apply(wr clientv3.WatchResponse) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
