@@ -59,6 +59,8 @@ type guest struct {
 	// sim is the guest its agent reaches, made on first use (from Disk
 	// after a load).
 	sim *guestsim.Guest
+	// dirty: sim changed since Disk was last taken from it.
+	dirty bool
 }
 
 // Starts counts guest commands that started, by kind.
@@ -118,9 +120,17 @@ func (m *Machine) PowerOff(p observed.Power) {
 	m.RunningSince = time.Time{}
 	if m.Guest.sim != nil {
 		m.Guest.sim.Reboot()
+		m.takeDisk()
+	}
+}
+
+// takeDisk makes Disk what the simulated guest is now.
+func (m *Machine) takeDisk() {
+	if m.Guest.sim != nil {
 		st := m.Guest.sim.State()
 		m.Guest.Disk = &st
 	}
+	m.Guest.dirty = false
 }
 
 func (g *guest) state() GuestState {
@@ -231,9 +241,14 @@ func (a *fakeAgent) use(ctx context.Context, op string, argv []string, change bo
 	}
 	g := s.guestOf(m, a.t)
 	err = fn(m, g)
-	if change {
-		st := g.State()
-		m.Guest.Disk = &st
+	if change || m.Guest.dirty {
+		// One record for the whole request: a command's effects and the
+		// wrapper's record of its start and end are durable together, as
+		// a real guest's wrapper makes "started" durable before the
+		// command runs. Saved separately, a crash between them left a
+		// world where a drain had run but its record said it never
+		// started, and it ran again.
+		m.takeDisk()
 		s.vms.Save(a.t)
 	}
 	return err
@@ -243,10 +258,11 @@ func (a *fakeAgent) use(ctx context.Context, op string, argv []string, change bo
 func (s *Core) guestOf(m *Machine, t hypervisors.Target) *guestsim.Guest {
 	if m.Guest.sim == nil {
 		progs := s.programs(t)
+		changed := func() { m.Guest.dirty = true }
 		if m.Guest.Disk != nil {
-			m.Guest.sim = guestsim.Restore(*m.Guest.Disk, progs, nil)
+			m.Guest.sim = guestsim.Restore(*m.Guest.Disk, progs, changed)
 		} else {
-			m.Guest.sim = guestsim.New(progs, nil)
+			m.Guest.sim = guestsim.New(progs, changed)
 		}
 	}
 	return m.Guest.sim
@@ -474,7 +490,7 @@ func (s *Core) run(t hypervisors.Target, p *guestsim.Proc) guestsim.Run {
 				m.Guest.DrainKeys = append([]string(nil), m.Guest.DrainKeys[n-maxDrainKeys:]...)
 			}
 		}
-		r.Save(t)
+		m.Guest.dirty = true // saved by the request that started it
 		return took(exited(0, "node drained\n", ""))
 	case cmdUnknown:
 		m.Guest.Starts.Other++
@@ -521,21 +537,25 @@ func (s *Core) run(t hypervisors.Target, p *guestsim.Proc) guestsim.Run {
 			defer s.mu.Unlock()
 			if m, _, err := r.Find(t); err == nil && m.Guest.sim != nil {
 				m.Guest.sim.Settle()
+				if m.Guest.dirty {
+					m.takeDisk()
+					r.Save(t)
+				}
 			}
 		}()
 		return guestsim.Run{For: s.opts.SlowOK, Exit: func(*guestsim.Proc) guestsim.Run {
 			if m, _, err := r.Find(t); err == nil {
-				s.joined(r, t, m, p.Key, argv, cluster, blob)
+				s.joined(m, p.Key, argv, cluster, blob)
 			}
 			return exited(0, "joined cluster "+cluster+"\n", "")
 		}}
 	}
-	s.joined(r, t, m, p.Key, argv, cluster, blob)
+	s.joined(m, p.Key, argv, cluster, blob)
 	return took(exited(0, "joined cluster "+cluster+"\n", ""))
 }
 
 // joined records a successful bootstrap; s.mu is held.
-func (s *Core) joined(r Machines, t hypervisors.Target, m *Machine, key string, argv []string, cluster string, blob guestsim.File) {
+func (s *Core) joined(m *Machine, key string, argv []string, cluster string, blob guestsim.File) {
 	m.Guest.Bootstraps = append(m.Guest.Bootstraps, Bootstrap{
 		Cluster:    cluster,
 		Argv:       append([]string(nil), argv...),
@@ -547,7 +567,7 @@ func (s *Core) joined(r Machines, t hypervisors.Target, m *Machine, key string, 
 	})
 	m.Guest.Cluster = cluster
 	m.Guest.Cordoned = false
-	r.Save(t)
+	m.Guest.dirty = true // saved by the request (or the settling) that ended it
 }
 
 // Guest returns a copy of a VM's simulated guest, or false if the VM is

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/bigfleet-vm/provider/hypervisors"
+	"github.com/bigfleet-vm/provider/hypervisors/guest"
 	"github.com/bigfleet-vm/provider/hypervisors/simcore"
 	"github.com/bigfleet-vm/provider/observed"
 )
@@ -76,6 +78,53 @@ func testPersistence(t *testing.T, s Shape) {
 		}
 	})
 
+	// A guest command runs at most once, also when the process that ran
+	// the simulator dies: whatever tail of the journal a crash loses, a
+	// world that shows a command's effect also shows the wrapper's record
+	// that it started and how it ends, so a new simulator re-driving the
+	// same operation reports it instead of running it again (a drain ran
+	// twice in the fail-over suite when a crash fell between two records
+	// of one request).
+	t.Run("a-crash-never-runs-a-command-twice", func(t *testing.T) {
+		ctx := context.Background()
+		for _, c := range []struct {
+			name string
+			op   func(b built) guest.Op
+			ran  func(g simcore.GuestState) int
+		}{
+			{"drain", func(built) guest.Op {
+				return guest.Op{Key: "op-1-drain", Argv: []string{simcore.DefaultDrainCommand}, Rerun: true}
+			}, func(g simcore.GuestState) int { return len(g.DrainKeys) }},
+			{"bootstrap", func(b built) guest.Op {
+				return guest.Op{Key: "op-1-bootstrap", Argv: b.bootstrap,
+					Stage: &guest.Stage{Target: b.blobPath, Data: secret, Have: true}}
+			}, func(g simcore.GuestState) int { return len(g.Bootstraps) }},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				mem := newJournal()
+				b := buildRunning(t, s, simcore.Options{Store: mem}, "c-1")
+				from := mem.Len()
+				op := c.op(b)
+				if out, err := guest.Run(ctx, agent{b.h, b.t}, op); err != nil || out.ExitCode != 0 {
+					t.Fatalf("%s: %+v, %v", c.name, out, err)
+				}
+				to := mem.Len()
+				if to == from {
+					t.Fatalf("the %s journaled nothing", c.name)
+				}
+				for n := from; n <= to; n++ {
+					h := s.open(t, simcore.Options{State: mem.Prefix(n)})
+					if out, err := guest.Run(ctx, agent{h, b.t}, op); err != nil || out.ExitCode != 0 {
+						t.Fatalf("after a crash behind record %d of %d: the %s re-driven: %+v, %v", n-from, to-from, c.name, out, err)
+					}
+					if g, _ := h.Guest(b.t); c.ran(g) != 1 {
+						t.Errorf("after a crash behind record %d of %d the %s ran %d times, want once", n-from, to-from, c.name, c.ran(g))
+					}
+				}
+			})
+		}
+	})
+
 	t.Run("removal-is-journaled", func(t *testing.T) {
 		mem := newJournal()
 		h := s.open(t, simcore.Options{Store: mem})
@@ -107,10 +156,17 @@ func testPersistence(t *testing.T, s Shape) {
 	})
 }
 
-// journal is a Store that keeps the world's records in a map.
+// journal is a Store that keeps the world's records in a map, and every
+// record in the order it was journaled.
 type journal struct {
-	mu sync.Mutex
-	m  map[string][]byte
+	mu  sync.Mutex
+	m   map[string][]byte
+	log []journaled
+}
+
+type journaled struct {
+	key   string
+	value []byte
 }
 
 func newJournal() *journal { return &journal{m: map[string][]byte{}} }
@@ -118,15 +174,60 @@ func newJournal() *journal { return &journal{m: map[string][]byte{}} }
 func (j *journal) Journal(key string, value []byte) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	value = bytes.Clone(value)
+	j.log = append(j.log, journaled{key, value})
 	if value == nil {
 		delete(j.m, key)
 		return
 	}
-	j.m[key] = append([]byte(nil), value...)
+	j.m[key] = value
+}
+
+// Len is how many records were journaled so far.
+func (j *journal) Len() int {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return len(j.log)
+}
+
+// Prefix is the world as a crash would leave it after the first n
+// records: a store makes one Journal call durable whole or not at all,
+// and in order, but may lose any tail of them.
+func (j *journal) Prefix(n int) map[string][]byte {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	out := map[string][]byte{}
+	for _, r := range j.log[:n] {
+		if r.value == nil {
+			delete(out, r.key)
+		} else {
+			out[r.key] = r.value
+		}
+	}
+	return out
 }
 
 func (j *journal) Snapshot() map[string][]byte {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	return maps.Clone(j.m)
+}
+
+// agent is one VM's guest agent as a guest.Runner, as the executor drives
+// it.
+type agent struct {
+	h hypervisors.Hypervisor
+	t hypervisors.Target
+}
+
+func (a agent) Exec(ctx context.Context, argv []string) (hypervisors.ExecResult, error) {
+	return a.h.AgentExec(ctx, a.t, argv)
+}
+
+func (a agent) WriteFile(ctx context.Context, p string, data []byte, mode os.FileMode) error {
+	return a.h.AgentWriteFile(ctx, a.t, p, data, mode)
+}
+
+func (a agent) RemoveFile(ctx context.Context, p string) error {
+	return a.h.AgentRemoveFile(ctx, a.t, p)
 }
