@@ -72,6 +72,12 @@
 //     each simulator under its own key prefix, so the journal
 //     holds the changes in order; the provider shares its state store, so
 //     a crash can never leave the desired document ahead of the world.
+//   - One guest-agent request is journaled as one record of its VM: the
+//     effects of a command it ran (a drain, a bootstrap's join) and the
+//     wrapper's record of that command's start and end are durable
+//     together, as a real wrapper makes "started" durable before the
+//     command runs. A crash therefore never leaves a command that ran
+//     without its record, which would run it again.
 //   - The journaled world never contains file contents written through the
 //     guest agent, so the bootstrap blob never reaches disk: a guest's
 //     files are journaled as mode, SHA-256 and size (guestsim.State), and
