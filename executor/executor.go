@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -460,25 +459,6 @@ func (e *Executor) checkOwned(ctx context.Context, machine string, t hypervisors
 	return false, nil
 }
 
-// vmAgent is one VM's guest agent through the hypervisor's agent methods:
-// a guest.Runner.
-type vmAgent struct {
-	hv hypervisors.Hypervisor
-	t  hypervisors.Target
-}
-
-func (a vmAgent) Exec(ctx context.Context, argv []string) (hypervisors.ExecResult, error) {
-	return a.hv.AgentExec(ctx, a.t, argv)
-}
-
-func (a vmAgent) WriteFile(ctx context.Context, p string, data []byte, mode os.FileMode) error {
-	return a.hv.AgentWriteFile(ctx, a.t, p, data, mode)
-}
-
-func (a vmAgent) RemoveFile(ctx context.Context, p string) error {
-	return a.hv.AgentRemoveFile(ctx, a.t, p)
-}
-
 // opKey names a step's guest command for its transition in the guest's
 // records: the operation id and what it runs.
 func opKey(opID string, a planner.Action) string {
@@ -495,7 +475,7 @@ func (e *Executor) recorded(ctx context.Context, machine, opID string, s planner
 		op.Starting = func(ctx context.Context) error { return e.o.ExecStarting(ctx, machine, opID, s.ID) }
 	}
 	e.o.Logger.Info("guest command starting", "machine", machine, "op", opID, "step", s.ID)
-	out, err := guest.Run(ctx, vmAgent{e.o.Hypervisor, s.Target}, op)
+	out, err := guest.Run(ctx, guest.VM{Hypervisor: e.o.Hypervisor, Target: s.Target}, op)
 	if e.o.Record != nil {
 		ev := desired.Event{Kind: desired.EventGuest, OpID: opID, Action: string(s.Action), Outcome: "ok"}
 		if err != nil {
@@ -635,7 +615,7 @@ func (e *Executor) removeBlob(ctx context.Context, machine, opID string, s plann
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), removeTimeout)
 	defer cancel()
 	err := retry.Do(rctx, e.policy, removable, func(ctx context.Context) error {
-		return guest.Unstage(ctx, vmAgent{e.o.Hypervisor, s.Target}, key, s.Params.BlobPath)
+		return guest.Unstage(ctx, guest.VM{Hypervisor: e.o.Hypervisor, Target: s.Target}, key, s.Params.BlobPath)
 	})
 	if err != nil && !errors.Is(err, hypervisors.ErrNotFound) {
 		e.o.Logger.Warn("could not remove bootstrap blob from guest", "machine", machine, "op", opID, "vm", s.Target.Name, "err", err)
@@ -694,7 +674,7 @@ func (e *Executor) drain(ctx context.Context, machine, opID string, s planner.St
 // read from the guest's record when its answer is lost.
 func (e *Executor) ready(ctx context.Context, opID string, s planner.Step) error {
 	op := guest.Op{Key: opKey(opID, s.Action), Argv: s.Params.Exec, Repeat: true, Retry: e.policy, Wait: e.policy}
-	agent := vmAgent{e.o.Hypervisor, s.Target}
+	agent := guest.VM{Hypervisor: e.o.Hypervisor, Target: s.Target}
 	return retry.Do(ctx, e.policy, func(err error) bool {
 		return errors.Is(err, errNotReady) || hypervisors.Retryable(err)
 	}, func(ctx context.Context) error {

@@ -24,6 +24,27 @@ type Runner interface {
 	RemoveFile(ctx context.Context, path string) error
 }
 
+var _ Runner = VM{}
+
+// VM is one VM's guest agent reached through its hypervisor's agent
+// methods: the Runner the executor drives.
+type VM struct {
+	Hypervisor hypervisors.Hypervisor
+	Target     hypervisors.Target
+}
+
+func (v VM) Exec(ctx context.Context, argv []string) (hypervisors.ExecResult, error) {
+	return v.Hypervisor.AgentExec(ctx, v.Target, argv)
+}
+
+func (v VM) WriteFile(ctx context.Context, p string, data []byte, mode os.FileMode) error {
+	return v.Hypervisor.AgentWriteFile(ctx, v.Target, p, data, mode)
+}
+
+func (v VM) RemoveFile(ctx context.Context, p string) error {
+	return v.Hypervisor.AgentRemoveFile(ctx, v.Target, p)
+}
+
 // Op is a recorded guest command: run under the wrapper (Script), which
 // records in the guest that it started and how it ended, under Key.
 type Op struct {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"maps"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -105,7 +104,7 @@ func testPersistence(t *testing.T, s Shape) {
 				b := buildRunning(t, s, simcore.Options{Store: mem}, "c-1")
 				from := mem.Len()
 				op := c.op(b)
-				if out, err := guest.Run(ctx, agent{b.h, b.t}, op); err != nil || out.ExitCode != 0 {
+				if out, err := guest.Run(ctx, guest.VM{Hypervisor: b.h, Target: b.t}, op); err != nil || out.ExitCode != 0 {
 					t.Fatalf("%s: %+v, %v", c.name, out, err)
 				}
 				to := mem.Len()
@@ -114,7 +113,7 @@ func testPersistence(t *testing.T, s Shape) {
 				}
 				for n := from; n <= to; n++ {
 					h := s.open(t, simcore.Options{State: mem.Prefix(n)})
-					if out, err := guest.Run(ctx, agent{h, b.t}, op); err != nil || out.ExitCode != 0 {
+					if out, err := guest.Run(ctx, guest.VM{Hypervisor: h, Target: b.t}, op); err != nil || out.ExitCode != 0 {
 						t.Fatalf("after a crash behind record %d of %d: the %s re-driven: %+v, %v", n-from, to-from, c.name, out, err)
 					}
 					if g, _ := h.Guest(b.t); c.ran(g) != 1 {
@@ -211,23 +210,4 @@ func (j *journal) Snapshot() map[string][]byte {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	return maps.Clone(j.m)
-}
-
-// agent is one VM's guest agent as a guest.Runner, as the executor drives
-// it.
-type agent struct {
-	h hypervisors.Hypervisor
-	t hypervisors.Target
-}
-
-func (a agent) Exec(ctx context.Context, argv []string) (hypervisors.ExecResult, error) {
-	return a.h.AgentExec(ctx, a.t, argv)
-}
-
-func (a agent) WriteFile(ctx context.Context, p string, data []byte, mode os.FileMode) error {
-	return a.h.AgentWriteFile(ctx, a.t, p, data, mode)
-}
-
-func (a agent) RemoveFile(ctx context.Context, p string) error {
-	return a.h.AgentRemoveFile(ctx, a.t, p)
 }
