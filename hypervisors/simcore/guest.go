@@ -216,8 +216,9 @@ type fakeAgent struct {
 }
 
 // use runs fn on t's guest with the world locked, once the hook let the
-// request through and the agent answers; a change is journaled.
-func (a *fakeAgent) use(ctx context.Context, op string, argv []string, change bool, fn func(m *Machine, g *guestsim.Guest) error) error {
+// request through and the agent answers. Whatever it changed (the guest
+// marks itself dirty) is journaled as one record of the VM.
+func (a *fakeAgent) use(ctx context.Context, op string, argv []string, fn func(m *Machine, g *guestsim.Guest) error) error {
 	s := a.s
 	if h := s.CurrentHook(); h != nil {
 		if err := h(ctx, Call{Op: op, Zone: a.t.Zone, Target: a.t, Argv: argv}); err != nil {
@@ -241,7 +242,7 @@ func (a *fakeAgent) use(ctx context.Context, op string, argv []string, change bo
 	}
 	g := s.guestOf(m, a.t)
 	err = fn(m, g)
-	if change || m.Guest.dirty {
+	if m.Guest.dirty {
 		// One record for the whole request: a command's effects and the
 		// wrapper's record of its start and end are durable together, as
 		// a real guest's wrapper makes "started" durable before the
@@ -269,13 +270,13 @@ func (s *Core) guestOf(m *Machine, t hypervisors.Target) *guestsim.Guest {
 }
 
 func (a *fakeAgent) Ping(ctx context.Context) error {
-	return a.use(ctx, "agent/ping", nil, false, func(*Machine, *guestsim.Guest) error { return nil })
+	return a.use(ctx, "agent/ping", nil, func(*Machine, *guestsim.Guest) error { return nil })
 }
 
 // Exec starts argv; any failure before the guest saw it is Refused.
 func (a *fakeAgent) Exec(ctx context.Context, argv []string) (int, error) {
 	var pid int
-	err := a.use(ctx, AgentExecOp, argv, true, func(_ *Machine, g *guestsim.Guest) error {
+	err := a.use(ctx, AgentExecOp, argv, func(_ *Machine, g *guestsim.Guest) error {
 		var err error
 		pid, err = g.Exec(argv)
 		if err != nil {
@@ -291,7 +292,7 @@ func (a *fakeAgent) Exec(ctx context.Context, argv []string) (int, error) {
 
 func (a *fakeAgent) Status(ctx context.Context, pid int) (guestproto.Status, error) {
 	var st guestsim.Status
-	err := a.use(ctx, AgentStatusOp, nil, false, func(_ *Machine, g *guestsim.Guest) error {
+	err := a.use(ctx, AgentStatusOp, nil, func(_ *Machine, g *guestsim.Guest) error {
 		var err error
 		st, err = g.Status(pid)
 		if errors.Is(err, guestsim.ErrBadPID) {
@@ -313,7 +314,7 @@ func (a *fakeAgent) Status(ctx context.Context, pid int) (guestproto.Status, err
 }
 
 func (a *fakeAgent) Write(ctx context.Context, path string, data []byte) error {
-	return a.use(ctx, AgentWriteOp, nil, true, func(_ *Machine, g *guestsim.Guest) error {
+	return a.use(ctx, AgentWriteOp, nil, func(_ *Machine, g *guestsim.Guest) error {
 		if err := g.Write(path, data); err != nil {
 			return fmt.Errorf("guest-file-write %s: %w: %w", path, err, hypervisors.ErrInvalid)
 		}
