@@ -155,11 +155,10 @@ func testPersistence(t *testing.T, s Shape) {
 	})
 }
 
-// journal is a Store that keeps the world's records in a map, and every
-// record in the order it was journaled.
+// journal is a Store that keeps every record in the order it was
+// journaled.
 type journal struct {
 	mu  sync.Mutex
-	m   map[string][]byte
 	log []journaled
 }
 
@@ -168,19 +167,16 @@ type journaled struct {
 	value []byte
 }
 
-func newJournal() *journal { return &journal{m: map[string][]byte{}} }
+func newJournal() *journal { return &journal{} }
 
 func (j *journal) Journal(key string, value []byte) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	value = bytes.Clone(value)
-	j.log = append(j.log, journaled{key, value})
-	if value == nil {
-		delete(j.m, key)
-		return
-	}
-	j.m[key] = value
+	j.log = append(j.log, journaled{key, bytes.Clone(value)})
 }
+
+// Snapshot is the world as journaled so far.
+func (j *journal) Snapshot() map[string][]byte { return j.Prefix(j.Len()) }
 
 // Len is how many records were journaled so far.
 func (j *journal) Len() int {
@@ -189,9 +185,6 @@ func (j *journal) Len() int {
 	return len(j.log)
 }
 
-// Prefix is the world as a crash would leave it after the first n
-// records: a store makes one Journal call durable whole or not at all,
-// and in order, but may lose any tail of them.
 func (j *journal) Prefix(n int) map[string][]byte {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -204,10 +197,4 @@ func (j *journal) Prefix(n int) map[string][]byte {
 		}
 	}
 	return out
-}
-
-func (j *journal) Snapshot() map[string][]byte {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	return maps.Clone(j.m)
 }
