@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -16,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/bigfleet-vm/provider/internal/freeport"
 
 	"github.com/google/go-cmp/cmp"
 	dto "github.com/prometheus/client_model/go"
@@ -44,15 +45,8 @@ type exported map[string]map[string]bool
 // hypervisor calls, commits, an unreachable zone), and scrapes /metrics.
 func gatherExported(t *testing.T) exported {
 	t.Helper()
-	free := func() string {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
-		return l.Addr().String()
-	}
-	grpcAddr, metricsAddr := free(), free()
+	addrs := freeport.T(t, 2)
+	grpcAddr, metricsAddr := addrs[0], addrs[1]
 	// gRPC serves TLS so the certificate expiry gauge has a series.
 	dir := t.TempDir()
 	ca := newCA(t, "obs-ca")

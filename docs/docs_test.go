@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bigfleet-vm/provider/internal/freeport"
+
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/bigfleet-vm/provider/config"
@@ -84,15 +86,11 @@ func blocks(t *testing.T, page string) []block {
 	return out
 }
 
-// freePort returns a loopback port nobody listens on right now.
+// freePort returns a loopback port nobody listens on right now, outside
+// the ephemeral range.
 func freePort(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	_, p, _ := net.SplitHostPort(l.Addr().String())
+	_, p, _ := net.SplitHostPort(freeport.T(t, 1)[0])
 	return p
 }
 

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -15,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/bigfleet-vm/provider/internal/freeport"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -32,17 +33,6 @@ import (
 	"github.com/bigfleet-vm/provider/server"
 )
 
-// freePort returns a loopback address nobody listens on right now.
-func freePort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // harness is a provider on the libvirt-shaped simulator, served on
 // loopback, with a gRPC client and an HTTP client for /metrics and /admin.
 type harness struct {
@@ -53,7 +43,8 @@ type harness struct {
 
 func start(t *testing.T) (*harness, *config.Config) {
 	t.Helper()
-	grpcAddr, metricsAddr := freePort(t), freePort(t)
+	addrs := freeport.T(t, 2)
+	grpcAddr, metricsAddr := addrs[0], addrs[1]
 	cfg, err := config.Parse(plugin.MustRegistry(libvirt.Plugin(), proxmox.Plugin()), []string{"--use-fake-backend", "--installation-id", "mt", "--seed-count", "6",
 		"--state", filepath.Join(t.TempDir(), "state"), "--addr", grpcAddr, "--metrics-addr", metricsAddr,
 		"--reconcile-interval", "0", "--shutdown-grace", "2s", "--fake-admin",
@@ -332,7 +323,8 @@ func TestDriftMetrics(t *testing.T) {
 // 3,000 scrapes saw the series absent 450 times, at 0 1,130 times, at 1
 // 1,338 times, at 2 82 times, from a Reset() then Inc()s).
 func TestScrapeConsistency(t *testing.T) {
-	grpcAddr, metricsAddr := freePort(t), freePort(t)
+	addrs := freeport.T(t, 2)
+	grpcAddr, metricsAddr := addrs[0], addrs[1]
 	cfg, err := config.Parse(plugin.MustRegistry(libvirt.Plugin(), proxmox.Plugin()), []string{"--use-fake-backend", "--installation-id", "sc", "--seed-count", "12",
 		"--state", filepath.Join(t.TempDir(), "state"), "--addr", grpcAddr, "--metrics-addr", metricsAddr,
 		"--reconcile-interval", "500ms", "--drift-repair-delay", "1h", "--shutdown-grace", "2s", "--fake-admin"}, io.Discard)

@@ -3,7 +3,6 @@ package etcdtest
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -12,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bigfleet-vm/provider/internal/freeport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
@@ -86,6 +86,27 @@ func New(opts Options) (*Cluster, error) {
 	if opts.Members == 0 {
 		opts.Members = 3
 	}
+	var err error
+	for range bootTries {
+		var c *Cluster
+		if c, err = boot(opts); err == nil || !freeport.InUse(err) {
+			return c, err
+		}
+		// Another process took a port between the pick and the
+		// member's bind: a new cluster on new ports.
+	}
+	return nil, fmt.Errorf("%w (on %d sets of free ports)", err, bootTries)
+}
+
+// pickAddrs picks the members' addresses; a test replaces it to lose
+// the race for a port.
+var pickAddrs = freeport.Addrs
+
+// bootTries bounds the clusters New starts when a member loses the race
+// for its port.
+const bootTries = 3
+
+func boot(opts Options) (*Cluster, error) {
 	root, err := os.MkdirTemp("", "etcdtest-")
 	if err != nil {
 		return nil, err
@@ -108,36 +129,25 @@ func (c *Cluster) boot() error {
 		c.Certs = certs
 		scheme = "https"
 	}
+	// Ports outside the ephemeral range: a member dialling its peers
+	// cannot take one as its source port before its neighbour listens.
+	addrs, err := pickAddrs(2 * c.opts.Members)
+	if err != nil {
+		return err
+	}
 	for i := range c.opts.Members {
-		caddr, err := freeAddr()
-		if err != nil {
-			return err
-		}
-		paddr, err := freeAddr()
-		if err != nil {
-			return err
-		}
 		c.members = append(c.members, &member{
 			name:      fmt.Sprintf("m%d", i),
 			dir:       filepath.Join(c.root, fmt.Sprintf("m%d", i)),
-			clientURL: url.URL{Scheme: scheme, Host: caddr},
-			peerURL:   url.URL{Scheme: "http", Host: paddr},
+			clientURL: url.URL{Scheme: scheme, Host: addrs[2*i]},
+			peerURL:   url.URL{Scheme: "http", Host: addrs[2*i+1]},
 		})
 	}
 	if err := c.startStopped(); err != nil {
 		return err
 	}
-	_, err := c.waitLeader()
+	_, err = c.waitLeader()
 	return err
-}
-
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", fmt.Errorf("find a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
 }
 
 func (c *Cluster) config(m *member, cluster string) *embed.Config {

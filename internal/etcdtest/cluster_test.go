@@ -2,9 +2,11 @@ package etcdtest
 
 import (
 	"context"
+	"net"
 	"testing"
 	"time"
 
+	"github.com/bigfleet-vm/provider/internal/freeport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -74,5 +76,41 @@ func TestRestartOne(t *testing.T) {
 	resp, err := cl.Get(context.Background(), "/while-down")
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("key written while member 2 was down: %v %v", resp, err)
+	}
+}
+
+// TestNewRetriesTakenPort: a member whose port another process took
+// between the pick and its bind (CI saw "bind: address already in use")
+// costs New a new set of ports, not the test.
+func TestNewRetriesTakenPort(t *testing.T) {
+	var taken net.Listener
+	picks := 0
+	pickAddrs = func(n int) ([]string, error) {
+		picks++
+		addrs, err := freeport.Addrs(n)
+		if err != nil || picks > 1 {
+			return addrs, err
+		}
+		// The first set loses member m1's client port.
+		if taken, err = net.Listen("tcp", addrs[2]); err != nil {
+			t.Fatal(err)
+		}
+		return addrs, nil
+	}
+	t.Cleanup(func() {
+		pickAddrs = freeport.Addrs
+		taken.Close()
+	})
+	c := Start(t, Options{})
+	if picks != 2 {
+		t.Fatalf("%d picks of ports, want 2", picks)
+	}
+	for _, ep := range c.Endpoints() {
+		if ep == taken.Addr().String() {
+			t.Fatalf("cluster serves on the taken address %s", ep)
+		}
+	}
+	if err := put(t, c.Client(t), "/a", 5*time.Second); err != nil {
+		t.Fatalf("put on the cluster on new ports: %v", err)
 	}
 }

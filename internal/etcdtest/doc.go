@@ -1,6 +1,7 @@
 // Package etcdtest runs real etcd clusters for tests, by default inside
 // the test process, built with go.etcd.io/etcd/server/v3/embed: N members
-// (3 by default) on loopback with free ports and data in the test's temporary directory,
+// (3 by default) on loopback ports outside the ephemeral range (package
+// freeport) with data in the test's temporary directory,
 // optionally serving clients over TLS with client-certificate auth from a
 // freshly generated CA.
 //
@@ -14,7 +15,9 @@
 //
 // Invariants tests may rely on:
 //   - Start (and New) return only when every member is ready and the
-//     cluster has a raft leader. Start registers a cleanup, and New's
+//     cluster has a raft leader. A member that loses its port to another
+//     process between the pick and its bind costs a new cluster on new
+//     ports (at most bootTries), not the test. Start registers a cleanup, and New's
 //     caller (a TestMain sharing one cluster) calls Close, which stops every
 //     member, closes every client the cluster handed out and removes the
 //     data, so nothing outlives the test.

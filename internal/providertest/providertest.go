@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -14,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/bigfleet-vm/provider/internal/freeport"
 )
 
 // PprofDirEnv names a directory: when set, Build makes a profiling
@@ -55,33 +56,19 @@ func Build(prefix string) (binary string, cleanup func(), err error) {
 	return binary, func() { os.RemoveAll(dir) }, nil
 }
 
-// FreeAddr returns a loopback address that was free a moment ago.
+// FreeAddr returns a loopback address that was free a moment ago, outside
+// the ephemeral port range (see package freeport).
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
+	return freeport.T(t, 1)[0]
 }
 
 // FreeAddrs returns n distinct loopback addresses that were free a
-// moment ago: their listeners are open together, so the kernel cannot
-// hand out one port twice (two FreeAddr calls can, and a provider given
-// one port for --addr and --metrics-addr refuses to start).
+// moment ago (a provider given one port for --addr and --metrics-addr
+// refuses to start), outside the ephemeral port range.
 func FreeAddrs(t testing.TB, n int) []string {
 	t.Helper()
-	addrs := make([]string, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
-		addrs = append(addrs, l.Addr().String())
-	}
-	return addrs
+	return freeport.T(t, n)
 }
 
 // ErrExited is returned by WaitReady when the process exits first.
