@@ -24,5 +24,21 @@ set -a
 # shellcheck disable=SC1091
 . /var/lib/bigfleet-test/env
 set +a
-# -p 1: the libvirt suites restart libvirtd, so they must not overlap.
-go test -race -count=1 -p 1 -tags integration -timeout 40m ./hypervisors/libvirt/... ./hypervisors/proxmox/... ./acceptance/...
+# One package at a time: the libvirt suites restart libvirtd, so they must
+# not overlap. Each package starts with a libvirtd that answers. Debian's
+# libvirtd 9.0.0 segfaulted once under these suites (2026-12-02, a NULL
+# dereference in libvirtd itself while the transport tests cut sessions
+# mid-call): the package that provoked it passed (the adapter reconnects,
+# which is what it tests), and the next one found no daemon. A daemon that
+# does not answer is reported, with what the kernel logged about it, and
+# started again; a test that fails still fails the run.
+pkgs=$(go list -tags integration ./hypervisors/libvirt/... ./hypervisors/proxmox/... ./acceptance/...)
+status=0
+for pkg in $pkgs; do
+	if ! virsh -c qemu:///system uri >/dev/null 2>&1; then
+		echo "integration: libvirtd does not answer before $pkg (kernel: $(dmesg 2>/dev/null | grep -E 'libvirtd\[[0-9]+\]' | tail -1 || true)); starting it again" >&2
+		bash scripts/libvirt-up.sh
+	fi
+	go test -race -count=1 -tags integration -timeout 40m "$pkg" || status=1
+done
+exit $status
