@@ -16,8 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bigfleet-vm/provider/internal/freeport"
-
 	"github.com/google/go-cmp/cmp"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -29,6 +27,7 @@ import (
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
 	"github.com/bigfleet-vm/provider/config"
+	"github.com/bigfleet-vm/provider/internal/providertest"
 	"github.com/bigfleet-vm/provider/metrics"
 	"github.com/bigfleet-vm/provider/server"
 )
@@ -45,7 +44,7 @@ type exported map[string]map[string]bool
 // hypervisor calls, commits, an unreachable zone), and scrapes /metrics.
 func gatherExported(t *testing.T) exported {
 	t.Helper()
-	addrs := freeport.T(t, 2)
+	addrs := providertest.FreeAddrs(t, 2)
 	grpcAddr, metricsAddr := addrs[0], addrs[1]
 	// gRPC serves TLS so the certificate expiry gauge has a series.
 	dir := t.TempDir()

@@ -20,8 +20,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bigfleet-vm/provider/internal/freeport"
-
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/bigfleet-vm/provider/config"
@@ -90,7 +88,7 @@ func blocks(t *testing.T, page string) []block {
 // the ephemeral range.
 func freePort(t *testing.T) string {
 	t.Helper()
-	_, p, _ := net.SplitHostPort(freeport.T(t, 1)[0])
+	_, p, _ := net.SplitHostPort(providertest.FreeAddr(t))
 	return p
 }
 

@@ -15,8 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bigfleet-vm/provider/internal/freeport"
-
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -43,7 +41,7 @@ type harness struct {
 
 func start(t *testing.T) (*harness, *config.Config) {
 	t.Helper()
-	addrs := freeport.T(t, 2)
+	addrs := providertest.FreeAddrs(t, 2)
 	grpcAddr, metricsAddr := addrs[0], addrs[1]
 	cfg, err := config.Parse(plugin.MustRegistry(libvirt.Plugin(), proxmox.Plugin()), []string{"--use-fake-backend", "--installation-id", "mt", "--seed-count", "6",
 		"--state", filepath.Join(t.TempDir(), "state"), "--addr", grpcAddr, "--metrics-addr", metricsAddr,
@@ -323,7 +321,7 @@ func TestDriftMetrics(t *testing.T) {
 // 3,000 scrapes saw the series absent 450 times, at 0 1,130 times, at 1
 // 1,338 times, at 2 82 times, from a Reset() then Inc()s).
 func TestScrapeConsistency(t *testing.T) {
-	addrs := freeport.T(t, 2)
+	addrs := providertest.FreeAddrs(t, 2)
 	grpcAddr, metricsAddr := addrs[0], addrs[1]
 	cfg, err := config.Parse(plugin.MustRegistry(libvirt.Plugin(), proxmox.Plugin()), []string{"--use-fake-backend", "--installation-id", "sc", "--seed-count", "12",
 		"--state", filepath.Join(t.TempDir(), "state"), "--addr", grpcAddr, "--metrics-addr", metricsAddr,

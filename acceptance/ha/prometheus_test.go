@@ -18,9 +18,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bigfleet-vm/provider/internal/freeport"
-
 	"github.com/bigfleet-vm/provider/internal/etcdtest"
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
 // prometheus is a real Prometheus (Debian's package; scripts/prometheus.sh
@@ -66,7 +65,7 @@ scrape_configs:
 	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	addr := freeport.T(t, 1)[0]
+	addr := providertest.FreeAddr(t)
 	cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"), "--storage.tsdb.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+addr, "--log.level=warn")
 	var out strings.Builder

@@ -11,10 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bigfleet-vm/provider/internal/freeport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+
+	"github.com/bigfleet-vm/provider/internal/freeport"
 )
 
 // CompactionRetention is the periodic auto-compaction retention members

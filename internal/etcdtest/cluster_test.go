@@ -6,8 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bigfleet-vm/provider/internal/freeport"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/bigfleet-vm/provider/internal/freeport"
 )
 
 func put(t *testing.T, cl *clientv3.Client, key string, timeout time.Duration) error {

@@ -14,6 +14,9 @@
 //   - The search is bounded (maxTries binds per call); a machine with no
 //     free port left gets an error, not a hang.
 //
+// Tests take their addresses through providertest.FreeAddr and FreeAddrs;
+// etcdtest, which is no test, calls Addrs.
+//
 // Two test processes can still pick the same port at once; the window is
 // the time between the picker's close and the child's bind, and a caller
 // that starts a child may retry with new ports (etcdtest does).

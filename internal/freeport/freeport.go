@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"testing"
 )
 
 // lowest is the lowest port handed out: below it live the well-known and
@@ -22,9 +21,9 @@ const maxTries = 1000
 // rangeFile is where Linux keeps the ephemeral port range.
 const rangeFile = "/proc/sys/net/ipv4/ip_local_port_range"
 
-// Ephemeral returns the kernel's ephemeral port range, or Linux's default
+// ephemeral returns the kernel's ephemeral port range, or Linux's default
 // (32768–60999) when it cannot be read.
-func Ephemeral() (lo, hi int) {
+func ephemeral() (lo, hi int) {
 	lo, hi = 32768, 60999
 	b, err := os.ReadFile(rangeFile)
 	if err != nil {
@@ -45,7 +44,7 @@ func Ephemeral() (lo, hi int) {
 // candidates are the port ranges outside the ephemeral one, at or above
 // lowest, as [from, to] pairs.
 func candidates() [][2]int {
-	lo, hi := Ephemeral()
+	lo, hi := ephemeral()
 	var r [][2]int
 	if lo-1 >= lowest {
 		r = append(r, [2]int{lowest, lo - 1})
@@ -96,25 +95,6 @@ func Addrs(n int) ([]string, error) {
 		addrs = append(addrs, l.Addr().String())
 	}
 	return addrs, nil
-}
-
-// Addr is one address of Addrs.
-func Addr() (string, error) {
-	a, err := Addrs(1)
-	if err != nil {
-		return "", err
-	}
-	return a[0], nil
-}
-
-// T is Addrs for a test: it fails tb on error.
-func T(tb testing.TB, n int) []string {
-	tb.Helper()
-	a, err := Addrs(n)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return a
 }
 
 // InUse reports whether err is a listener's "address already in use",

@@ -11,10 +11,10 @@ import (
 // ephemeral port, and a member dialling its peers at start-up took one as
 // its source port before the neighbour it was picked for could listen.
 func TestAddrsAvoidEphemeralPorts(t *testing.T) {
-	lo, hi := Ephemeral()
+	lo, hi := ephemeral()
 	seen := map[string]bool{}
 	for range 50 {
-		addrs := T(t, 6)
+		addrs := addrs(t, 6)
 		local := map[string]bool{}
 		for _, a := range addrs {
 			host, p, err := net.SplitHostPort(a)
@@ -46,14 +46,9 @@ func TestAddrsAvoidEphemeralPorts(t *testing.T) {
 // TestAddrsAreFree: every address handed out can be listened on, also
 // when a port of the range is held by someone else.
 func TestAddrsAreFree(t *testing.T) {
-	held := T(t, 1)[0]
-	l, err := net.Listen("tcp", held)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	for _, a := range T(t, 200) {
-		if a == held {
+	held := hold(t)
+	for _, a := range addrs(t, 200) {
+		if a == held.Addr().String() {
 			t.Fatalf("%s handed out while held", a)
 		}
 		l, err := net.Listen("tcp", a)
@@ -65,17 +60,31 @@ func TestAddrsAreFree(t *testing.T) {
 }
 
 func TestInUse(t *testing.T) {
-	a := T(t, 1)[0]
-	l, err := net.Listen("tcp", a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	_, err = net.Listen("tcp", a)
+	_, err := net.Listen("tcp", hold(t).Addr().String())
 	if !InUse(err) {
 		t.Fatalf("InUse(%v) = false", err)
 	}
 	if InUse(nil) {
 		t.Fatal("InUse(nil)")
 	}
+}
+
+func addrs(t *testing.T, n int) []string {
+	t.Helper()
+	a, err := Addrs(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// hold listens on an address Addrs handed out until the test ends.
+func hold(t *testing.T) net.Listener {
+	t.Helper()
+	l, err := net.Listen("tcp", addrs(t, 1)[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
 }

@@ -60,7 +60,7 @@ func Build(prefix string) (binary string, cleanup func(), err error) {
 // the ephemeral port range (see package freeport).
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	return freeport.T(t, 1)[0]
+	return FreeAddrs(t, 1)[0]
 }
 
 // FreeAddrs returns n distinct loopback addresses that were free a
@@ -68,7 +68,11 @@ func FreeAddr(t testing.TB) string {
 // refuses to start), outside the ephemeral port range.
 func FreeAddrs(t testing.TB, n int) []string {
 	t.Helper()
-	return freeport.T(t, n)
+	addrs, err := freeport.Addrs(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return addrs
 }
 
 // ErrExited is returned by WaitReady when the process exits first.
