@@ -35,7 +35,7 @@ set +a
 pkgs=$(go list -tags integration ./hypervisors/libvirt/... ./hypervisors/proxmox/... ./acceptance/...)
 status=0
 for pkg in $pkgs; do
-	if ! virsh -c qemu:///system uri >/dev/null 2>&1; then
+	if ! virsh -c "$BIGFLEET_LIBVIRT_URI" uri >/dev/null 2>&1; then
 		echo "integration: libvirtd does not answer before $pkg (kernel: $(dmesg 2>/dev/null | grep -E 'libvirtd\[[0-9]+\]' | tail -1 || true)); starting it again" >&2
 		bash scripts/libvirt-up.sh
 	fi

@@ -17,10 +17,11 @@
 //   - Start (and New) return only when every member is ready and the
 //     cluster has a raft leader. A member that loses its port to another
 //     process between the pick and its bind costs a new cluster on new
-//     ports (at most bootTries), not the test. Start registers a cleanup, and New's
-//     caller (a TestMain sharing one cluster) calls Close, which stops every
-//     member, closes every client the cluster handed out and removes the
-//     data, so nothing outlives the test.
+//     ports (at most bootTries), not the test.
+//   - Start registers a cleanup, and New's caller (a TestMain sharing one
+//     cluster) calls Close, which stops every member, closes every client
+//     the cluster handed out and removes the data, so nothing outlives the
+//     test.
 //   - A stopped member keeps its data directory and ports: Restart brings
 //     it back as the same member, so stopping two of three loses quorum
 //     and restarting one restores it.

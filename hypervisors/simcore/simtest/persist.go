@@ -185,6 +185,9 @@ func (j *journal) Len() int {
 	return len(j.log)
 }
 
+// Prefix is the world as a crash would leave it after the first n
+// records: a store makes one Journal call durable whole or not at all,
+// and in order, but may lose any tail of them.
 func (j *journal) Prefix(n int) map[string][]byte {
 	j.mu.Lock()
 	defer j.mu.Unlock()
