@@ -119,11 +119,26 @@ func decodeLenient(b []byte, m proto.Message) error {
 		return fmt.Errorf("no lenient descriptor for %s", dst.Descriptor().FullName())
 	}
 	src := dynamicpb.NewMessage(md)
-	if err := proto.Unmarshal(b, src); err != nil {
+	if err := unmarshalDynamic(b, src); err != nil {
 		return err
 	}
 	proto.Reset(m)
 	return copyFields(src, dst)
+}
+
+// unmarshalDynamic is proto.Unmarshal into a dynamic message, whose slow
+// path panics on some malformed input: protobuf-go v1.36.12 decodes a map
+// entry whose key comes twice, the second time with the wrong wire type,
+// into an invalid key and panics in MapKey (FuzzDecodeRequest found it).
+// gRPC decodes a request before any interceptor runs, so the panic would
+// end the process; malformed bytes are an error like any other.
+func unmarshalDynamic(b []byte, m proto.Message) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("malformed message: %v", r)
+		}
+	}()
+	return proto.Unmarshal(b, m)
 }
 
 // copyFields copies every populated field of src into dst, matching
