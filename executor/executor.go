@@ -671,12 +671,16 @@ func (e *Executor) drain(ctx context.Context, machine, opID string, s planner.St
 // probe runs under the guest-op wrapper as a repeatable check: never
 // while an earlier probe of the transition still runs (one whose answer
 // was lost is waited for, not sent again blindly), and its outcome is
-// read from the guest's record when its answer is lost.
+// read from the guest's record when its answer is lost. A probe the
+// operation's end cuts short is the gate running out of time: its
+// outcome is unknown, but a probe is repeatable, so the gate fails with
+// ctx's error, naming the probe (retry's interruption), not as a command
+// whose outcome matters.
 func (e *Executor) ready(ctx context.Context, opID string, s planner.Step) error {
 	op := guest.Op{Key: opKey(opID, s.Action), Argv: s.Params.Exec, Repeat: true, Retry: e.policy, Wait: e.policy}
 	agent := guest.VM{Hypervisor: e.o.Hypervisor, Target: s.Target}
 	return retry.Do(ctx, e.policy, func(err error) bool {
-		return errors.Is(err, errNotReady) || hypervisors.Retryable(err)
+		return errors.Is(err, errNotReady) || hypervisors.Retryable(err) || ctx.Err() != nil
 	}, func(ctx context.Context) error {
 		out, err := guest.Run(ctx, agent, op)
 		if err != nil {

@@ -3,7 +3,9 @@ package executor
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -157,6 +159,44 @@ func TestReadinessGateWaitsUntilDeadline(t *testing.T) {
 		step(planner.ActionExecReady, tg, planner.Params{Exec: []string{simcore.DefaultReadyCommand}})}}, "op")
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("err = %v, want the deadline", err)
+	}
+}
+
+// A readiness gate whose deadline passes while a probe runs (the agent
+// has not reported its exit yet) fails with the deadline, naming the
+// probe cut short: a readiness check is repeatable, so the probe's unknown
+// outcome is not the machine's cause (CI saw it so under load, 2026-12-03).
+func TestReadinessGateDeadlineDuringProbe(t *testing.T) {
+	hv := libvirtsim.NewLibvirt(libvirtsim.Options{Options: simcore.Options{Zones: []string{"z"}, Faults: true}})
+	tg := owned(t, hv, "vm")
+	if err := hv.SetMarker(context.Background(), tg, observed.Marker{Installation: inst, MachineID: "m", Cluster: "fault-readiness-block"}); err != nil {
+		t.Fatal(err)
+	}
+	// Once the probe is started, every status request waits out the
+	// operation: its exit is never reported in time.
+	var probing atomic.Bool
+	hv.SetHook(func(ctx context.Context, c simcore.Call) error {
+		switch {
+		case c.Op == simcore.AgentExecOp && slices.ContainsFunc(c.Argv, func(a string) bool { return strings.Contains(a, simcore.DefaultReadyCommand) }):
+			probing.Store(true)
+		case c.Op == simcore.AgentStatusOp && probing.Load():
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_, err := newExec(hv, nil).Run(ctx, planner.Change{Machine: "m", Steps: []planner.Step{
+		step(planner.ActionExecReady, tg, planner.Params{Exec: []string{simcore.DefaultReadyCommand}})}}, "op")
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, hypervisors.ErrOutcomeUnknown) {
+		t.Fatalf("err = %v, want the deadline and not an unknown outcome", err)
+	}
+	if got := ErrorClass(err); got != "deadline" {
+		t.Errorf("class %q, want deadline", got)
+	}
+	if !strings.Contains(err.Error(), simcore.DefaultReadyCommand) {
+		t.Errorf("err = %v, want it to name the probe cut short", err)
 	}
 }
 
