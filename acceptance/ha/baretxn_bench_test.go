@@ -4,8 +4,11 @@ package ha
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,15 +24,15 @@ import (
 // each key and value of its txn (the writer key included), read from a
 // watch of the prefix.
 type createShape struct {
-	keys, values []int
+	Keys, Values []int
 }
 
 func (sh createShape) String() string {
 	n := 0
-	for i := range sh.keys {
-		n += sh.keys[i] + sh.values[i]
+	for i := range sh.Keys {
+		n += sh.Keys[i] + sh.Values[i]
 	}
-	return fmt.Sprintf("%d puts, %d key and value bytes", len(sh.keys), n)
+	return fmt.Sprintf("%d puts, %d key and value bytes", len(sh.Keys), n)
 }
 
 var (
@@ -77,8 +80,8 @@ func benchShape(b *testing.B, s *replicaSet, steady bool) createShape {
 				var sh createShape
 				for _, e := range wr.Events {
 					if e.Kv.ModRevision == ev.Kv.ModRevision {
-						sh.keys = append(sh.keys, len(e.Kv.Key))
-						sh.values = append(sh.values, len(e.Kv.Value))
+						sh.Keys = append(sh.Keys, len(e.Kv.Key))
+						sh.Values = append(sh.Values, len(e.Kv.Value))
 					}
 				}
 				shapes[steady] = sh
@@ -98,92 +101,221 @@ func benchShape(b *testing.B, s *replicaSet, steady bool) createShape {
 // own writer chain. Two shapes: a Create alone, and a Create in a
 // one-client stream (shape=steady), whose txn also carries the
 // reconciler's records for the Create before it (what
-// BenchmarkHACreateAck's txns hold). Compare with BenchmarkHACreateAck
-// and BenchmarkHAMutations16.
+// BenchmarkHACreateAck's txns hold). Two places for the clients: in the
+// test process, which also hosts the embedded members (from=members), and
+// in a process of their own, as the provider is (from=apart: the test
+// binary run again as a bare client, see bareChild). Compare with
+// BenchmarkHACreateAck and BenchmarkHAMutations16.
 func BenchmarkHABareTxn(b *testing.B) {
 	for _, bc := range []struct {
 		clients int
 		steady  bool
-	}{{1, false}, {1, true}, {16, false}} {
-		clients := bc.clients
-		shape := "alone"
+		apart   bool
+	}{{1, false, false}, {1, true, false}, {16, false, false}, {1, false, true}, {1, true, true}, {16, false, true}} {
+		shape, from := "alone", "members"
 		if bc.steady {
 			shape = "steady"
 		}
-		b.Run(fmt.Sprintf("shape=%s/clients=%d", shape, clients), func(b *testing.B) {
+		if bc.apart {
+			from = "apart"
+		}
+		b.Run(fmt.Sprintf("shape=%s/clients=%d/from=%s", shape, bc.clients, from), func(b *testing.B) {
 			s := benchReplicas(b)
-			sh := benchShape(b, s, bc.steady)
-			ctx := context.Background()
-			cl := s.cluster.Client(b)
-			pfx := fmt.Sprintf("/ha/bare-%d-%d", clients, time.Now().UnixNano())
-			election := pfx + "/election"
-			put, err := cl.Put(ctx, election, "x")
+			run := bareRun{
+				Endpoints: s.cluster.Endpoints(),
+				Prefix:    fmt.Sprintf("/ha/bare-%d-%s-%d", bc.clients, from, time.Now().UnixNano()),
+				Shape:     benchShape(b, s, bc.steady),
+				Clients:   bc.clients,
+				N:         b.N,
+			}
+			ctx, cl := context.Background(), s.cluster.Client(b)
+			put, err := cl.Put(ctx, run.Prefix+"/election", "x")
 			if err != nil {
 				b.Fatal(err)
 			}
-			guardRev := put.Header.Revision
-			pad := func(n int, s string) string {
-				n = max(n, 0)
-				if len(s) >= n {
-					return s[:n]
-				}
-				return s + strings.Repeat("k", n-len(s))
-			}
-			var next atomic.Int64
-			var mu sync.Mutex
-			var lat []time.Duration
-			var wg sync.WaitGroup
+			run.GuardRev = put.Header.Revision
+			var res bareResult
 			b.ResetTimer()
-			t0 := time.Now()
-			for w := range clients {
-				wg.Go(func() {
-					writer := fmt.Sprintf("%s/writer-%d", pfx, w)
-					var writerRev int64
-					for {
-						i := next.Add(1)
-						if i > int64(b.N) {
-							return
-						}
-						var then []clientv3.Op
-						for j := range sh.keys {
-							// Distinct keys of the Create's key sizes: the
-							// part that tells them apart comes last and is
-							// never cut off (a key shorter than it runs a few
-							// bytes longer).
-							tail := fmt.Sprintf("/%d/%d/%d", w, i%1000, j)
-							k := pad(sh.keys[j]-len(tail), pfx+"/state/") + tail
-							if j == len(sh.keys)-1 {
-								k = writer
-							}
-							then = append(then, clientv3.OpPut(k, strings.Repeat("v", sh.values[j])))
-						}
-						start := time.Now()
-						resp, err := cl.Txn(ctx).
-							If(clientv3.Compare(clientv3.CreateRevision(election), "=", guardRev),
-								clientv3.Compare(clientv3.ModRevision(writer), "=", writerRev)).
-							Then(then...).
-							Else(clientv3.OpGet(writer), clientv3.OpGet(election)).
-							Commit()
-						d := time.Since(start)
-						if err != nil || !resp.Succeeded {
-							b.Errorf("bare txn: %v (succeeded %t)", err, err == nil && resp.Succeeded)
-							return
-						}
-						writerRev = resp.Header.Revision
-						mu.Lock()
-						lat = append(lat, d)
-						mu.Unlock()
-					}
-				})
+			if bc.apart {
+				res, err = run.inChild(ctx)
+			} else {
+				res, err = run.txns(ctx, cl)
 			}
-			wg.Wait()
-			el := time.Since(t0)
 			b.StopTimer()
+			if err != nil {
+				b.Fatal(err)
+			}
+			lat, el := res.latencies(), time.Duration(res.ElapsedNs)
 			b.ReportMetric(ms(pct(lat, 0.50)), "ms-p50")
 			b.ReportMetric(ms(pct(lat, 0.99)), "ms-p99")
 			b.ReportMetric(float64(b.N)/el.Seconds(), "txns/s")
-			fmt.Fprintf(os.Stderr, "bare guarded txn of a Create %s (%s), %d clients: p50 %v p99 %v, %.0f txns/s\n",
-				shape, sh, clients, pct(lat, 0.5).Round(10*time.Microsecond), pct(lat, 0.99).Round(10*time.Microsecond), float64(b.N)/el.Seconds())
+			fmt.Fprintf(os.Stderr, "bare guarded txn of a Create %s (%s), %d clients from %s: p50 %v p99 %v, %.0f txns/s\n",
+				shape, run.Shape, bc.clients, from, pct(lat, 0.5).Round(10*time.Microsecond), pct(lat, 0.99).Round(10*time.Microsecond), float64(b.N)/el.Seconds())
 		})
 	}
+}
+
+// bareRun is one run of bare guarded txns: what the benchmark hands a
+// bare client, in its own process or not.
+type bareRun struct {
+	Endpoints []string
+	Prefix    string // the run's keys live under it; Prefix+"/election" guards them
+	GuardRev  int64  // the election key's create revision
+	Shape     createShape
+	Clients   int
+	N         int // txns in all, over every client
+}
+
+// bareResult is what a run measured.
+type bareResult struct {
+	LatencyNs []int64 // one per txn, in no order
+	ElapsedNs int64   // first txn sent to last answered
+}
+
+func (r bareResult) latencies() []time.Duration {
+	out := make([]time.Duration, len(r.LatencyNs))
+	for i, ns := range r.LatencyNs {
+		out[i] = time.Duration(ns)
+	}
+	return out
+}
+
+// txns sends the run's N txns from Clients goroutines sharing cl, each
+// its own writer chain, and times each.
+func (run bareRun) txns(ctx context.Context, cl *clientv3.Client) (bareResult, error) {
+	sh := run.Shape
+	election := run.Prefix + "/election"
+	pad := func(n int, s string) string {
+		n = max(n, 0)
+		if len(s) >= n {
+			return s[:n]
+		}
+		return s + strings.Repeat("k", n-len(s))
+	}
+	var (
+		next  atomic.Int64
+		mu    sync.Mutex
+		res   bareResult
+		first error
+		wg    sync.WaitGroup
+	)
+	t0 := time.Now()
+	for w := range run.Clients {
+		wg.Go(func() {
+			writer := fmt.Sprintf("%s/writer-%d", run.Prefix, w)
+			var writerRev int64
+			for {
+				i := next.Add(1)
+				if i > int64(run.N) {
+					return
+				}
+				var then []clientv3.Op
+				for j := range sh.Keys {
+					// Distinct keys of the Create's key sizes: the part
+					// that tells them apart comes last and is never cut
+					// off (a key shorter than it runs a few bytes longer).
+					tail := fmt.Sprintf("/%d/%d/%d", w, i%1000, j)
+					k := pad(sh.Keys[j]-len(tail), run.Prefix+"/state/") + tail
+					if j == len(sh.Keys)-1 {
+						k = writer
+					}
+					then = append(then, clientv3.OpPut(k, strings.Repeat("v", sh.Values[j])))
+				}
+				start := time.Now()
+				resp, err := cl.Txn(ctx).
+					If(clientv3.Compare(clientv3.CreateRevision(election), "=", run.GuardRev),
+						clientv3.Compare(clientv3.ModRevision(writer), "=", writerRev)).
+					Then(then...).
+					Else(clientv3.OpGet(writer), clientv3.OpGet(election)).
+					Commit()
+				d := time.Since(start)
+				if err == nil && !resp.Succeeded {
+					err = errors.New("the guard failed")
+				}
+				mu.Lock()
+				if err != nil {
+					if first == nil {
+						first = fmt.Errorf("bare txn: %w", err)
+					}
+					mu.Unlock()
+					next.Store(int64(run.N)) // stop every client
+					return
+				}
+				res.LatencyNs = append(res.LatencyNs, int64(d))
+				mu.Unlock()
+				writerRev = resp.Header.Revision
+			}
+		})
+	}
+	wg.Wait()
+	res.ElapsedNs = int64(time.Since(t0))
+	return res, first
+}
+
+// bareChildEnv, when set in the environment, makes the test binary a bare
+// client (see bareChild) instead of running tests.
+const bareChildEnv = "HA_BARE_CHILD"
+
+// bareChildWait bounds a bare client's whole run.
+const bareChildWait = 10 * time.Minute
+
+// inChild runs the txns in a process of their own: this test binary,
+// started again with the run in bareChildEnv, answers with its result as
+// JSON on stdout. Its start and its client's connect are not timed.
+func (run bareRun) inChild(ctx context.Context) (bareResult, error) {
+	spec, err := json.Marshal(run)
+	if err != nil {
+		return bareResult{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, bareChildWait)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), bareChildEnv+"="+string(spec))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return bareResult{}, fmt.Errorf("bare client process: %w", err)
+	}
+	var res bareResult
+	if err := json.Unmarshal(out, &res); err != nil {
+		return bareResult{}, fmt.Errorf("bare client process answered %q: %w", out, err)
+	}
+	if len(res.LatencyNs) != run.N {
+		return bareResult{}, fmt.Errorf("bare client process timed %d txns of %d", len(res.LatencyNs), run.N)
+	}
+	return res, nil
+}
+
+// bareChild is the test binary as a bare client: it reads the run from
+// bareChildEnv, connects to its endpoints, sends the txns and prints the
+// result. It returns the process's exit code.
+func bareChild(spec string) int {
+	var run bareRun
+	if err := json.Unmarshal([]byte(spec), &run); err != nil {
+		fmt.Fprintln(os.Stderr, "bare client:", err)
+		return 2
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), bareChildWait)
+	defer cancel()
+	cl, err := clientv3.New(clientv3.Config{Endpoints: run.Endpoints, DialTimeout: 10 * time.Second, Context: ctx})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bare client:", err)
+		return 1
+	}
+	defer cl.Close()
+	// Connected before the clock starts, as the in-process client is.
+	if _, err := cl.Get(ctx, run.Prefix+"/election"); err != nil {
+		fmt.Fprintln(os.Stderr, "bare client:", err)
+		return 1
+	}
+	res, err := run.txns(ctx, cl)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bare client:", err)
+		return 1
+	}
+	if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
+		fmt.Fprintln(os.Stderr, "bare client:", err)
+		return 1
+	}
+	return 0
 }
