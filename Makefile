@@ -60,6 +60,7 @@ proto: ## Regenerate the committed gRPC code (byte-for-byte reproducible).
 
 lint: ## gofmt, go vet and staticcheck.
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@out=$$(grep -nE '\|[[:space:]]*(head|grep[[:space:]]+-[[:alpha:]]*q)' $$(git ls-files '*.sh' .ci/run) || true); if [ -n "$$out" ]; then echo "a pipe into head or grep -q exits 141 under pipefail when the writer is not done (SIGPIPE); capture the output first:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	$(GO) run $(STATICCHECK) $(PKGS)
 

@@ -17,4 +17,7 @@ if [[ ! -x $bin ]]; then
 	echo "etcd-server.sh: installed etcd-server but $bin is still missing" >&2
 	exit 1
 fi
-"$bin" --version | head -1
+# (capture first: head under pipefail fails with 141 when etcd is still
+# writing its other version lines as head exits)
+version=$("$bin" --version)
+echo "${version%%$'\n'*}"

@@ -11,7 +11,10 @@ mkdir -p "$dir/state"
 block=guest-shutdown,guest-suspend-disk,guest-suspend-ram,guest-suspend-hybrid,guest-set-time,guest-fsfreeze-freeze,guest-fsfreeze-freeze-list,guest-fsfreeze-thaw,guest-set-user-password,guest-set-vcpus,guest-set-memory-blocks,guest-network-get-interfaces
 # qemu-ga 7.x calls the flag --block-rpcs (-b); older ones --blacklist.
 flag=--block-rpcs
-"$qga" --help 2>&1 | grep -q -- --block-rpcs || flag=--blacklist
+# (capture first: grep -q under pipefail can SIGPIPE qemu-ga and pick the
+# wrong flag)
+help=$("$qga" --help 2>&1 || true)
+grep -q -- --block-rpcs <<<"$help" || flag=--blacklist
 "$qga" -m unix-listen -p "$dir/qga.sock" -t "$dir/state" -f "$dir/qga.pid" -l "$dir/qga.log" "$flag=$block" -d
 for _ in $(seq 100); do [ -S "$dir/qga.sock" ] && break; sleep 0.02; done
 [ -S "$dir/qga.sock" ] || { cat "$dir/qga.log" >&2; exit 1; }

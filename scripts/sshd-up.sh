@@ -87,7 +87,8 @@ EOF
 	fi
 done
 for _ in $(seq 50); do
-	ss -ltn | grep -q "127.0.0.1:$LIBSSH_PORT " && ss -ltn | grep -q "127.0.0.1:$SSH_PORT " && break
+	listening=$(ss -ltn)
+	[[ $listening == *"127.0.0.1:$LIBSSH_PORT "* && $listening == *"127.0.0.1:$SSH_PORT "* ]] && break
 	sleep 0.1
 done
 
