@@ -158,7 +158,11 @@ type Document struct {
 	epochs epochs
 	meta   meta
 	last   *change // newest change handed to the store
-	failed error
+	// inflight maps each machine a change handed to the store puts or
+	// deletes to the newest such change, until it settles: at most one
+	// entry per machine, none once the store is idle.
+	inflight map[string]*change
+	failed   error
 	// refusing, when set, is why mutations are refused (a graceful stop).
 	refusing string
 	// Committed view.
@@ -408,6 +412,7 @@ func Open(ctx context.Context, opts Options, slots []Slot) (*Document, LoadRepor
 		lineage:      lineageBytes(ld.meta.Lineage),
 		work:         work,
 		fences:       newFences(),
+		inflight:     map[string]*change{},
 		machines:     maps.Clone(work),
 		log:          log,
 		meta:         ld.meta,
@@ -772,6 +777,12 @@ func (t *txn) commit() *change {
 		}
 	}
 	d.last = c
+	for _, m := range c.puts {
+		d.inflight[m.ID] = c
+	}
+	for _, id := range c.dels {
+		d.inflight[id] = c
+	}
 	done := func(err error) { d.settle(c, err) }
 	if bs, ok := d.opts.Store.(BackgroundStore); ok && t.background {
 		bs.CommitBackground(t.ops, done)
@@ -785,6 +796,16 @@ func (t *txn) commit() *change {
 // visible to readers, or records the failure that stops the document.
 func (d *Document) settle(c *change, err error) {
 	d.mu.Lock()
+	for _, m := range c.puts {
+		if d.inflight[m.ID] == c {
+			delete(d.inflight, m.ID)
+		}
+	}
+	for _, id := range c.dels {
+		if d.inflight[id] == c {
+			delete(d.inflight, id)
+		}
+	}
 	switch {
 	case err != nil:
 		c.err = err
@@ -845,6 +866,35 @@ func (d *Document) Get(id string) *Machine {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	return d.machines[id]
+}
+
+// FreshWait bounds how long GetFresh waits for a change in flight: many
+// group commits of a healthy store, short against any poll interval.
+const FreshWait = 50 * time.Millisecond
+
+// GetFresh is Get for a reader that would rather wait a moment than be
+// handed a value already superseded (the Get RPC): while a change to the
+// machine is on its way to the store, it waits until that change has
+// settled, at most FreshWait and never past ctx, then returns the
+// committed machine (immutable) or nil. Like Get it never returns a value
+// the store has not committed: after a stalled store's FreshWait, or a
+// failed commit, it is the older committed one.
+func (d *Document) GetFresh(ctx context.Context, id string) *Machine {
+	d.mu.RLock()
+	c := d.inflight[id]
+	m := d.machines[id]
+	d.mu.RUnlock()
+	if c == nil {
+		return m
+	}
+	t := time.NewTimer(FreshWait)
+	defer t.Stop()
+	select {
+	case <-c.done:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return d.Get(id)
 }
 
 // All returns every committed machine sorted by id.

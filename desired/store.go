@@ -59,6 +59,7 @@ type MemoryStore struct {
 	queue  []func()
 	wake   chan struct{}
 	closed bool
+	held   bool // Hold: done callbacks wait for Release (or Close)
 	err    error
 	done   chan struct{}
 }
@@ -120,8 +121,10 @@ func (s *MemoryStore) dispatch() {
 	defer close(s.done)
 	for {
 		s.mu.Lock()
-		q := s.queue
-		s.queue = nil
+		var q []func()
+		if !s.held || s.closed {
+			q, s.queue = s.queue, nil
+		}
 		closed := s.closed
 		s.mu.Unlock()
 		for _, f := range q {
@@ -144,6 +147,27 @@ func (s *MemoryStore) Fail(err error) {
 		s.err = err
 	}
 	s.mu.Unlock()
+}
+
+// Hold keeps every batch committed from now on (and those not yet
+// called back) in flight: applied, but with done not yet called, as a
+// slow disk would, until Release or Close; for tests of what readers see
+// while a change is on its way.
+func (s *MemoryStore) Hold() {
+	s.mu.Lock()
+	s.held = true
+	s.mu.Unlock()
+}
+
+// Release ends a Hold: the held callbacks run, in order.
+func (s *MemoryStore) Release() {
+	s.mu.Lock()
+	s.held = false
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
 }
 
 // Healthy returns the injected failure, ErrStoreClosed after Close, or nil.

@@ -108,8 +108,10 @@ func (s *Service) Delete(ctx context.Context, r *pb.DeleteRequest) (*pb.Transiti
 		Token: token(r.GetShardId(), r.GetShardEpoch(), r.GetSequenceNumber())})
 }
 
-// Get returns one machine from memory.
-func (s *Service) Get(_ context.Context, r *pb.MachineRef) (*pb.Machine, error) {
+// Get returns one machine from memory: its committed value, or, while a
+// change to it is on its way to the store, the value that change commits
+// (desired.Document.GetFresh waits for it, a bounded moment).
+func (s *Service) Get(ctx context.Context, r *pb.MachineRef) (*pb.Machine, error) {
 	if err := desired.CheckID("id", r.GetId()); err != nil {
 		return nil, toStatus(err)
 	}
@@ -117,7 +119,7 @@ func (s *Service) Get(_ context.Context, r *pb.MachineRef) (*pb.Machine, error) 
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	m := doc.Get(r.GetId())
+	m := doc.GetFresh(ctx, r.GetId())
 	if err := s.still(doc); err != nil {
 		return nil, err
 	}

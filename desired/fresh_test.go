@@ -1,0 +1,143 @@
+package desired
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+)
+
+// releasing is a context that runs release the moment a reader asks for
+// its Done channel, that is, the moment the reader decided to wait.
+type releasing struct {
+	context.Context
+	once    sync.Once
+	release func()
+}
+
+func (c *releasing) Done() <-chan struct{} {
+	c.once.Do(c.release)
+	return c.Context.Done()
+}
+
+// completeInFlight starts the completion of machine id's Create on a held
+// store and returns once that change is in flight: handed to the store,
+// not yet called back. The channel gets Complete's error.
+func completeInFlight(t *testing.T, d *Document, store *MemoryStore, id string) <-chan error {
+	t.Helper()
+	a, err := mut(t, d, Request{Kind: KindCreate, MachineID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store.Hold()
+	t.Cleanup(store.Release)
+	done := make(chan error, 1)
+	go func() {
+		_, err := d.Complete(context.Background(), id, a.OpID, Result{Host: "z1/h1"})
+		done <- err
+	}()
+	for inflight(d) == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	if m := d.Get(id); m.State != Creating {
+		t.Fatalf("Get shows %v while the completion is in flight, want the committed CREATING", m.State)
+	}
+	return done
+}
+
+func inflight(d *Document) int {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return len(d.inflight)
+}
+
+// TestGetFreshWaitsForTheChangeInFlight: while a machine's change is on
+// its way to the store, GetFresh waits for it and answers what it
+// committed; with nothing in flight it answers at once; and nothing is
+// remembered once the store has called back.
+func TestGetFreshWaitsForTheChangeInFlight(t *testing.T) {
+	store := NewMemoryStore(nil)
+	d := open(t, store, slots(2))
+	id := "z1/kvm.small/000"
+	completed := completeInFlight(t, d, store, id)
+	if m := d.GetFresh(&releasing{Context: context.Background(), release: store.Release}, id); m.State != Idle {
+		t.Errorf("GetFresh answered %v, want IDLE, which the change in flight committed", m.State)
+	}
+	store.Release() // GetFresh did, unless it failed to wait
+	if err := <-completed; err != nil {
+		t.Fatal(err)
+	}
+	quiet := &releasing{Context: context.Background(), release: func() { t.Error("GetFresh waited with nothing in flight") }}
+	if m := d.GetFresh(quiet, "z1/kvm.small/001"); m.State != Speculative {
+		t.Errorf("untouched machine: %v", m.State)
+	}
+	if m := d.GetFresh(quiet, "no/such/machine"); m != nil {
+		t.Errorf("unknown machine: %+v", m)
+	}
+	other := "z1/kvm.small/001"
+	for _, kind := range []Kind{KindCreate, KindDelete, KindCreate} {
+		a, err := mut(t, d, Request{Kind: kind, MachineID: other})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := d.Complete(context.Background(), other, a.OpID, Result{Host: "z1/h1"}); !ok || err != nil {
+			t.Fatalf("complete %s: %t %v", kind, ok, err)
+		}
+	}
+	if err := d.Quiesce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := inflight(d); n != 0 {
+		t.Errorf("%d machines still recorded in flight after the store called every change back", n)
+	}
+}
+
+// TestGetFreshNeverShowsWhatIsNotCommitted: a store that does not call
+// back costs GetFresh at most FreshWait or its context, and a change the
+// store refused is never shown; both answer the committed value.
+func TestGetFreshNeverShowsWhatIsNotCommitted(t *testing.T) {
+	store := NewMemoryStore(nil)
+	d := open(t, store, slots(1))
+	id := "z1/kvm.small/000"
+	completed := completeInFlight(t, d, store, id)
+	if m := d.GetFresh(context.Background(), id); m.State != Creating {
+		t.Errorf("stalled store: GetFresh answered %v, want the committed CREATING", m.State)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if m := d.GetFresh(ctx, id); m.State != Creating {
+		t.Errorf("ended context: GetFresh answered %v, want the committed CREATING", m.State)
+	}
+
+	store.Release()
+	if err := <-completed; err != nil {
+		t.Fatal(err)
+	}
+	second := NewMemoryStore(nil)
+	d = open(t, second, slots(1))
+	a, err := mut(t, d, Request{Kind: KindCreate, MachineID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	second.Hold()
+	second.Fail(errors.New("write state.journal: no space left on device"))
+	failed := make(chan error, 1)
+	go func() {
+		_, err := d.Complete(context.Background(), id, a.OpID, Result{Host: "z1/h1"})
+		failed <- err
+	}()
+	for inflight(d) == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	if m := d.GetFresh(&releasing{Context: context.Background(), release: second.Release}, id); m.State != Creating {
+		t.Errorf("refused change: GetFresh answered %v, want the committed CREATING", m.State)
+	}
+	second.Release()
+	if err := <-failed; err == nil {
+		t.Error("Complete on a failed store succeeded")
+	}
+	if n := inflight(d); n != 0 {
+		t.Errorf("%d machines still recorded in flight after the store refused their change", n)
+	}
+}
