@@ -104,22 +104,30 @@ func benchShape(b *testing.B, s *replicaSet, steady bool) createShape {
 // BenchmarkHACreateAck's txns hold). Two places for the clients: in the
 // test process, which also hosts the embedded members (from=members), and
 // in a process of their own, as the provider is (from=apart: the test
-// binary run again as a bare client, see bareChild). Compare with
+// binary run again as a bare client, see bareChild). And, as the warm
+// standby follows the provider's prefix, with a watcher on the run's
+// prefix from a client of its own (watched=yes). Compare with
 // BenchmarkHACreateAck and BenchmarkHAMutations16.
 func BenchmarkHABareTxn(b *testing.B) {
 	for _, bc := range []struct {
 		clients int
 		steady  bool
 		apart   bool
-	}{{1, false, false}, {1, true, false}, {16, false, false}, {1, false, true}, {1, true, true}, {16, false, true}} {
-		shape, from := "alone", "members"
+		watched bool
+	}{{1, false, false, false}, {1, true, false, false}, {16, false, false, false},
+		{1, false, true, false}, {1, true, true, false}, {16, false, true, false},
+		{1, false, false, true}, {16, false, false, true}} {
+		shape, from, watched := "alone", "members", "no"
 		if bc.steady {
 			shape = "steady"
 		}
 		if bc.apart {
 			from = "apart"
 		}
-		b.Run(fmt.Sprintf("shape=%s/clients=%d/from=%s", shape, bc.clients, from), func(b *testing.B) {
+		if bc.watched {
+			watched = "yes"
+		}
+		b.Run(fmt.Sprintf("shape=%s/clients=%d/from=%s/watched=%s", shape, bc.clients, from, watched), func(b *testing.B) {
 			s := benchReplicas(b)
 			run := bareRun{
 				Endpoints: s.cluster.Endpoints(),
@@ -134,6 +142,11 @@ func BenchmarkHABareTxn(b *testing.B) {
 				b.Fatal(err)
 			}
 			run.GuardRev = put.Header.Revision
+			var events atomic.Int64
+			stopWatch := func() {}
+			if bc.watched {
+				stopWatch = watchPrefix(b, s.cluster.Client(b), run.Prefix, &events)
+			}
 			var res bareResult
 			b.ResetTimer()
 			if bc.apart {
@@ -142,16 +155,49 @@ func BenchmarkHABareTxn(b *testing.B) {
 				res, err = run.txns(ctx, cl)
 			}
 			b.StopTimer()
+			stopWatch()
 			if err != nil {
 				b.Fatal(err)
+			}
+			if bc.watched && events.Load() < int64(b.N) {
+				b.Fatalf("the watcher saw %d events of %d txns", events.Load(), b.N)
 			}
 			lat, el := res.latencies(), time.Duration(res.ElapsedNs)
 			b.ReportMetric(ms(pct(lat, 0.50)), "ms-p50")
 			b.ReportMetric(ms(pct(lat, 0.99)), "ms-p99")
 			b.ReportMetric(float64(b.N)/el.Seconds(), "txns/s")
-			fmt.Fprintf(os.Stderr, "bare guarded txn of a Create %s (%s), %d clients from %s: p50 %v p99 %v, %.0f txns/s\n",
-				shape, run.Shape, bc.clients, from, pct(lat, 0.5).Round(10*time.Microsecond), pct(lat, 0.99).Round(10*time.Microsecond), float64(b.N)/el.Seconds())
+			fmt.Fprintf(os.Stderr, "bare guarded txn of a Create %s (%s), %d clients from %s, watched %s: p50 %v p99 %v, %.0f txns/s\n",
+				shape, run.Shape, bc.clients, from, watched, pct(lat, 0.5).Round(10*time.Microsecond), pct(lat, 0.99).Round(10*time.Microsecond), float64(b.N)/el.Seconds())
 		})
+	}
+}
+
+// watchPrefix follows every change under prefix from cl, as the warm
+// standby follows the provider's, counting the events into n until the
+// returned stop is called; stop returns once the watcher has.
+func watchPrefix(b *testing.B, cl *clientv3.Client, prefix string, n *atomic.Int64) (stop func()) {
+	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(context.Background()))
+	ch := cl.Watch(ctx, prefix+"/", clientv3.WithPrefix())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for resp := range ch {
+			if err := resp.Err(); err != nil && ctx.Err() == nil {
+				b.Errorf("watch %s: %v", prefix, err)
+				return
+			}
+			n.Add(int64(len(resp.Events)))
+		}
+	}()
+	return func() {
+		// Every event is delivered before the watcher stops: wait for
+		// the count to settle, bounded, then cancel.
+		for last, i := int64(-1), 0; n.Load() != last && i < 100; i++ {
+			last = n.Load()
+			time.Sleep(20 * time.Millisecond)
+		}
+		cancel()
+		<-done
 	}
 }
 
