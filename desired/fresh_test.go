@@ -3,23 +3,11 @@ package desired
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
-
-// releasing is a context that runs release the moment a reader asks for
-// its Done channel, that is, the moment the reader decided to wait.
-type releasing struct {
-	context.Context
-	once    sync.Once
-	release func()
-}
-
-func (c *releasing) Done() <-chan struct{} {
-	c.once.Do(c.release)
-	return c.Context.Done()
-}
 
 // completeInFlight starts the completion of machine id's Create on a held
 // store and returns once that change is in flight: handed to the store,
@@ -61,14 +49,14 @@ func TestGetFreshWaitsForTheChangeInFlight(t *testing.T) {
 	d := open(t, store, slots(2))
 	id := "z1/kvm.small/000"
 	completed := completeInFlight(t, d, store, id)
-	if m := d.GetFresh(&releasing{Context: context.Background(), release: store.Release}, id); m.State != Idle {
+	if m := d.GetFresh(providertest.OnWait(context.Background(), store.Release), id); m.State != Idle {
 		t.Errorf("GetFresh answered %v, want IDLE, which the change in flight committed", m.State)
 	}
 	store.Release() // GetFresh did, unless it failed to wait
 	if err := <-completed; err != nil {
 		t.Fatal(err)
 	}
-	quiet := &releasing{Context: context.Background(), release: func() { t.Error("GetFresh waited with nothing in flight") }}
+	quiet := providertest.OnWait(context.Background(), func() { t.Error("GetFresh waited with nothing in flight") })
 	if m := d.GetFresh(quiet, "z1/kvm.small/001"); m.State != Speculative {
 		t.Errorf("untouched machine: %v", m.State)
 	}
@@ -130,7 +118,7 @@ func TestGetFreshNeverShowsWhatIsNotCommitted(t *testing.T) {
 	for inflight(d) == 0 {
 		time.Sleep(time.Millisecond)
 	}
-	if m := d.GetFresh(&releasing{Context: context.Background(), release: second.Release}, id); m.State != Creating {
+	if m := d.GetFresh(providertest.OnWait(context.Background(), second.Release), id); m.State != Creating {
 		t.Errorf("refused change: GetFresh answered %v, want the committed CREATING", m.State)
 	}
 	second.Release()

@@ -3,28 +3,14 @@ package service
 import (
 	"bytes"
 	"context"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
 	"github.com/bigfleet-vm/provider/desired"
+	"github.com/bigfleet-vm/provider/internal/providertest"
 	"github.com/bigfleet-vm/provider/naming"
 )
-
-// releasing is a context that runs release the moment the handler asks
-// for its Done channel, that is, the moment it decided to wait.
-type releasing struct {
-	context.Context
-	once    sync.Once
-	release func()
-}
-
-func (c *releasing) Done() <-chan struct{} {
-	c.once.Do(c.release)
-	return c.Context.Done()
-}
 
 // TestGetAnswersTheChangeInFlight: a Get that arrives while the machine's
 // change is on its way to the store answers what that change commits,
@@ -43,15 +29,13 @@ func TestGetAnswersTheChangeInFlight(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stored := func() []byte {
+	stored := func() []byte { // the machine's record, under m/<id>
 		all, _ := store.Load(context.Background())
-		for k, v := range all {
-			if strings.HasSuffix(k, slot.ID) {
-				return v
-			}
+		v, ok := all["m/"+slot.ID]
+		if !ok {
+			t.Fatalf("no stored record m/%s", slot.ID)
 		}
-		t.Fatalf("no stored key for %s", slot.ID)
-		return nil
+		return v
 	}
 	before := stored()
 	store.Hold()
@@ -65,7 +49,7 @@ func TestGetAnswersTheChangeInFlight(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	ref := &pb.MachineRef{Id: slot.ID}
-	m, err := s.Get(&releasing{Context: context.Background(), release: store.Release}, ref)
+	m, err := s.Get(providertest.OnWait(context.Background(), store.Release), ref)
 	if err != nil {
 		t.Fatal(err)
 	}
