@@ -160,6 +160,18 @@ func (e *tlsSilentError) Error() string {
 
 func (e *tlsSilentError) Unwrap() error { return e.err }
 
+// silentDial is the error of a TLS dial to addr that got no TLS answer:
+// err, what the handshake saw, and, when ctx has ended, ctx's error too,
+// because the end of ctx closes the connection under the handshake and
+// the read may then fail on a closed connection before the connection's
+// own deadline (the same instant) fires.
+func silentDial(ctx context.Context, addr string, err error) *tlsSilentError {
+	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+		err = fmt.Errorf("%w (%w)", cerr, err)
+	}
+	return &tlsSilentError{addr: addr, err: err}
+}
+
 func silentHow(err error) string {
 	var ne net.Error
 	switch {
@@ -277,7 +289,7 @@ func dialTLS(ctx context.Context, u *url.URL) (*transport, error) {
 	if err := tc.HandshakeContext(ctx); err != nil {
 		_ = raw.Close()
 		if cc.n.Load() == 0 {
-			return nil, &tlsSilentError{addr: addr, err: err}
+			return nil, silentDial(ctx, addr, err)
 		}
 		return nil, err
 	}

@@ -181,3 +181,26 @@ func TestDialTLSSaysWhatItSaw(t *testing.T) {
 		})
 	}
 }
+
+// TestSilentTimeoutWhenTheCloseWins: a silent peer is reported as timed
+// out also when the context's end closed the connection under the
+// handshake, so that the handshake failed reading a closed connection
+// before any deadline fired. CI once saw "failed (… use of closed network
+// connection)" from TestDialTLSSaysWhatItSaw/never_answers.
+func TestSilentTimeoutWhenTheCloseWins(t *testing.T) {
+	ctx, cancel := context.WithDeadline(context.Background(), time.Now())
+	defer cancel()
+	<-ctx.Done()
+	closedRead := &net.OpError{Op: "read", Net: "tcp", Err: net.ErrClosed}
+	err := silentDial(ctx, "127.0.0.1:1", closedRead)
+	if !strings.Contains(err.Error(), "timed out") {
+		t.Errorf("err %v, want no TLS answer (timed out)", err)
+	}
+	if !errors.Is(err, net.ErrClosed) {
+		t.Errorf("err %v lost what the handshake saw", err)
+	}
+	// While the context lives, the error speaks for itself.
+	if err := silentDial(context.Background(), "127.0.0.1:1", closedRead); strings.Contains(err.Error(), "timed out") {
+		t.Errorf("err %v: timed out without a deadline", err)
+	}
+}
