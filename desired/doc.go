@@ -12,8 +12,8 @@
 //     further change (Unavailable) rather than build on a lost one.
 //   - GetFresh (the Get RPC) waits, at most FreshWait and never past its
 //     context, for a change to its machine that is in flight, then answers
-//     the committed value; the record of changes in flight holds at most
-//     one entry per machine and is empty once the store has called back.
+//     the committed value. In flight is derived (working value not yet
+//     the committed one), so nothing is recorded per change.
 //   - A mutation is acknowledged only after it is committed; a retried
 //     mutation waits for the original's commit before it is acknowledged
 //     with the same operation id.

@@ -158,11 +158,7 @@ type Document struct {
 	epochs epochs
 	meta   meta
 	last   *change // newest change handed to the store
-	// inflight maps each machine a change handed to the store puts or
-	// deletes to the newest such change, until it settles: at most one
-	// entry per machine, none once the store is idle.
-	inflight map[string]*change
-	failed   error
+	failed error
 	// refusing, when set, is why mutations are refused (a graceful stop).
 	refusing string
 	// Committed view.
@@ -412,7 +408,6 @@ func Open(ctx context.Context, opts Options, slots []Slot) (*Document, LoadRepor
 		lineage:      lineageBytes(ld.meta.Lineage),
 		work:         work,
 		fences:       newFences(),
-		inflight:     map[string]*change{},
 		machines:     maps.Clone(work),
 		log:          log,
 		meta:         ld.meta,
@@ -777,12 +772,6 @@ func (t *txn) commit() *change {
 		}
 	}
 	d.last = c
-	for _, m := range c.puts {
-		d.inflight[m.ID] = c
-	}
-	for _, id := range c.dels {
-		d.inflight[id] = c
-	}
 	done := func(err error) { d.settle(c, err) }
 	if bs, ok := d.opts.Store.(BackgroundStore); ok && t.background {
 		bs.CommitBackground(t.ops, done)
@@ -796,16 +785,6 @@ func (t *txn) commit() *change {
 // visible to readers, or records the failure that stops the document.
 func (d *Document) settle(c *change, err error) {
 	d.mu.Lock()
-	for _, m := range c.puts {
-		if d.inflight[m.ID] == c {
-			delete(d.inflight, m.ID)
-		}
-	}
-	for _, id := range c.dels {
-		if d.inflight[id] == c {
-			delete(d.inflight, id)
-		}
-	}
 	switch {
 	case err != nil:
 		c.err = err
@@ -879,10 +858,15 @@ const FreshWait = 50 * time.Millisecond
 // committed machine (immutable) or nil. Like Get it never returns a value
 // the store has not committed: after a stalled store's FreshWait, or a
 // failed commit, it is the older committed one.
+//
+// A machine has a change in flight while its working value is not its
+// committed one; the store settles changes in Commit order, so waiting
+// for the newest change covers it (at most a group commit later than
+// its own).
 func (d *Document) GetFresh(ctx context.Context, id string) *Machine {
 	d.mu.RLock()
-	c := d.inflight[id]
 	m := d.machines[id]
+	c := d.inflightFor(id)
 	d.mu.RUnlock()
 	if c == nil {
 		return m
@@ -895,6 +879,15 @@ func (d *Document) GetFresh(ctx context.Context, id string) *Machine {
 	case <-ctx.Done():
 	}
 	return d.Get(id)
+}
+
+// inflightFor returns the change to wait for before machine id's newest
+// value is committed, nil if it is; callers hold mu.
+func (d *Document) inflightFor(id string) *change {
+	if d.work[id] == d.machines[id] {
+		return nil
+	}
+	return d.last
 }
 
 // All returns every committed machine sorted by id.

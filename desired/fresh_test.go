@@ -10,9 +10,10 @@ import (
 )
 
 // completeInFlight starts the completion of machine id's Create on a held
-// store and returns once that change is in flight: handed to the store,
-// not yet called back. The channel gets Complete's error.
-func completeInFlight(t *testing.T, d *Document, store *MemoryStore, id string) <-chan error {
+// store (which refuses it when refuse is not nil) and returns once that
+// change is in flight: handed to the store, not yet called back. The
+// channel gets Complete's error.
+func completeInFlight(t *testing.T, d *Document, store *MemoryStore, id string, refuse error) <-chan error {
 	t.Helper()
 	a, err := mut(t, d, Request{Kind: KindCreate, MachineID: id})
 	if err != nil {
@@ -20,12 +21,15 @@ func completeInFlight(t *testing.T, d *Document, store *MemoryStore, id string) 
 	}
 	store.Hold()
 	t.Cleanup(store.Release)
+	if refuse != nil {
+		store.Fail(refuse)
+	}
 	done := make(chan error, 1)
 	go func() {
 		_, err := d.Complete(context.Background(), id, a.OpID, Result{Host: "z1/h1"})
 		done <- err
 	}()
-	for inflight(d) == 0 {
+	for inflight(d, id) == 0 {
 		time.Sleep(time.Millisecond)
 	}
 	if m := d.Get(id); m.State != Creating {
@@ -34,10 +38,22 @@ func completeInFlight(t *testing.T, d *Document, store *MemoryStore, id string) 
 	return done
 }
 
-func inflight(d *Document) int {
+// inflight counts the given machines whose change GetFresh would wait
+// for: one the store has not called back yet.
+func inflight(d *Document, ids ...string) int {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	return len(d.inflight)
+	n := 0
+	for _, id := range ids {
+		if c := d.inflightFor(id); c != nil {
+			select {
+			case <-c.done:
+			default:
+				n++
+			}
+		}
+	}
+	return n
 }
 
 // TestGetFreshWaitsForTheChangeInFlight: while a machine's change is on
@@ -48,7 +64,7 @@ func TestGetFreshWaitsForTheChangeInFlight(t *testing.T) {
 	store := NewMemoryStore(nil)
 	d := open(t, store, slots(2))
 	id := "z1/kvm.small/000"
-	completed := completeInFlight(t, d, store, id)
+	completed := completeInFlight(t, d, store, id, nil)
 	if m := d.GetFresh(providertest.OnWait(context.Background(), store.Release), id); m.State != Idle {
 		t.Errorf("GetFresh answered %v, want IDLE, which the change in flight committed", m.State)
 	}
@@ -76,7 +92,7 @@ func TestGetFreshWaitsForTheChangeInFlight(t *testing.T) {
 	if err := d.Quiesce(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if n := inflight(d); n != 0 {
+	if n := inflight(d, id, other); n != 0 {
 		t.Errorf("%d machines still recorded in flight after the store called every change back", n)
 	}
 }
@@ -88,7 +104,7 @@ func TestGetFreshNeverShowsWhatIsNotCommitted(t *testing.T) {
 	store := NewMemoryStore(nil)
 	d := open(t, store, slots(1))
 	id := "z1/kvm.small/000"
-	completed := completeInFlight(t, d, store, id)
+	completed := completeInFlight(t, d, store, id, nil)
 	if m := d.GetFresh(context.Background(), id); m.State != Creating {
 		t.Errorf("stalled store: GetFresh answered %v, want the committed CREATING", m.State)
 	}
@@ -104,20 +120,7 @@ func TestGetFreshNeverShowsWhatIsNotCommitted(t *testing.T) {
 	}
 	second := NewMemoryStore(nil)
 	d = open(t, second, slots(1))
-	a, err := mut(t, d, Request{Kind: KindCreate, MachineID: id})
-	if err != nil {
-		t.Fatal(err)
-	}
-	second.Hold()
-	second.Fail(errors.New("write state.journal: no space left on device"))
-	failed := make(chan error, 1)
-	go func() {
-		_, err := d.Complete(context.Background(), id, a.OpID, Result{Host: "z1/h1"})
-		failed <- err
-	}()
-	for inflight(d) == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	failed := completeInFlight(t, d, second, id, errors.New("write state.journal: no space left on device"))
 	if m := d.GetFresh(providertest.OnWait(context.Background(), second.Release), id); m.State != Creating {
 		t.Errorf("refused change: GetFresh answered %v, want the committed CREATING", m.State)
 	}
@@ -125,7 +128,7 @@ func TestGetFreshNeverShowsWhatIsNotCommitted(t *testing.T) {
 	if err := <-failed; err == nil {
 		t.Error("Complete on a failed store succeeded")
 	}
-	if n := inflight(d); n != 0 {
+	if n := inflight(d, id); n != 0 {
 		t.Errorf("%d machines still recorded in flight after the store refused their change", n)
 	}
 }
