@@ -138,6 +138,10 @@ type File struct {
 	gen         uint64 // generation of the journal being appended to
 	snapGen     uint64 // generation of the snapshot on disk
 	journalPath string // the name the appended journal has now
+	// spare is the buffer of the last frame written, kept for the next
+	// batch so that group commits do not grow a new buffer from nothing
+	// each time; one at most, and none above spareCap.
+	spare []byte
 
 	snapBytes, oldJournalBytes, journalBytes atomic.Int64
 
@@ -657,7 +661,7 @@ func (f *File) Commit(ops []Op, done func(error)) {
 	} else if n := len(f.queue); n > 0 {
 		b = f.queue[n-1]
 	} else if done != nil {
-		b = &batch{buf: make([]byte, frameHeaderSize)}
+		b = &batch{buf: f.newBuf()}
 		f.queue = append(f.queue, b)
 	} else {
 		return // an empty Commit nobody waits for
@@ -754,7 +758,7 @@ func (f *File) queueLocked(ops []Op) *batch {
 	if n := len(f.queue); n > 0 && len(f.queue[n-1].buf) < batchLimit {
 		b = f.queue[n-1]
 	} else {
-		b = &batch{buf: make([]byte, frameHeaderSize, 4096)}
+		b = &batch{buf: f.newBuf()}
 		f.queue = append(f.queue, b)
 	}
 	b.buf = appendRecord(b.buf, ops)
@@ -1025,6 +1029,7 @@ func (f *File) commitLoop() {
 				f.run(b.dones, err)
 				continue
 			}
+			f.keepSpare(b.buf)
 		}
 		if snap != nil {
 			if err := f.rotate(gen, snap, path); err != nil {
@@ -1032,6 +1037,31 @@ func (f *File) commitLoop() {
 			}
 		}
 	}
+}
+
+// spareCap bounds the buffer a File keeps between frames: a frame above
+// it (a burst) is left to the collector rather than held for good.
+const spareCap = 1 << 20
+
+// newBuf returns an empty frame buffer, the spare if there is one.
+// Callers hold f.mu.
+func (f *File) newBuf() []byte {
+	if b := f.spare; b != nil {
+		f.spare = nil
+		return b[:frameHeaderSize]
+	}
+	return make([]byte, frameHeaderSize, 4096)
+}
+
+// keepSpare keeps buf, a frame the journal holds now (nothing refers to
+// it any longer), for the next batch, unless it is above spareCap.
+func (f *File) keepSpare(buf []byte) {
+	if cap(buf) > spareCap {
+		return
+	}
+	f.mu.Lock()
+	f.spare = buf
+	f.mu.Unlock()
 }
 
 // commit appends b as one frame to the journal of gen, which path names,
