@@ -1,7 +1,6 @@
 package desired
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -157,7 +156,7 @@ func (h *history) add(id, zone string, ev Event) uint64 {
 	ev.Cause = clipText(ev.Cause, maxHistoryTextBytes)
 	ev.Action = clipText(ev.Action, maxHistoryTextBytes)
 	ev.At = ev.At.UTC()
-	raw, err := json.Marshal(ev)
+	raw, err := appendEvent(nil, &ev)
 	if err != nil {
 		panic(fmt.Sprintf("encode event of %s: %v", id, err)) // plain data: cannot fail
 	}
@@ -208,24 +207,31 @@ func (h *history) enforceTotal() {
 
 // encode is the stored record of a ring.
 func (r *ring) encode() []byte {
-	var b bytes.Buffer
-	b.WriteString(`{"v":1,"zone":`)
-	z, _ := json.Marshal(r.zone)
-	b.Write(z)
+	var del []byte
 	if !r.deleted.IsZero() {
-		b.WriteString(`,"deleted":`)
-		t, _ := json.Marshal(r.deleted.UTC())
-		b.Write(t)
+		del, _ = json.Marshal(r.deleted.UTC())
 	}
-	b.WriteString(`,"events":[`)
+	// One allocation of the record's size: rings are written on every
+	// commit that carries an event.
+	n := len(`{"v":1,"zone":`) + len(r.zone) + 2 + len(`,"deleted":`) + len(del) + len(`,"events":[`) + len("]}")
+	for _, e := range r.entries {
+		n += len(e.raw) + 1
+	}
+	b := make([]byte, 0, n)
+	b = append(b, `{"v":1,"zone":`...)
+	b = appendString(b, r.zone)
+	if del != nil {
+		b = append(b, `,"deleted":`...)
+		b = append(b, del...)
+	}
+	b = append(b, `,"events":[`...)
 	for i, e := range r.entries {
 		if i > 0 {
-			b.WriteByte(',')
+			b = append(b, ',')
 		}
-		b.Write(e.raw)
+		b = append(b, e.raw...)
 	}
-	b.WriteString("]}")
-	return b.Bytes()
+	return append(b, "]}"...)
 }
 
 // storedRing is the stored record of a ring as decoded.
