@@ -1029,7 +1029,6 @@ func (f *File) commitLoop() {
 				f.run(b.dones, err)
 				continue
 			}
-			f.keepSpare(b.buf)
 		}
 		if snap != nil {
 			if err := f.rotate(gen, snap, path); err != nil {
@@ -1055,13 +1054,11 @@ func (f *File) newBuf() []byte {
 
 // keepSpare keeps buf, a frame the journal holds now (nothing refers to
 // it any longer), for the next batch, unless it is above spareCap.
+// Callers hold f.mu.
 func (f *File) keepSpare(buf []byte) {
-	if cap(buf) > spareCap {
-		return
+	if cap(buf) <= spareCap {
+		f.spare = buf
 	}
-	f.mu.Lock()
-	f.spare = buf
-	f.mu.Unlock()
 }
 
 // commit appends b as one frame to the journal of gen, which path names,
@@ -1095,7 +1092,7 @@ func (f *File) commit(b *batch, path string, gen uint64) error {
 	f.records += uint64(b.records)
 	end := f.journalBytes.Add(int64(len(b.buf)))
 	m := mark{gen: gen, length: end, sum: frameSum(b.buf), records: f.records, pinned: f.pinned}
-	f.hand(markItem{mark: &m, last: b.last, dones: b.dones, records: b.records, bytes: len(b.buf), start: start})
+	f.hand(markItem{mark: &m, last: b.last, dones: b.dones, records: b.records, bytes: len(b.buf), start: start}, b.buf)
 	return nil
 }
 
@@ -1112,11 +1109,16 @@ type markItem struct {
 	start   time.Time
 }
 
-// hand queues it for the marker.
-func (f *File) hand(it markItem) {
+// hand queues it for the marker. written, if not nil, is the buffer of
+// the frame it records, kept for the next batch under the same lock (and
+// so before the frame can be acknowledged).
+func (f *File) hand(it markItem, written []byte) {
 	f.mu.Lock()
 	f.marks = append(f.marks, it)
 	f.markWake.Signal()
+	if written != nil {
+		f.keepSpare(written)
+	}
 	f.mu.Unlock()
 }
 
@@ -1126,7 +1128,7 @@ func (f *File) run(dones []func(error), err error) {
 	if len(dones) == 0 {
 		return
 	}
-	f.hand(markItem{dones: dones, err: err})
+	f.hand(markItem{dones: dones, err: err}, nil)
 }
 
 // post runs callbacks on the callback runner, in order.
