@@ -19,13 +19,10 @@ func appendEvent(b []byte, ev *Event) ([]byte, error) {
 	b = append(b, `{"seq":`...)
 	b = strconv.AppendUint(b, ev.Seq, 10)
 	b = append(b, `,"at":`...)
-	if y := ev.At.Year(); y < 0 || y > 9999 {
-		_, err := json.Marshal(ev.At)
+	b, err := appendTime(b, ev.At)
+	if err != nil {
 		return nil, err
 	}
-	b = append(b, '"')
-	b = ev.At.AppendFormat(b, time.RFC3339Nano)
-	b = append(b, '"')
 	b = append(b, `,"kind":`...)
 	b = appendString(b, ev.Kind)
 	b = appendField(b, `,"from":`, ev.From)
@@ -70,4 +67,16 @@ func appendString(b []byte, s string) []byte {
 	b = append(b, '"')
 	b = append(b, s...)
 	return append(b, '"')
+}
+
+// appendTime appends t as time.Time's MarshalJSON does, and fails where
+// it does: on a year outside 0-9999.
+func appendTime(b []byte, t time.Time) ([]byte, error) {
+	if y := t.Year(); y < 0 || y > 9999 {
+		_, err := json.Marshal(t)
+		return b, err
+	}
+	b = append(b, '"')
+	b = t.AppendFormat(b, time.RFC3339Nano)
+	return append(b, '"'), nil
 }

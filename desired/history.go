@@ -207,22 +207,19 @@ func (h *history) enforceTotal() {
 
 // encode is the stored record of a ring.
 func (r *ring) encode() []byte {
-	var del []byte
-	if !r.deleted.IsZero() {
-		del, _ = json.Marshal(r.deleted.UTC())
-	}
-	// One allocation of the record's size: rings are written on every
-	// commit that carries an event.
-	n := len(`{"v":1,"zone":`) + len(r.zone) + 2 + len(`,"deleted":`) + len(del) + len(`,"events":[`) + len("]}")
+	// One allocation of the record's size (the zone unescaped, the
+	// deletion time at its longest): rings are written on every commit
+	// that carries an event.
+	n := len(`{"v":1,"zone":""`) + len(r.zone) + len(`,"deleted":""`) + len(time.RFC3339Nano) + len(`,"events":[`) + len("]}")
 	for _, e := range r.entries {
 		n += len(e.raw) + 1
 	}
 	b := make([]byte, 0, n)
 	b = append(b, `{"v":1,"zone":`...)
 	b = appendString(b, r.zone)
-	if del != nil {
+	if !r.deleted.IsZero() {
 		b = append(b, `,"deleted":`...)
-		b = append(b, del...)
+		b, _ = appendTime(b, r.deleted.UTC()) // a time of this process: in range
 	}
 	b = append(b, `,"events":[`...)
 	for i, e := range r.entries {
