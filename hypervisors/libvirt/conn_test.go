@@ -156,6 +156,56 @@ func TestLostCallsRecycleTheConnection(t *testing.T) {
 	})
 }
 
+// A daemon that hangs up right after answering connect-open, the last
+// call of the handshake. go-libvirt's ConnectToURI sets the channel
+// Disconnected returns after that answer, while the goroutine it started
+// to watch the socket may already be reading it: the transport holds back
+// the end of the stream until the handshake has returned, so the two are
+// ordered (under -race this was "race detected", seen in CI when
+// TestLostCallsRecycleTheConnection ended during a redial). The zone sees
+// each connection go through Disconnected (no probe runs here) and
+// redials.
+func TestHangUpAfterHandshake(t *testing.T) {
+	d := newFakeDaemon(t)
+	d.hangUpAfter(procConnectOpen)
+	h, err := New(Config{Installation: "i", Zones: []ZoneURI{{Zone: "z", URI: d.uri()}}, CallTimeout: time.Hour,
+		MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond,
+		ProbeEvery: time.Hour, ProbeTimeout: time.Hour, DeadAfter: time.Hour}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	waitFor(t, "three connections dropped", func() bool {
+		acc, closed, _, _ := d.stats(0)
+		return acc >= 4 && closed >= 3
+	})
+}
+
+// A daemon that hangs up while the handshake waits for its answer: the
+// stream's end is held back for the handshake (see
+// TestHangUpAfterHandshake) for a bounded time only, since here it is what
+// releases the handshake. The dial fails with the daemon's hang-up well
+// before its own timeout (an hour here).
+func TestHangUpDuringHandshake(t *testing.T) {
+	d := newFakeDaemon(t)
+	d.answer(procAuthList, func(int) (uint32, []byte, bool) { return 0, nil, false })
+	d.hangUpAfter(procAuthList)
+	h, err := New(Config{Installation: "i", Zones: []ZoneURI{{Zone: "z", URI: d.uri()}}, CallTimeout: time.Hour,
+		DialTimeout: time.Hour, MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond,
+		ProbeEvery: time.Hour, ProbeTimeout: time.Hour, DeadAfter: time.Hour}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	waitFor(t, "the dial failed and was retried", func() bool {
+		acc, closed, _, _ := d.stats(0)
+		return acc >= 2 && closed >= 1
+	})
+	if err := h.ZoneHealth()["z"]; err == nil || !strings.Contains(err.Error(), "handshake") {
+		t.Errorf("zone health %v, want the handshake's failure", err)
+	}
+}
+
 // Calls that outlive their deadline on a live daemon (eight domains
 // starting at once on a loaded host: each start takes longer than the
 // deadline, every slot is taken by one) do not cost the connection: when

@@ -50,12 +50,42 @@ type transport struct {
 	once  sync.Once
 	// lastRead is the UnixNano of the last successful read.
 	lastRead atomic.Int64
+	// handshook, when set, is closed once go-libvirt's handshake call
+	// has returned (see Read).
+	handshook chan struct{}
 }
 
+// handshakeGrace bounds how long the end of the stream is held back for
+// a handshake still under way (see Read).
+const handshakeGrace = time.Second
+
+// Read also holds the end of the stream back until the handshake has
+// returned, for at most handshakeGrace. go-libvirt's ConnectToURI sets
+// the channel Disconnected returns after the handshake's last answer,
+// while the goroutine it started to watch the socket reads and closes
+// that channel as soon as the stream ends. Unordered, the watcher can
+// read the old channel first: Disconnected then never fires for this
+// connection (and the race detector reports the pair). Held back, the
+// stream's end comes after the handshake returned. A handshake waiting
+// for an answer cannot return before the stream ends (the end is what
+// releases it); that one gets its error handshakeGrace later, and never
+// reaches the assignment.
 func (t *transport) Read(b []byte) (int, error) {
 	n, err := t.Conn.Read(b)
 	if n > 0 {
 		t.lastRead.Store(time.Now().UnixNano())
+	}
+	if err != nil && t.handshook != nil {
+		select {
+		case <-t.handshook:
+		default:
+			grace := time.NewTimer(handshakeGrace)
+			select {
+			case <-t.handshook:
+			case <-grace.C:
+			}
+			grace.Stop()
+		}
 	}
 	return n, err
 }
@@ -85,8 +115,13 @@ func connect(ctx context.Context, u *url.URL) (*golibvirt.Libvirt, io.Closer, er
 		return nil, nil, err
 	}
 	lv := golibvirt.NewWithDialer(connected{tr})
+	tr.handshook = make(chan struct{})
 	done := make(chan error, 1)
-	go func() { done <- lv.ConnectToURI(golibvirt.RemoteURI(u)) }()
+	go func() {
+		err := lv.ConnectToURI(golibvirt.RemoteURI(u))
+		close(tr.handshook)
+		done <- err
+	}()
 	select {
 	case err := <-done:
 		if err != nil {

@@ -34,6 +34,9 @@ type fakeDaemon struct {
 	// script, when it has a procedure, answers its calls (n counts them
 	// from 1); ok false holds the call.
 	script map[uint32]func(n int) (status uint32, payload []byte, ok bool)
+	// hangUp: after answering a call of one of these procedures the
+	// daemon closes the connection.
+	hangUp map[uint32]bool
 	// inFlight and maxInFlight count held calls per procedure.
 	inFlight, maxInFlight map[uint32]int
 	calls                 map[uint32]int
@@ -69,7 +72,7 @@ func newFakeDaemon(t *testing.T) *fakeDaemon {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &fakeDaemon{t: t, ln: ln, path: path, hold: map[uint32]bool{}, silence: map[int]bool{},
+	d := &fakeDaemon{t: t, ln: ln, path: path, hold: map[uint32]bool{}, hangUp: map[uint32]bool{}, silence: map[int]bool{},
 		closed: map[int]bool{}, script: map[uint32]func(int) (uint32, []byte, bool){}, inFlight: map[uint32]int{}, maxInFlight: map[uint32]int{}, calls: map[uint32]int{}}
 	d.wg.Add(1)
 	go d.accept()
@@ -142,6 +145,7 @@ func (d *fakeDaemon) serve(n int, c net.Conn) {
 		silent := d.silence[n]
 		held := d.hold[proc]
 		scripted, hasScript := d.script[proc]
+		hangUp := d.hangUp[proc]
 		nth := d.calls[proc]
 		if held && !silent {
 			d.held = append(d.held, heldCall{n, proc, serial})
@@ -155,6 +159,9 @@ func (d *fakeDaemon) serve(n int, c net.Conn) {
 		if hasScript {
 			if st, payload, ok := scripted(nth); ok {
 				reply(proc, serial, st, payload)
+			}
+			if hangUp {
+				return
 			}
 			continue
 		}
@@ -179,6 +186,9 @@ func (d *fakeDaemon) serve(n int, c net.Conn) {
 			reply(proc, serial, 0, nil)
 		default:
 			reply(proc, serial, 1, libvirtError(42, "Domain not found"))
+		}
+		if hangUp {
+			return
 		}
 	}
 }
@@ -253,6 +263,15 @@ func (d *fakeDaemon) setHold(proc uint32, on bool) {
 		_, _ = conns[h.conn-1].Write(packet(h.proc, 1, h.serial, 1, libvirtError(42, "Domain not found")))
 		wmu[h.conn-1].Unlock()
 	}
+}
+
+// hangUpAfter makes the daemon close each connection right after it
+// answers a call of proc (or, when a script holds the call, instead of
+// answering).
+func (d *fakeDaemon) hangUpAfter(proc uint32) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.hangUp[proc] = true
 }
 
 // silenceConn wedges connection n (from 1): it is read but never answered.
