@@ -158,7 +158,12 @@ type Document struct {
 	epochs epochs
 	meta   meta
 	last   *change // newest change handed to the store
-	failed error
+	// pending is, for each machine a change in flight writes or deletes,
+	// the newest such change (until the store calls it back), so that
+	// GetFresh waits for that one and not for changes to other machines
+	// queued behind it. It holds only machines in flight.
+	pending map[string]*change
+	failed  error
 	// refusing, when set, is why mutations are refused (a graceful stop).
 	refusing string
 	// Committed view.
@@ -408,6 +413,7 @@ func Open(ctx context.Context, opts Options, slots []Slot) (*Document, LoadRepor
 		lineage:      lineageBytes(ld.meta.Lineage),
 		work:         work,
 		fences:       newFences(),
+		pending:      map[string]*change{},
 		machines:     maps.Clone(work),
 		log:          log,
 		meta:         ld.meta,
@@ -587,6 +593,7 @@ func (t *txn) commitSplit(limit int) *change {
 		for _, m := range puts {
 			c.rev = max(c.rev, m.Rev)
 		}
+		d.handOff(c)
 		d.opts.Store.Commit(chunk, func(err error) { d.settle(c, err) })
 		chunk, puts, bytes = nil, nil, 0
 	}
@@ -772,6 +779,7 @@ func (t *txn) commit() *change {
 		}
 	}
 	d.last = c
+	d.handOff(c)
 	done := func(err error) { d.settle(c, err) }
 	if bs, ok := d.opts.Store.(BackgroundStore); ok && t.background {
 		bs.CommitBackground(t.ops, done)
@@ -781,10 +789,31 @@ func (t *txn) commit() *change {
 	return c
 }
 
+// handOff records c as the change in flight for the machines it writes
+// or deletes. Callers hold mu.
+func (d *Document) handOff(c *change) {
+	for _, m := range c.puts {
+		d.pending[m.ID] = c
+	}
+	for _, id := range c.dels {
+		d.pending[id] = c
+	}
+}
+
 // settle is the store's done callback: it makes a committed change
 // visible to readers, or records the failure that stops the document.
 func (d *Document) settle(c *change, err error) {
 	d.mu.Lock()
+	for _, m := range c.puts {
+		if d.pending[m.ID] == c {
+			delete(d.pending, m.ID)
+		}
+	}
+	for _, id := range c.dels {
+		if d.pending[id] == c {
+			delete(d.pending, id)
+		}
+	}
 	switch {
 	case err != nil:
 		c.err = err
@@ -860,9 +889,9 @@ const FreshWait = 50 * time.Millisecond
 // failed commit, it is the older committed one.
 //
 // A machine has a change in flight while its working value is not its
-// committed one; the store settles changes in Commit order, so waiting
-// for the newest change covers it (at most a group commit later than
-// its own).
+// committed one; GetFresh waits for the newest change that writes or
+// deletes it, not for changes to other machines handed to the store
+// after it (those can be a group commit later).
 func (d *Document) GetFresh(ctx context.Context, id string) *Machine {
 	d.mu.RLock()
 	m := d.machines[id]
@@ -887,6 +916,11 @@ func (d *Document) inflightFor(id string) *change {
 	if d.work[id] == d.machines[id] {
 		return nil
 	}
+	if c := d.pending[id]; c != nil {
+		return c
+	}
+	// Its change failed (the store called it back, the document has
+	// stopped): the newest change covers whatever is still in flight.
 	return d.last
 }
 

@@ -3,6 +3,7 @@ package desired
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -130,5 +131,108 @@ func TestGetFreshNeverShowsWhatIsNotCommitted(t *testing.T) {
 	}
 	if n := inflight(d, id); n != 0 {
 		t.Errorf("%d machines still recorded in flight after the store refused their change", n)
+	}
+}
+
+// stepStore passes commits to a MemoryStore, except while held: then it
+// queues them until step passes the oldest on.
+type stepStore struct {
+	*MemoryStore
+	mu     sync.Mutex
+	held   bool
+	queued []func()
+}
+
+func (s *stepStore) Commit(ops []Op, done func(error)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.held {
+		s.MemoryStore.Commit(ops, done)
+		return
+	}
+	s.queued = append(s.queued, func() { s.MemoryStore.Commit(ops, done) })
+}
+
+func (s *stepStore) hold() {
+	s.mu.Lock()
+	s.held = true
+	s.mu.Unlock()
+}
+
+func (s *stepStore) queue() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.queued)
+}
+
+// step passes the oldest queued commit on.
+func (s *stepStore) step() {
+	s.mu.Lock()
+	next := s.queued[0]
+	s.queued = s.queued[1:]
+	s.mu.Unlock()
+	next()
+}
+
+// TestGetFreshWaitsForItsOwnChange: GetFresh waits for the change that
+// writes the machine, not for a change to another machine handed to the
+// store after it. (It waited for the newest change in flight, which under
+// load is a group commit later: the durable walk's ack-to-IDLE paid for
+// it.)
+func TestGetFreshWaitsForItsOwnChange(t *testing.T) {
+	store := &stepStore{MemoryStore: NewMemoryStore(nil)}
+	d := open(t, store, slots(2))
+	x, y := "z1/kvm.small/000", "z1/kvm.small/001"
+	var ops [2]string
+	for i, id := range []string{x, y} {
+		a, err := mut(t, d, Request{Kind: KindCreate, MachineID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ops[i] = a.OpID
+	}
+	store.hold()
+	completed := make(chan error, 2)
+	for i, id := range []string{x, y} {
+		go func() {
+			_, err := d.Complete(context.Background(), id, ops[i], Result{Host: "z1/h1"})
+			completed <- err
+		}()
+		for store.queue() != i+1 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	d.mu.RLock()
+	cx, cy, last := d.inflightFor(x), d.inflightFor(y), d.last
+	d.mu.RUnlock()
+	if cx == nil || cy != last || cx == cy {
+		t.Fatalf("x's change is the newest one (%t) or none (%t); want x's own, older than y's", cx == last, cx == nil)
+	}
+	// Pass x's change on exactly when GetFresh decides to wait; y's stays
+	// queued until GetFresh has answered.
+	got := make(chan *Machine, 1)
+	go func() { got <- d.GetFresh(providertest.OnWait(context.Background(), store.step), x) }()
+	select {
+	case m := <-got:
+		if m.State != Idle {
+			t.Errorf("GetFresh answered %v, want IDLE, which x's change committed", m.State)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("GetFresh did not answer in 10s")
+	}
+	store.step()
+	for range 2 {
+		if err := <-completed; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := d.Quiesce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	d.mu.RLock()
+	n := len(d.pending)
+	d.mu.RUnlock()
+	if n != 0 {
+		t.Errorf("%d machines still recorded in flight after the store called every change back", n)
 	}
 }
