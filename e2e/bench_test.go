@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -69,30 +68,6 @@ func take(b *testing.B, n int) []string {
 	out := benchPool.ids[:n]
 	benchPool.ids = benchPool.ids[n:]
 	return out
-}
-
-// cpuSeconds is the CPU time (user and system) process pid has used, from
-// /proc/PID/stat (fields 14 and 15, in clock ticks of 1/100 s on Linux).
-func cpuSeconds(b *testing.B, pid int) float64 {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		b.Fatal(err)
-	}
-	// The command name (field 2) is in parentheses and may hold blanks.
-	rest := string(raw[bytes.LastIndexByte(raw, ')')+1:])
-	f := strings.Fields(rest) // f[0] is field 3
-	if len(f) < 13 {
-		b.Fatalf("/proc/%d/stat: %d fields after the name", pid, len(f))
-	}
-	var ticks float64
-	for _, field := range f[11:13] {
-		v, err := strconv.ParseFloat(field, 64)
-		if err != nil {
-			b.Fatalf("/proc/%d/stat: %v", pid, err)
-		}
-		ticks += v
-	}
-	return ticks / 100
 }
 
 func rssKiB(pid int) float64 {
@@ -265,7 +240,7 @@ func walkToIdle(b *testing.B, workers int) {
 	var next, ackNs, idleNs, gets atomic.Int64
 	var wg sync.WaitGroup
 	const commits = "bigfleet_provider_state_commits_total"
-	commits0, cpu0, self0 := s.Metric(commits), cpuSeconds(b, s.Pid()), cpuSeconds(b, os.Getpid())
+	commits0, cpu0, self0 := s.Metric(commits), providertest.CPUSeconds(b, s.Pid()), providertest.CPUSeconds(b, os.Getpid())
 	b.ResetTimer()
 	t0 := time.Now()
 	for w := range workers {
@@ -310,8 +285,8 @@ func walkToIdle(b *testing.B, workers int) {
 	b.ReportMetric(float64(idleNs.Load())/1e6/n, "ms-ack-to-idle")
 	b.ReportMetric(float64(gets.Load())/n, "gets/walk")
 	b.ReportMetric((s.Metric(commits)-commits0)/n, "commits/walk")
-	b.ReportMetric((cpuSeconds(b, s.Pid())-cpu0)*1e3/n, "ms-cpu-provider/walk")
-	b.ReportMetric((cpuSeconds(b, os.Getpid())-self0)*1e3/n, "ms-cpu-clients/walk")
+	b.ReportMetric((providertest.CPUSeconds(b, s.Pid())-cpu0)*1e3/n, "ms-cpu-provider/walk")
+	b.ReportMetric((providertest.CPUSeconds(b, os.Getpid())-self0)*1e3/n, "ms-cpu-clients/walk")
 }
 
 // BenchmarkServerRSS reports the shared server's resident memory after

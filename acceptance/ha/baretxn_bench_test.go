@@ -18,6 +18,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
+	"github.com/bigfleet-vm/provider/internal/providertest"
 )
 
 // createShape is what one acknowledged Create wrote to etcd: the size of
@@ -148,6 +149,7 @@ func BenchmarkHABareTxn(b *testing.B) {
 				stopWatch = watchPrefix(b, s.cluster.Client(b), run.Prefix, &events)
 			}
 			var res bareResult
+			cpu0 := providertest.CPUSeconds(b, os.Getpid())
 			b.ResetTimer()
 			if bc.apart {
 				res, err = run.inChild(ctx)
@@ -155,6 +157,7 @@ func BenchmarkHABareTxn(b *testing.B) {
 				res, err = run.txns(ctx, cl)
 			}
 			b.StopTimer()
+			cpu := providertest.CPUSeconds(b, os.Getpid()) - cpu0
 			stopWatch()
 			if err != nil {
 				b.Fatal(err)
@@ -166,6 +169,11 @@ func BenchmarkHABareTxn(b *testing.B) {
 			b.ReportMetric(ms(pct(lat, 0.50)), "ms-p50")
 			b.ReportMetric(ms(pct(lat, 0.99)), "ms-p99")
 			b.ReportMetric(float64(b.N)/el.Seconds(), "txns/s")
+			if !bc.apart {
+				// The three members and the clients (apart, the clients
+				// run in a child process of their own).
+				b.ReportMetric(cpu*1000/float64(b.N), "ms-cpu-etcd+client/op")
+			}
 			fmt.Fprintf(os.Stderr, "bare guarded txn of a Create %s (%s), %d clients from %s, watched %s: p50 %v p99 %v, %.0f txns/s\n",
 				shape, run.Shape, bc.clients, from, watched, pct(lat, 0.5).Round(10*time.Microsecond), pct(lat, 0.99).Round(10*time.Microsecond), float64(b.N)/el.Seconds())
 		})

@@ -8,6 +8,7 @@ import (
 	"os"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -62,8 +63,8 @@ func benchReplicas(b *testing.B) *replicaSet {
 		}
 		for range 2 {
 			s.reps = append(s.reps, providertest.Start(b, binary, providertest.Options{
-				Args: []string{"serve", "--use-fake-backend", "--state", c.URL(s.prefix), "--log-level", "info",
-					"--seed-count", strconv.Itoa(benchMachines)},
+				Args: append([]string{"serve", "--use-fake-backend", "--state", c.URL(s.prefix), "--log-level", "info",
+					"--seed-count", strconv.Itoa(benchMachines)}, strings.Fields(os.Getenv("HA_BENCH_ARGS"))...),
 				WaitPath: "/healthz", ReadyTimeout: benchStartWait, Detached: true,
 				Dial: []grpc.DialOption{grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(1 << 30))},
 			}))
@@ -120,7 +121,7 @@ func BenchmarkHACreateAck(b *testing.B) {
 	lat := make([]time.Duration, 0, b.N)
 	before := etcdRev(b, s.cluster.Client(b), s.prefix+"/writer")
 	profiled := profileLeader(b, s.reps[leader], fmt.Sprintf("createack-%d", b.N))
-	split := splitOf(s.reps[leader])
+	split := splitOf(s, leader)
 	b.ResetTimer()
 	for i := range b.N {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -147,24 +148,39 @@ func BenchmarkHACreateAck(b *testing.B) {
 // (grpc_server_handling_seconds) and the mean time its store's txns took
 // from send to commit (state_fsync_duration_seconds), so that their
 // difference is the provider's own part of an acknowledgement and the
-// client's mean minus the handler's is the gRPC hop.
-func splitOf(leader *providertest.Provider) func(*testing.B) {
-	type sums struct{ handler, handled, txn, txns float64 }
+// client's mean minus the handler's is the gRPC hop. It also reports the
+// CPU each Create cost the leader, the standby and this process (the
+// three etcd members and the client), to set against what a bare txn
+// costs this process (BenchmarkHABareTxn).
+func splitOf(s *replicaSet, leader int) func(*testing.B) {
+	type sums struct{ handler, handled, txn, txns, cpuLeader, cpuStandby, cpuHere float64 }
 	read := func() sums {
-		_, body := leader.HTTPGet("/metrics")
+		_, body := s.reps[leader].HTTPGet("/metrics")
 		create := `grpc_method="Create"`
-		return sums{
-			handler: providertest.Metric(body, "grpc_server_handling_seconds_sum", create),
-			handled: providertest.Metric(body, "grpc_server_handling_seconds_count", create),
-			txn:     providertest.Metric(body, "bigfleet_provider_state_fsync_duration_seconds_sum"),
-			txns:    providertest.Metric(body, "bigfleet_provider_state_fsync_duration_seconds_count"),
+		su := sums{
+			handler:   providertest.Metric(body, "grpc_server_handling_seconds_sum", create),
+			handled:   providertest.Metric(body, "grpc_server_handling_seconds_count", create),
+			txn:       providertest.Metric(body, "bigfleet_provider_state_fsync_duration_seconds_sum"),
+			txns:      providertest.Metric(body, "bigfleet_provider_state_fsync_duration_seconds_count"),
+			cpuLeader: providertest.CPUSeconds(s.t, s.reps[leader].Pid()),
+			cpuHere:   providertest.CPUSeconds(s.t, os.Getpid()),
 		}
+		for i, p := range s.reps {
+			if i != leader {
+				su.cpuStandby += providertest.CPUSeconds(s.t, p.Pid())
+			}
+		}
+		return su
 	}
 	before := read()
 	return func(b *testing.B) {
 		after := read()
-		if n := after.handled - before.handled; n > 0 {
+		n := after.handled - before.handled
+		if n > 0 {
 			b.ReportMetric((after.handler-before.handler)/n*1000, "ms-handler-mean")
+			b.ReportMetric((after.cpuLeader-before.cpuLeader)/n*1000, "ms-cpu-leader/op")
+			b.ReportMetric((after.cpuStandby-before.cpuStandby)/n*1000, "ms-cpu-standby/op")
+			b.ReportMetric((after.cpuHere-before.cpuHere)/n*1000, "ms-cpu-etcd+client/op")
 		}
 		if n := after.txns - before.txns; n > 0 {
 			b.ReportMetric((after.txn-before.txn)/n*1000, "ms-txn-mean")
