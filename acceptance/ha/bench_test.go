@@ -153,7 +153,7 @@ func BenchmarkHACreateAck(b *testing.B) {
 // three etcd members and the client), to set against what a bare txn
 // costs this process (BenchmarkHABareTxn).
 func splitOf(s *replicaSet, leader int) func(*testing.B) {
-	type sums struct{ handler, handled, txn, txns, cpuLeader, cpuStandby, cpuHere float64 }
+	type sums struct{ handler, handled, txn, txns, gcs, gcPause, cpuLeader, cpuStandby, cpuHere float64 }
 	read := func() sums {
 		_, body := s.reps[leader].HTTPGet("/metrics")
 		create := `grpc_method="Create"`
@@ -162,6 +162,8 @@ func splitOf(s *replicaSet, leader int) func(*testing.B) {
 			handled:   providertest.Metric(body, "grpc_server_handling_seconds_count", create),
 			txn:       providertest.Metric(body, "bigfleet_provider_state_fsync_duration_seconds_sum"),
 			txns:      providertest.Metric(body, "bigfleet_provider_state_fsync_duration_seconds_count"),
+			gcs:       providertest.Metric(body, "go_gc_duration_seconds_count"),
+			gcPause:   providertest.Metric(body, "go_gc_duration_seconds_sum"),
 			cpuLeader: providertest.CPUSeconds(s.t, s.reps[leader].Pid()),
 			cpuHere:   providertest.CPUSeconds(s.t, os.Getpid()),
 		}
@@ -181,6 +183,10 @@ func splitOf(s *replicaSet, leader int) func(*testing.B) {
 			b.ReportMetric((after.cpuLeader-before.cpuLeader)/n*1000, "ms-cpu-leader/op")
 			b.ReportMetric((after.cpuStandby-before.cpuStandby)/n*1000, "ms-cpu-standby/op")
 			b.ReportMetric((after.cpuHere-before.cpuHere)/n*1000, "ms-cpu-etcd+client/op")
+			b.ReportMetric((after.gcs-before.gcs)/n*1000, "leader-gcs/1000ops")
+			if g := after.gcs - before.gcs; g > 0 {
+				b.ReportMetric((after.gcPause-before.gcPause)/g*1000, "ms-leader-gc-pause/gc")
+			}
 		}
 		if n := after.txns - before.txns; n > 0 {
 			b.ReportMetric((after.txn-before.txn)/n*1000, "ms-txn-mean")
