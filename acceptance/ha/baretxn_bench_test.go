@@ -150,6 +150,7 @@ func BenchmarkHABareTxn(b *testing.B) {
 			}
 			var res bareResult
 			cpu0 := providertest.CPUSeconds(b, os.Getpid())
+			here := profileHere(b, fmt.Sprintf("bare-%s-%d-%s-%s-%d", shape, bc.clients, from, watched, b.N))
 			b.ResetTimer()
 			if bc.apart {
 				res, err = run.inChild(ctx)
@@ -157,6 +158,7 @@ func BenchmarkHABareTxn(b *testing.B) {
 				res, err = run.txns(ctx, cl)
 			}
 			b.StopTimer()
+			here()
 			cpu := providertest.CPUSeconds(b, os.Getpid()) - cpu0
 			stopWatch()
 			if err != nil {

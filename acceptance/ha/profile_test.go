@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -69,4 +70,30 @@ func profileLeader(b *testing.B, rep *providertest.Provider, name string) (wait 
 		})
 	}
 	return wg.Wait
+}
+
+// profileHere, when providertest.PprofDirEnv names a directory, takes a
+// CPU profile of this process (the three embedded etcd members and the
+// benchmark's clients) until the returned stop is called, as
+// name-here-cpu.pprof: etcd's side of what profileLeader shows. Without
+// the variable, or for fewer than 100 ops, it does nothing.
+func profileHere(b *testing.B, name string) (stop func()) {
+	dir := os.Getenv(providertest.PprofDirEnv)
+	if dir == "" || b.N < 100 {
+		return func() {}
+	}
+	f, err := os.Create(filepath.Join(dir, name+"-here-cpu.pprof"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		b.Fatalf("profiling this process: %v", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			b.Error(err)
+		}
+	}
 }

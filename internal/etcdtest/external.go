@@ -58,7 +58,7 @@ func (c *Cluster) flags(m *member, cluster string) []string {
 		"--initial-cluster-token=etcdtest",
 		"--initial-cluster-state=new",
 		"--auto-compaction-mode=periodic",
-		"--auto-compaction-retention=" + CompactionRetention,
+		"--auto-compaction-retention=" + c.opts.retention(),
 		"--snapshot-count=" + strconv.Itoa(snapshotCount),
 		"--heartbeat-interval=100",
 		"--election-timeout=1000",
