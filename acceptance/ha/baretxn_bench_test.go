@@ -102,7 +102,9 @@ func benchShape(b *testing.B, s *replicaSet, steady bool) createShape {
 // own writer chain. Two shapes: a Create alone, and a Create in a
 // one-client stream (shape=steady), whose txn also carries the
 // reconciler's records for the Create before it (what
-// BenchmarkHACreateAck's txns hold). Two places for the clients: in the
+// BenchmarkHACreateAck's txns hold; at 16 clients, everything one Create
+// and the reconciler's work on it write, which BenchmarkHAMutations16's
+// group commits carry for each Create). Two places for the clients: in the
 // test process, which also hosts the embedded members (from=members), and
 // in a process of their own, as the provider is (from=apart: the test
 // binary run again as a bare client, see bareChild). And, as the warm
@@ -115,8 +117,8 @@ func BenchmarkHABareTxn(b *testing.B) {
 		steady  bool
 		apart   bool
 		watched bool
-	}{{1, false, false, false}, {1, true, false, false}, {16, false, false, false},
-		{1, false, true, false}, {1, true, true, false}, {16, false, true, false},
+	}{{1, false, false, false}, {1, true, false, false}, {16, false, false, false}, {16, true, false, false},
+		{1, false, true, false}, {1, true, true, false}, {16, false, true, false}, {16, true, true, false},
 		{1, false, false, true}, {16, false, false, true}} {
 		shape, from, watched := "alone", "members", "no"
 		if bc.steady {
