@@ -2,10 +2,12 @@ package etcdtest
 
 import (
 	"context"
+	"errors"
 	"net"
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/bigfleet-vm/provider/internal/freeport"
@@ -113,5 +115,37 @@ func TestNewRetriesTakenPort(t *testing.T) {
 	}
 	if err := put(t, c.Client(t), "/a", 5*time.Second); err != nil {
 		t.Fatalf("put on the cluster on new ports: %v", err)
+	}
+}
+
+// TestCompactionRetention checks that members compact with the retention
+// Options names: with 1s, a revision written now is compacted away within
+// a few seconds (the package's 10s would not be before the deadline).
+func TestCompactionRetention(t *testing.T) {
+	c := Start(t, Options{Members: 1, CompactionRetention: "1s"})
+	cl := c.Client(t)
+	if err := put(t, cl, "/a", 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	first, err := cl.Get(ctx, "/a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(6 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		// Later writes give the compactor revisions to move past.
+		if err := put(t, cl, "/b", 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		_, err := cl.Get(ctx, "/a", clientv3.WithRev(first.Header.Revision))
+		if errors.Is(err, rpctypes.ErrCompacted) {
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("revision %d was not compacted in 6s with a 1s retention", first.Header.Revision)
+		}
 	}
 }
