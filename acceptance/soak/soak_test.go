@@ -162,10 +162,15 @@ type soak struct {
 	cycles     map[string]int // per zone
 	plans      int
 	planTimes  []time.Duration
-	// crashes are libvirtd's exits that no chaos event caused, with the
-	// last line of its log at the time.
-	crashes []string
+	// crashes counts libvirtd's exits that no chaos event caused;
+	// crashLines keeps the first maxCrashLines of them, each with the last
+	// line of its log at the time.
+	crashes    int
+	crashLines []string
 }
+
+// maxCrashLines bounds the crashes the summary spells out.
+const maxCrashLines = 10
 
 // sample is one reading of the provider's size.
 type sample struct {
@@ -372,7 +377,10 @@ func (s *soak) checkDaemon() {
 	}
 	s.t.Logf("libvirtd exited on its own (last log line: %s); starting it again", last)
 	s.mu.Lock()
-	s.crashes = append(s.crashes, time.Now().Format("15:04:05")+" after "+last)
+	s.crashes++
+	if len(s.crashLines) < maxCrashLines {
+		s.crashLines = append(s.crashLines, time.Now().Format("15:04:05")+" after "+last)
+	}
 	s.mu.Unlock()
 	s.ensureDaemon()
 }
@@ -1254,8 +1262,8 @@ func (s *soak) summary() string {
 	}
 	sort.Strings(evs)
 	fmt.Fprintf(&b, "chaos events survived: %d (%s)\n", n, strings.Join(evs, ", "))
-	fmt.Fprintf(&b, "libvirtd exits no chaos caused (restarted): %d\n", len(s.crashes))
-	for _, c := range s.crashes {
+	fmt.Fprintf(&b, "libvirtd exits no chaos caused (restarted): %d\n", s.crashes)
+	for _, c := range s.crashLines {
 		fmt.Fprintf(&b, "  %s\n", c)
 	}
 	sort.Slice(s.planTimes, func(i, j int) bool { return s.planTimes[i] < s.planTimes[j] })

@@ -42,9 +42,7 @@ type Options struct {
 	MaxTxnOps       uint
 	MaxRequestBytes uint
 	// CompactionRetention overrides the package's CompactionRetention
-	// when not empty: benchmarks run with the retention production uses
-	// ("1h"), since a compaction every 10 s of a 100,000-key store costs
-	// the members more CPU than the writes measured.
+	// when not empty (etcd's duration syntax, "1h").
 	CompactionRetention string
 }
 

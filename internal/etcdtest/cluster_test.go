@@ -127,7 +127,9 @@ func TestCompactionRetention(t *testing.T) {
 	if err := put(t, cl, "/a", 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
+	// Every call, and the wait as a whole, ends within the deadline.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
 	first, err := cl.Get(ctx, "/a")
 	if err != nil {
 		t.Fatal(err)
