@@ -197,8 +197,9 @@ func (z *zoneConn) run(ctx context.Context) {
 		z.log.Info("libvirt connected", "zone", z.zone)
 		// Neither waits here: the loop must see the connection break
 		// while either is under way.
+		sub := newSubscription()
 		go z.probe(connCtx, lv, gen, cs)
-		go z.subscribe(connCtx)
+		go z.subscribe(connCtx, sub)
 		z.emit(hypervisors.Event{Kind: hypervisors.EventZoneUp})
 
 		var why error
@@ -216,6 +217,11 @@ func (z *zoneConn) run(ctx context.Context) {
 		z.setDown(why, true)
 		cs.why = why
 		close(cs.dead)
+		// Never close under a registration libvirtd may still be
+		// dispatching: see subscription.
+		if !sub.settle(z.cfg.ProbeTimeout) {
+			z.log.Warn("libvirt event subscription unanswered; closing anyway", "zone", z.zone, "waited", z.cfg.ProbeTimeout)
+		}
 		// Close the transport itself: go-libvirt's Disconnect sends a
 		// close RPC first, which a wedged daemon or connection never
 		// answers. Closing it ends go-libvirt's reader, which releases
@@ -326,15 +332,75 @@ func (z *zoneConn) record(proc string, d time.Duration, err error) {
 	}
 }
 
-// subscribe forwards the connection's domain lifecycle events until ctx
-// ends. The subscription is one RPC, bounded like any other; a failed one
-// is logged: the periodic pass still sees every change, only later.
-func (z *zoneConn) subscribe(ctx context.Context) {
+// subscription keeps a connection from being closed while libvirtd may
+// still be dispatching its event registration. libvirtd 9.0 frees a
+// closing client's callback list without waiting for a
+// ConnectDomainEventCallbackRegisterAny (or ...DeregisterAny) it is
+// dispatching for that client on another thread, and dies of it ("unexpected
+// incomplete domain callback", then a segfault in
+// remoteClientFreePrivateCallbacks). So the registration is sent only while
+// the connection is not closing, the connection closes only once it was
+// answered (or after a bound, for a daemon that no longer answers at all),
+// and the subscription is never deregistered by hand: closing the
+// connection ends it, in libvirtd and in go-libvirt, in one step.
+type subscription struct {
+	mu       sync.Mutex
+	closing  bool
+	sent     bool
+	answered chan struct{}
+}
+
+func newSubscription() *subscription { return &subscription{answered: make(chan struct{})} }
+
+// begin reports whether the registration may be sent; after a true, end
+// must follow once it is answered.
+func (s *subscription) begin() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sent = !s.closing
+	return s.sent
+}
+
+func (s *subscription) end() { close(s.answered) }
+
+// settle stops any registration from being sent and waits up to bound for
+// one already sent to be answered; it reports whether nothing is left
+// unanswered.
+func (s *subscription) settle(bound time.Duration) bool {
+	s.mu.Lock()
+	s.closing = true
+	sent := s.sent
+	s.mu.Unlock()
+	if !sent {
+		return true
+	}
+	t := time.NewTimer(bound)
+	defer t.Stop()
+	select {
+	case <-s.answered:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// subscribe forwards the connection's domain lifecycle events until the
+// connection closes. The subscription is one RPC, bounded like any other;
+// a failed one is logged: the periodic pass still sees every change, only
+// later.
+func (z *zoneConn) subscribe(ctx context.Context, sub *subscription) {
 	if z.events == nil {
 		return
 	}
 	err := z.rpc(ctx, "ConnectDomainEventCallbackRegisterAny", "subscribe to lifecycle events on "+z.zone, 0, func(l *golibvirt.Libvirt) error {
-		ch, err := l.LifecycleEvents(ctx)
+		if !sub.begin() {
+			return errors.New("connection closing")
+		}
+		// Not ctx: go-libvirt deregisters when its context ends, and
+		// that RPC would race the close (see subscription). Its stream
+		// and this goroutine end when the connection closes.
+		ch, err := l.LifecycleEvents(context.WithoutCancel(ctx))
+		sub.end()
 		if err != nil {
 			return err
 		}
@@ -350,7 +416,7 @@ func (z *zoneConn) subscribe(ctx context.Context) {
 		}()
 		return nil
 	})
-	if err != nil {
+	if err != nil && ctx.Err() == nil {
 		z.log.Warn("libvirt lifecycle events unavailable; drift is seen at the periodic pass", "zone", z.zone, "err", err)
 	}
 }

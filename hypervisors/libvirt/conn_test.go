@@ -408,3 +408,38 @@ func TestStartRefusalWithUnreadableStateIsRetryable(t *testing.T) {
 		t.Errorf("Start refused as already running, then running: %v, want success", err)
 	}
 }
+
+// A connection closes at once when no registration was sent, waits for
+// one that was, and waits no longer than its bound for one never
+// answered; nothing is sent once closing began.
+func TestSubscriptionSettle(t *testing.T) {
+	s := newSubscription()
+	if !s.settle(time.Hour) {
+		t.Error("settle with nothing sent reported a registration unanswered")
+	}
+	if s.begin() {
+		t.Error("a registration may be sent after the connection began closing")
+	}
+
+	s = newSubscription()
+	if !s.begin() {
+		t.Fatal("begin refused on an open connection")
+	}
+	go func() { time.Sleep(20 * time.Millisecond); s.end() }()
+	if !s.settle(time.Minute) {
+		t.Error("settle gave up on a registration answered in 20ms")
+	}
+
+	s = newSubscription()
+	s.begin()
+	done := make(chan bool, 1)
+	go func() { done <- s.settle(50 * time.Millisecond) }()
+	select {
+	case ok := <-done:
+		if ok {
+			t.Error("settle reported an unanswered registration as answered")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("settle waited past its bound for a registration never answered")
+	}
+}

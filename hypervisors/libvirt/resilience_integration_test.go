@@ -3,14 +3,19 @@
 package libvirt
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -443,4 +448,74 @@ func TestIntegrationEventRefreshesDefinition(t *testing.T) {
 	if calls := h.Calls() - before; calls != 4 {
 		t.Errorf("tick after one edited domain made %d calls, want 4 (3 + 1 read)", calls)
 	}
+}
+
+// Connections closed while their event subscription is being registered or
+// deregistered must not take libvirtd down. libvirtd 9.0 frees a closing
+// client's callback array while a worker may still be dispatching that
+// client's ConnectDomainEventCallbackRegisterAny (log: "unexpected
+// incomplete domain callback", then a segfault in
+// remoteClientFreePrivateCallbacks); the adapter must never close a
+// connection with such an RPC unanswered. Each round opens an adapter and
+// closes it at once, as a test's cleanup or a provider shutting down
+// right after it connected does; the daemon must be the same process,
+// answering, at the end.
+func TestIntegrationCloseWhileSubscribing(t *testing.T) {
+	e := needEnv(t)
+	pid := daemonPID(t)
+	// libvirtd logs the race itself even when it survives it.
+	const daemonLog, raced = "/var/log/libvirt/libvirtd.log", "unexpected incomplete domain callback"
+	racedBefore := countLines(daemonLog, raced)
+	const rounds, workers = 20000, 4
+	var wg sync.WaitGroup
+	var died atomic.Bool
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range rounds / workers {
+				if died.Load() {
+					return
+				}
+				h, err := New(Config{Zones: []ZoneURI{{Zone: "a", URI: e.URI}}, Installation: "it-" + randHex(4),
+					Pool: e.Pool, CallTimeout: 10 * time.Second, MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second},
+					slog.New(slog.NewTextHandler(io.Discard, nil)))
+				if err != nil {
+					t.Errorf("New: %v", err)
+					return
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				err = h.WaitConnected(ctx)
+				cancel()
+				// Spread the close over the registration's round trip.
+				time.Sleep(time.Duration((w*rounds+i)%7) * 50 * time.Microsecond)
+				_ = h.Close()
+				if err != nil || syscall.Kill(pid, 0) != nil {
+					died.Store(true)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if syscall.Kill(pid, 0) != nil {
+		// Bring a daemon back for the tests after this one.
+		_ = exec.Command("libvirtd", libvirtdArgs()...).Run()
+		t.Fatalf("libvirtd (pid %d) died while adapters closed during their event subscription", pid)
+	}
+	h := newIT(t, e, ZoneURI{Zone: "a", URI: e.URI})
+	if _, err := h.Observe(ctxT(t, 20*time.Second), "a"); err != nil {
+		t.Fatalf("libvirtd no longer answers after %d closes: %v", rounds, err)
+	}
+	if n := countLines(daemonLog, raced) - racedBefore; n > 0 {
+		t.Errorf("libvirtd logged %q %d times: a connection closed under a registration", raced, n)
+	}
+}
+
+// countLines counts the lines of file holding s (0 when it cannot be read).
+func countLines(file, s string) int {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return 0
+	}
+	return strings.Count(string(b), s)
 }
