@@ -240,7 +240,11 @@ func walkToIdle(b *testing.B, workers int) {
 	var next, ackNs, idleNs, gets atomic.Int64
 	var wg sync.WaitGroup
 	const commits = "bigfleet_provider_state_commits_total"
-	commits0, cpu0, self0 := s.Metric(commits), providertest.CPUSeconds(b, s.Pid()), providertest.CPUSeconds(b, os.Getpid())
+	const mallocs, allocBytes = "go_memstats_mallocs_total", "go_memstats_alloc_bytes_total"
+	body0 := s.metrics()
+	commits0, mallocs0, bytes0 := providertest.Metric(body0, commits), providertest.Metric(body0, mallocs), providertest.Metric(body0, allocBytes)
+	cpu0, self0 := providertest.CPUSeconds(b, s.Pid()), providertest.CPUSeconds(b, os.Getpid())
+	profiled := profileProvider(b, s, fmt.Sprintf("walk%d-%d", workers, b.N))
 	b.ResetTimer()
 	t0 := time.Now()
 	for w := range workers {
@@ -279,13 +283,20 @@ func walkToIdle(b *testing.B, workers int) {
 	wg.Wait()
 	el := time.Since(t0)
 	b.StopTimer()
+	cpu1 := providertest.CPUSeconds(b, s.Pid())
+	body1 := s.metrics()
+	profiled()
 	n := float64(b.N)
 	b.ReportMetric(n/el.Seconds(), "machines/s")
 	b.ReportMetric(float64(ackNs.Load())/1e6/n, "ms-ack")
 	b.ReportMetric(float64(idleNs.Load())/1e6/n, "ms-ack-to-idle")
 	b.ReportMetric(float64(gets.Load())/n, "gets/walk")
-	b.ReportMetric((s.Metric(commits)-commits0)/n, "commits/walk")
-	b.ReportMetric((providertest.CPUSeconds(b, s.Pid())-cpu0)*1e3/n, "ms-cpu-provider/walk")
+	b.ReportMetric((providertest.Metric(body1, commits)-commits0)/n, "commits/walk")
+	b.ReportMetric((cpu1-cpu0)*1e3/n, "ms-cpu-provider/walk")
+	// The provider's heap allocations per walk (exact counts from its Go
+	// runtime, one /metrics scrape at each end): far less noisy than CPU.
+	b.ReportMetric((providertest.Metric(body1, mallocs)-mallocs0)/n, "allocs-provider/walk")
+	b.ReportMetric((providertest.Metric(body1, allocBytes)-bytes0)/n, "B-provider/walk")
 	b.ReportMetric((providertest.CPUSeconds(b, os.Getpid())-self0)*1e3/n, "ms-cpu-clients/walk")
 }
 

@@ -39,6 +39,11 @@ func init() {
 	// only, where the overhead is accepted.
 	runtime.SetBlockProfileRate(1)
 	runtime.SetMutexProfileFraction(1)
+	// PROVIDERTEST_MEMPROFILERATE samples allocations more finely than
+	// the runtime's one per 512 KiB, for exacter allocation profiles.
+	if v, err := strconv.Atoi(os.Getenv("PROVIDERTEST_MEMPROFILERATE")); err == nil && v > 0 {
+		runtime.MemProfileRate = v
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
