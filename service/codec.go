@@ -31,6 +31,13 @@ type wireMachine struct {
 }
 
 func encodeMachine(msg *pb.Machine) *wireMachine {
+	if handEncodable(msg) {
+		// One allocation: the frame's tag and length, then the message.
+		n := sizeMachine(msg)
+		framed := protowire.AppendTag(make([]byte, 0, n+1+protowire.SizeVarint(uint64(n))), machinesField, protowire.BytesType)
+		framed = protowire.AppendVarint(framed, uint64(n))
+		return &wireMachine{msg: msg, framed: appendMachine(framed, msg)}
+	}
 	raw, err := proto.MarshalOptions{Deterministic: true}.Marshal(msg)
 	if err != nil {
 		panic("encode machine " + msg.GetId() + ": " + err.Error()) // plain data: cannot fail
@@ -44,8 +51,10 @@ func encodeMachine(msg *pb.Machine) *wireMachine {
 //     the handler built (the machines' pre-encoded bytes concatenated: the
 //     same bytes a deterministic proto.Marshal produces), shared between
 //     concurrent full Lists and counted until gRPC frees it (answers.go);
-//     any other message, or a List an interceptor rebuilt, goes through
-//     the proto codec; and
+//     a Machine or TransitionAck answer is encoded by hand
+//     (machinewire.go), without the proto codec's reflection over its
+//     maps; any other message, or a List an interceptor rebuilt, goes
+//     through the proto codec; and
 //   - a request whose string fields are not valid UTF-8 still decodes, so
 //     that the service answers InvalidArgument with a reason instead of
 //     gRPC answering Internal before the handler runs. Every string field
@@ -59,13 +68,23 @@ type codec struct {
 	answers *answers
 }
 
-// Marshal sends a List answer's encoding, counted until gRPC frees it;
-// everything else (a List an interceptor changed included) goes through
-// the proto codec.
+// Marshal sends a List answer's encoding, counted until gRPC frees it,
+// and encodes a Machine or TransitionAck by hand; everything else (a List
+// an interceptor changed included) goes through the proto codec.
 func (c codec) Marshal(v any) (mem.BufferSlice, error) {
 	if l, ok := v.(*pb.MachineList); ok && c.answers != nil {
 		if h := c.answers.take(l); h != nil {
 			return mem.BufferSlice{c.answers.buffer(h)}, nil
+		}
+	}
+	switch m := v.(type) {
+	case *pb.Machine:
+		if handEncodable(m) {
+			return mem.BufferSlice{mem.SliceBuffer(marshalMachine(m))}, nil
+		}
+	case *pb.TransitionAck:
+		if handEncodableAck(m) {
+			return mem.BufferSlice{mem.SliceBuffer(marshalAck(m))}, nil
 		}
 	}
 	return c.CodecV2.Marshal(v)
