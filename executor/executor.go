@@ -253,7 +253,11 @@ func (e *Executor) Run(ctx context.Context, c planner.Change, opID string) (Outc
 			cancel()
 			return
 		}
-		e.o.Logger.Debug("step done", "machine", c.Machine, "op", opID, "step", s.ID, "reason", s.Reason)
+		// Checked first: the arguments would be boxed (allocated) for every
+		// step even when debug is off.
+		if e.o.Logger.Enabled(ctx, slog.LevelDebug) {
+			e.o.Logger.Debug("step done", "machine", c.Machine, "op", opID, "step", s.ID, "reason", s.Reason)
+		}
 		vmids[d.i] = g.inherited(d.i, vmids)
 		if d.vmid != 0 {
 			vmids[d.i] = d.vmid

@@ -380,6 +380,9 @@ func (p *Provider) unaryInterceptor(ctx context.Context, req any, info *grpc.Una
 			}
 			level = slog.LevelWarn
 		}
+		if !p.log.Enabled(ctx, level) {
+			return // before the arguments are built (quoted and boxed) for nothing
+		}
 		p.log.Log(ctx, level, "rpc", "method", info.FullMethod, "machine", desired.Clip(machineOf(req), 64), "code", code.String(),
 			"ms", float64(time.Since(start).Microseconds())/1000)
 	}()
