@@ -109,7 +109,7 @@ func Do(ctx context.Context, p Policy, retryable func(error) bool, op func(conte
 // Value is Do for an operation that returns a value: the value of the
 // successful attempt (or of the last one).
 func Value[T any](ctx context.Context, p Policy, retryable func(error) bool, op func(context.Context) (T, error)) (T, error) {
-	b := p.Backoff()
+	var b *Backoff // made at the first retry: most calls succeed at once
 	attempts := p.withDefaults().Attempts
 	var cause error // the last failure that was not only ctx ending
 	for n := 1; ; n++ {
@@ -128,6 +128,9 @@ func Value[T any](ctx context.Context, p Policy, retryable func(error) bool, op 
 		}
 		if cause == nil || ctx.Err() == nil || !errors.Is(err, ctx.Err()) {
 			cause = err
+		}
+		if b == nil {
+			b = p.Backoff()
 		}
 		if serr := Sleep(ctx, b.Next()); serr != nil {
 			return v, &interrupted{ctx: serr, last: cause}
