@@ -1,6 +1,7 @@
 package desired
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -120,7 +121,15 @@ type history struct {
 	// compacted once they are half of it.
 	fifo  []fifoEntry
 	dirty map[string]bool
+	// scratch is where add encodes an event before copying it out at its
+	// exact size (growing a buffer from nothing took several allocations
+	// per event); none is kept above maxHistScratch.
+	scratch []byte
 }
+
+// maxHistScratch bounds the encoding buffer a history keeps between
+// events; events are far smaller (their texts are clipped).
+const maxHistScratch = 64 << 10
 
 func newHistory(o HistoryOptions) *history {
 	if o.Events <= 0 {
@@ -156,9 +165,13 @@ func (h *history) add(id, zone string, ev Event) uint64 {
 	ev.Cause = clipText(ev.Cause, maxHistoryTextBytes)
 	ev.Action = clipText(ev.Action, maxHistoryTextBytes)
 	ev.At = ev.At.UTC()
-	raw, err := appendEvent(nil, &ev)
+	enc, err := appendEvent(h.scratch[:0], &ev)
 	if err != nil {
 		panic(fmt.Sprintf("encode event of %s: %v", id, err)) // plain data: cannot fail
+	}
+	raw := bytes.Clone(enc)
+	if h.scratch = enc[:0]; cap(enc) > maxHistScratch {
+		h.scratch = nil
 	}
 	if len(r.entries) >= h.o.Events {
 		h.trimRing(r, h.o.Events-1)
