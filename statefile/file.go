@@ -138,10 +138,10 @@ type File struct {
 	gen         uint64 // generation of the journal being appended to
 	snapGen     uint64 // generation of the snapshot on disk
 	journalPath string // the name the appended journal has now
-	// spare is the buffer of the last frame written, kept for the next
-	// batch so that group commits do not grow a new buffer from nothing
-	// each time; one at most, and none above spareCap.
-	spare []byte
+	// spares are buffers of frames written, kept for the next batches so
+	// that group commits do not grow a new buffer from nothing each time;
+	// maxSpares at most, and none above spareCap.
+	spares [][]byte
 
 	snapBytes, oldJournalBytes, journalBytes atomic.Int64
 
@@ -1038,26 +1038,49 @@ func (f *File) commitLoop() {
 	}
 }
 
-// spareCap bounds the buffer a File keeps between frames: a frame above
+// spareCap bounds each buffer a File keeps between frames: a frame above
 // it (a burst) is left to the collector rather than held for good.
 const spareCap = 1 << 20
 
-// newBuf returns an empty frame buffer, the spare if there is one.
+// maxSpares bounds how many buffers a File keeps between frames. Under
+// load two are in use at once: the frame being written and synced, and
+// the batch filling meanwhile. With one kept, a frame handed back while
+// one was still kept pushed that one out, and the next batch grew a new
+// buffer from 4 KiB; two kept cover both.
+const maxSpares = 2
+
+// newBuf returns an empty frame buffer, a kept one if there is one.
 // Callers hold f.mu.
 func (f *File) newBuf() []byte {
-	if b := f.spare; b != nil {
-		f.spare = nil
+	if n := len(f.spares); n > 0 {
+		b := f.spares[n-1]
+		f.spares[n-1] = nil
+		f.spares = f.spares[:n-1]
 		return b[:frameHeaderSize]
 	}
 	return make([]byte, frameHeaderSize, 4096)
 }
 
 // keepSpare keeps buf, a frame the journal holds now (nothing refers to
-// it any longer), for the next batch, unless it is above spareCap.
+// it any longer), for a next batch, unless it is above spareCap. With
+// maxSpares kept already, the smallest of them and buf is dropped.
 // Callers hold f.mu.
 func (f *File) keepSpare(buf []byte) {
-	if cap(buf) <= spareCap {
-		f.spare = buf
+	if cap(buf) > spareCap {
+		return
+	}
+	if len(f.spares) < maxSpares {
+		f.spares = append(f.spares, buf)
+		return
+	}
+	small := 0
+	for i, s := range f.spares {
+		if cap(s) < cap(f.spares[small]) {
+			small = i
+		}
+	}
+	if cap(buf) > cap(f.spares[small]) {
+		f.spares[small] = buf
 	}
 }
 
@@ -1066,6 +1089,10 @@ func (f *File) keepSpare(buf []byte) {
 // mark records it.
 func (f *File) commit(b *batch, path string, gen uint64) error {
 	if b.records == 0 {
+		// A barrier: its buffer (a bare header) holds nothing to write.
+		f.mu.Lock()
+		f.keepSpare(b.buf)
+		f.mu.Unlock()
 		f.run(b.dones, nil)
 		return nil
 	}

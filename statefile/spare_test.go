@@ -6,8 +6,8 @@ import (
 	"testing"
 )
 
-// A group commit writes its frame from the buffer of the frame before
-// (one kept at most): on the durable walk the frame buffers grown anew
+// A group commit writes its frame from the buffer of a frame before
+// (maxSpares kept at most): on the durable walk the frame buffers grown anew
 // for every commit were a fifth of everything the provider allocated.
 func TestGroupCommitReusesItsFrameBuffer(t *testing.T) {
 	f := mustOpen(t, statePath(t), Options{NoSync: true, CompactBytes: -1})
@@ -32,23 +32,85 @@ func TestGroupCommitReusesItsFrameBuffer(t *testing.T) {
 	}
 }
 
-// The buffer kept between frames is bounded: after a frame above
-// spareCap none is kept.
+// The buffers kept between frames are bounded: after a frame above
+// spareCap it is not kept (only the small one before it is).
 func TestGroupCommitKeepsNoHugeBuffer(t *testing.T) {
 	f := mustOpen(t, statePath(t), Options{NoSync: true, CompactBytes: -1})
 	defer mustClose(t, f)
 	mustApply(t, f, put("small", "v"))
 	if c := f.spareCap(); c == 0 || c > spareCap {
-		t.Fatalf("after a small frame the spare holds %d bytes, want one buffer of at most %d", c, spareCap)
+		t.Fatalf("after a small frame the spares hold %d bytes, want one buffer of at most %d", c, spareCap)
 	}
 	mustApply(t, f, put("big", strings.Repeat("v", 2*spareCap)))
 	if c := f.spareCap(); c > spareCap {
-		t.Errorf("after a %d-byte frame the spare holds %d bytes, want at most %d", 2*spareCap, c, spareCap)
+		t.Errorf("after a %d-byte frame the spares hold %d bytes, want at most %d", 2*spareCap, c, spareCap)
 	}
 }
 
+// Under load a batch fills while the frame before is written: both
+// buffers come back and neither is grown anew. With one kept, the
+// returning frame's buffer pushed out the kept one every round, and every
+// other batch grew a buffer from 4 KiB.
+func TestGroupCommitReusesBuffersWhileAFrameIsWritten(t *testing.T) {
+	f := mustOpen(t, statePath(t), Options{NoSync: true, CompactBytes: -1})
+	defer mustClose(t, f)
+	value := strings.Repeat("v", 16<<10)
+	op := put("k", value)
+	held, release := make(chan struct{}), make(chan struct{})
+	committerHook = func() {
+		select {
+		case held <- struct{}{}:
+			<-release
+		default:
+		}
+	}
+	defer func() { committerHook = nil }()
+	round := func() {
+		first, second := make(chan error, 1), make(chan error, 1)
+		f.Commit([]Op{op}, func(err error) { first <- err })
+		<-held // the committer holds the first frame
+		f.Commit([]Op{op}, func(err error) { second <- err })
+		release <- struct{}{}
+		if err := <-first; err != nil {
+			t.Fatal(err)
+		}
+		if err := <-second; err != nil {
+			t.Fatal(err)
+		}
+	}
+	round() // grows both buffers
+	round()
+	const rounds = 100
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for range rounds {
+		round()
+	}
+	runtime.ReadMemStats(&after)
+	// Two copies of the value into the state a round, and a little.
+	per := (after.TotalAlloc - before.TotalAlloc) / rounds
+	if limit := 2*uint64(len(value)) + 4<<10; per > limit {
+		t.Errorf("a round of two %d-byte commits allocated %d bytes, want at most %d: a frame buffer was grown anew", len(value), per, limit)
+	}
+	if n := f.spareCount(); n > maxSpares {
+		t.Errorf("%d buffers kept, want at most %d", n, maxSpares)
+	}
+}
+
+// spareCap is the capacity of the buffers kept, together.
 func (f *File) spareCap() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return cap(f.spare)
+	n := 0
+	for _, b := range f.spares {
+		n += cap(b)
+	}
+	return n
+}
+
+func (f *File) spareCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.spares)
 }
