@@ -1,6 +1,7 @@
 package desired
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/rand"
@@ -146,7 +147,10 @@ type meta struct {
 // that fails to commit is never visible, and since a store that failed
 // stays failed, the document then refuses every further change.
 type Document struct {
-	opts         Options
+	opts Options
+	// enc is where a txn encodes a machine record (under mu), copied out
+	// at its exact size; none is kept above maxEncScratch.
+	enc          []byte
 	installation string
 	lineageHex   string
 	lineage      []byte
@@ -702,6 +706,10 @@ type txn struct {
 	background bool
 }
 
+// maxEncScratch bounds the buffer a document keeps for encoding machine
+// records; a record is a few hundred bytes.
+const maxEncScratch = 64 << 10
+
 func (d *Document) begin() *txn {
 	return &txn{d: d, c: &change{done: make(chan struct{})}, puts: map[string]int{}}
 }
@@ -712,9 +720,15 @@ func (t *txn) put(m *Machine) {
 	d.meta.Rev++
 	m.Rev = d.meta.Rev
 	d.work[m.ID] = m
-	raw, err := json.Marshal(m)
+	enc, err := appendMachine(d.enc[:0], m)
 	if err != nil {
 		panic(fmt.Sprintf("encode machine %s: %v", m.ID, err)) // plain data: cannot fail
+	}
+	// Encoded into the document's scratch (under mu), stored as a copy
+	// of its exact size.
+	raw := bytes.Clone(enc)
+	if d.enc = enc[:0]; cap(enc) > maxEncScratch {
+		d.enc = nil
 	}
 	t.ops = append(t.ops, Op{Key: keyMachine + m.ID, Value: raw})
 	if i, ok := t.puts[m.ID]; ok {
