@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -315,16 +316,23 @@ func newGraph(steps []planner.Step) (*graph, error) {
 	g := &graph{deps: make([][]int, len(steps)), dependants: make([][]int, len(steps))}
 	indegree := make([]int, len(steps))
 	for i, s := range steps {
-		seen := map[int]bool{}
+		var seen map[int]bool // only for long dependency lists: a short one is scanned
+		if len(s.DependsOn) > 8 {
+			seen = make(map[int]bool, len(s.DependsOn))
+		}
 		for _, d := range s.DependsOn {
 			j, ok := index[d]
 			if !ok {
 				return nil, fmt.Errorf("%w: step %q depends on %q, which is not in the change", hypervisors.ErrInvalid, s.ID, d)
 			}
-			if seen[j] {
+			if seen != nil {
+				if seen[j] {
+					continue
+				}
+				seen[j] = true
+			} else if slices.Contains(g.deps[i], j) {
 				continue
 			}
-			seen[j] = true
 			g.deps[i] = append(g.deps[i], j)
 			g.dependants[j] = append(g.dependants[j], i)
 			indegree[i]++

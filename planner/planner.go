@@ -410,9 +410,11 @@ func (p *machinePlanner) addStepDeps(a Action, t hypervisors.Target, detail stri
 	if name == "" {
 		name = p.m.VMName
 	}
-	id := t.Zone + "/" + name + "/" + string(a)
-	if detail != "" {
-		id += ":" + detail
+	var id string
+	if detail == "" {
+		id = t.Zone + "/" + name + "/" + string(a)
+	} else {
+		id = t.Zone + "/" + name + "/" + string(a) + ":" + detail // one concatenation, not two
 	}
 	p.c.Steps = append(p.c.Steps, Step{ID: id, Action: a, Target: t, DependsOn: deps, Params: params, Reason: reason})
 	p.last = id

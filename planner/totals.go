@@ -61,6 +61,9 @@ func Contributions(p *Plan) map[string]Contribution {
 // Of is what one machine's change and drift contribute.
 func Of(c Change, drift []Drift) Contribution {
 	var out Contribution
+	if len(c.Steps) > 0 {
+		out.Steps = make([]Action, 0, len(c.Steps))
+	}
 	for _, d := range drift {
 		out.Drift = append(out.Drift, DriftKey{Zone: d.Zone, Kind: d.Kind})
 	}
