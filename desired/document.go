@@ -696,7 +696,7 @@ type txn struct {
 	hist   map[string]bool
 	ops    []Op
 	c      *change
-	puts   map[string]int // index in c.puts
+	puts   map[string]int // index in c.puts; nil until it holds more than maxScannedPuts
 	dirty  bool           // meta must be written
 	notify bool
 	// epochsDirty: the fence epochs must be written.
@@ -711,7 +711,7 @@ type txn struct {
 const maxEncScratch = 64 << 10
 
 func (d *Document) begin() *txn {
-	return &txn{d: d, c: &change{done: make(chan struct{})}, puts: map[string]int{}}
+	return &txn{d: d, c: &change{done: make(chan struct{})}}
 }
 
 // put makes m the machine's newest working value at a fresh revision.
@@ -731,12 +731,38 @@ func (t *txn) put(m *Machine) {
 		d.enc = nil
 	}
 	t.ops = append(t.ops, Op{Key: keyMachine + m.ID, Value: raw})
-	if i, ok := t.puts[m.ID]; ok {
+	if i, ok := t.putIndex(m.ID); ok {
 		t.c.puts[i] = m
-	} else {
-		t.puts[m.ID] = len(t.c.puts)
-		t.c.puts = append(t.c.puts, m)
+		return
 	}
+	if t.puts != nil {
+		t.puts[m.ID] = len(t.c.puts)
+	}
+	t.c.puts = append(t.c.puts, m)
+	if t.puts == nil && len(t.c.puts) > maxScannedPuts {
+		t.puts = make(map[string]int, 2*len(t.c.puts))
+		for i, p := range t.c.puts {
+			t.puts[p.ID] = i
+		}
+	}
+}
+
+// maxScannedPuts is how many machines a txn puts before it indexes them
+// in a map; most put one or two, which a scan finds at no allocation.
+const maxScannedPuts = 8
+
+// putIndex finds the machine id this txn already put, in c.puts.
+func (t *txn) putIndex(id string) (int, bool) {
+	if t.puts != nil {
+		i, ok := t.puts[id]
+		return i, ok
+	}
+	for i, p := range t.c.puts {
+		if p.ID == id {
+			return i, true
+		}
+	}
+	return 0, false
 }
 
 // del removes a machine; its history stays for the retention.
