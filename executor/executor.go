@@ -557,10 +557,13 @@ type prestaged struct {
 // prestage starts staging the blob of c's exec-bootstrap step, if c has
 // one, its VM is known and the blob is in memory; nil otherwise.
 func (e *Executor) prestage(ctx context.Context, c planner.Change, opID string) *prestaged {
-	for _, s := range c.Steps {
-		if s.Action != planner.ActionExecBootstrap || s.Params.Plugin != nil {
+	for i := range c.Steps {
+		// Indexed: a range variable the goroutine below captures would be
+		// moved to the heap for every step, the ones skipped too.
+		if c.Steps[i].Action != planner.ActionExecBootstrap || c.Steps[i].Params.Plugin != nil {
 			continue
 		}
+		s := c.Steps[i]
 		blob, have := e.o.Blob(c.Machine, opID)
 		if !have || e.o.Identity == planner.ByID && s.Target.VMID == 0 {
 			return nil
