@@ -711,7 +711,9 @@ type txn struct {
 const maxEncScratch = 64 << 10
 
 func (d *Document) begin() *txn {
-	return &txn{d: d, c: &change{done: make(chan struct{})}}
+	// Room for a walk's txn (a machine, its history ring, the meta) in
+	// one allocation rather than three growths.
+	return &txn{d: d, c: &change{done: make(chan struct{})}, ops: make([]Op, 0, 4)}
 }
 
 // put makes m the machine's newest working value at a fresh revision.
