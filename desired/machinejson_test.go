@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"math"
 	"math/rand/v2"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -111,5 +112,67 @@ func TestMachineJSONMatchesEncodingJSON(t *testing.T) {
 		if _, err := appendMachine(nil, m); err == nil {
 			t.Errorf("%s: appendMachine does not fail", name)
 		}
+	}
+}
+
+// A field added to Machine, Intent or OpRecord must be taught to
+// appendMachine, or the state file would silently lose it: a machine with
+// every field set (by reflection, so a new field is set too) encodes as
+// encoding/json encodes it.
+func TestMachineJSONKnowsEveryField(t *testing.T) {
+	var m Machine
+	fillAll(t, reflect.ValueOf(&m).Elem(), "Machine")
+	want, err := json.Marshal(&m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := appendMachine(nil, &m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("appendMachine misses a field:\n got %s\nwant %s", got, want)
+	}
+}
+
+// fillAll sets every exported field of struct v to a value that is not
+// its zero value, and fails on a kind it does not know.
+func fillAll(t *testing.T, v reflect.Value, path string) {
+	t.Helper()
+	if v.Type() == reflect.TypeOf(time.Time{}) {
+		v.Set(reflect.ValueOf(time.Date(2026, 12, 4, 1, 2, 3, 4, time.UTC)))
+		return
+	}
+	switch v.Kind() {
+	case reflect.String:
+		v.SetString("x\"é")
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		v.SetInt(7)
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		v.SetUint(7)
+	case reflect.Float32, reflect.Float64:
+		v.SetFloat(1.5)
+	case reflect.Bool:
+		v.SetBool(true)
+	case reflect.Pointer:
+		v.Set(reflect.New(v.Type().Elem()))
+		fillAll(t, v.Elem(), path)
+	case reflect.Slice:
+		v.Set(reflect.MakeSlice(v.Type(), 1, 1))
+		fillAll(t, v.Index(0), path+"[0]")
+	case reflect.Map:
+		k, e := reflect.New(v.Type().Key()).Elem(), reflect.New(v.Type().Elem()).Elem()
+		fillAll(t, k, path+" key")
+		fillAll(t, e, path+" value")
+		v.Set(reflect.MakeMap(v.Type()))
+		v.SetMapIndex(k, e)
+	case reflect.Struct:
+		for i := range v.NumField() {
+			if f := v.Type().Field(i); f.IsExported() {
+				fillAll(t, v.Field(i), path+"."+f.Name)
+			}
+		}
+	default:
+		t.Fatalf("%s: kind %s unknown to this test (and perhaps to appendMachine)", path, v.Kind())
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	pb "github.com/bigfleet-vm/provider/api/bigfleet/v1alpha1"
 )
@@ -138,5 +139,59 @@ func TestMachineEncodingFallsBack(t *testing.T) {
 	var back pb.Machine
 	if err := proto.Unmarshal(buf.Materialize(), &back); err != nil || !proto.Equal(&back, unknown) {
 		t.Errorf("codec fallback: %v %v", err, &back)
+	}
+}
+
+// A field added to Machine (or HostRef, Resources, TransitionAck) in the
+// wire schema must be taught to the hand encoding, or answers would
+// silently lose it: a message with every field set (through its
+// descriptor, so a new field is set too) encodes as proto encodes it.
+func TestMachineEncodingKnowsEveryField(t *testing.T) {
+	m := &pb.Machine{}
+	fillMessage(t, m.ProtoReflect())
+	want, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !handEncodable(m) || !bytes.Equal(marshalMachine(m), want) {
+		t.Fatalf("the hand encoding misses a field of %v", m)
+	}
+	a := &pb.TransitionAck{}
+	fillMessage(t, a.ProtoReflect())
+	wantAck, err := proto.MarshalOptions{Deterministic: true}.Marshal(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !handEncodableAck(a) || !bytes.Equal(marshalAck(a), wantAck) {
+		t.Fatalf("the hand encoding misses a field of %v", a)
+	}
+}
+
+// fillMessage sets every field of m to a value that is not its default,
+// and fails on a kind it does not know.
+func fillMessage(t *testing.T, m protoreflect.Message) {
+	t.Helper()
+	fields := m.Descriptor().Fields()
+	for i := range fields.Len() {
+		fd := fields.Get(i)
+		switch {
+		case fd.IsMap():
+			if fd.MapKey().Kind() != protoreflect.StringKind || fd.MapValue().Kind() != protoreflect.StringKind {
+				t.Fatalf("%s: a map of %s to %s, unknown to this test", fd.FullName(), fd.MapKey().Kind(), fd.MapValue().Kind())
+			}
+			m.Mutable(fd).Map().Set(protoreflect.ValueOfString("k").MapKey(), protoreflect.ValueOfString("v"))
+		case fd.IsList():
+			t.Fatalf("%s: a repeated field, unknown to this test (and to the hand encoding)", fd.FullName())
+		case fd.Kind() == protoreflect.MessageKind:
+			fillMessage(t, m.Mutable(fd).Message())
+		case fd.Kind() == protoreflect.StringKind:
+			m.Set(fd, protoreflect.ValueOfString("x"))
+		case fd.Kind() == protoreflect.EnumKind:
+			m.Set(fd, protoreflect.ValueOfEnum(1))
+		case fd.Kind() == protoreflect.DoubleKind:
+			m.Set(fd, protoreflect.ValueOfFloat64(1.5))
+		default:
+			t.Fatalf("%s: kind %s unknown to this test (and to the hand encoding)", fd.FullName(), fd.Kind())
+		}
 	}
 }
