@@ -3,7 +3,9 @@ package statefile
 import (
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // A group commit writes its frame from the buffer of a frame before
@@ -56,27 +58,40 @@ func TestGroupCommitReusesBuffersWhileAFrameIsWritten(t *testing.T) {
 	defer mustClose(t, f)
 	value := strings.Repeat("v", 16<<10)
 	op := put("k", value)
+	// Armed before each round's first commit, so the committer holds
+	// exactly that frame, whenever it gets to it.
+	var armed atomic.Bool
 	held, release := make(chan struct{}), make(chan struct{})
 	committerHook = func() {
-		select {
-		case held <- struct{}{}:
+		if armed.CompareAndSwap(true, false) {
+			held <- struct{}{}
 			<-release
-		default:
 		}
 	}
 	defer func() { committerHook = nil }()
+	wait := func(what string, c <-chan error) {
+		select {
+		case err := <-c:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s not done within 10s", what)
+		}
+	}
 	round := func() {
 		first, second := make(chan error, 1), make(chan error, 1)
+		armed.Store(true)
 		f.Commit([]Op{op}, func(err error) { first <- err })
-		<-held // the committer holds the first frame
+		select {
+		case <-held: // the committer holds the first frame
+		case <-time.After(10 * time.Second):
+			t.Fatal("the committer never reached the first frame")
+		}
 		f.Commit([]Op{op}, func(err error) { second <- err })
 		release <- struct{}{}
-		if err := <-first; err != nil {
-			t.Fatal(err)
-		}
-		if err := <-second; err != nil {
-			t.Fatal(err)
-		}
+		wait("first commit", first)
+		wait("second commit", second)
 	}
 	round() // grows both buffers
 	round()
