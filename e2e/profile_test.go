@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -45,22 +44,7 @@ func profileProvider(b *testing.B, s *server, name string) (done func()) {
 	}
 	base := "http://" + strings.TrimSpace(string(raw)) + "/debug/pprof/"
 	client := &http.Client{Timeout: time.Duration(secs)*time.Second + time.Minute}
-	fetch := func(path, file string) {
-		resp, err := client.Get(base + path)
-		if err != nil {
-			b.Errorf("profiling: %s: %v", path, err)
-			return
-		}
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		if err != nil || resp.StatusCode != http.StatusOK {
-			b.Errorf("profiling: %s: %s %v %.200s", path, resp.Status, err, body)
-			return
-		}
-		if err := os.WriteFile(filepath.Join(dir, file), body, 0o644); err != nil {
-			b.Error(err)
-		}
-	}
+	fetch := func(path, file string) { providertest.SaveProfile(b, client, base+path, filepath.Join(dir, file)) }
 	fetch("heap?gc=1", name+"-allocs0.pprof")
 	var wg sync.WaitGroup
 	wg.Go(func() { fetch(fmt.Sprintf("profile?seconds=%d", secs), name+"-cpu.pprof") })

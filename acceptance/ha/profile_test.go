@@ -4,7 +4,6 @@ package ha
 
 import (
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -52,22 +51,7 @@ func profileLeader(b *testing.B, rep *providertest.Provider, name string) (wait 
 		name + "-mutex.pprof": fmt.Sprintf("mutex?seconds=%d", secs),
 		name + ".trace":       "trace?seconds=2",
 	} {
-		wg.Go(func() {
-			resp, err := client.Get(base + path)
-			if err != nil {
-				b.Errorf("profiling: %s: %v", path, err)
-				return
-			}
-			defer resp.Body.Close()
-			body, err := io.ReadAll(resp.Body)
-			if err != nil || resp.StatusCode != http.StatusOK {
-				b.Errorf("profiling: %s: %s %v %.200s", path, resp.Status, err, body)
-				return
-			}
-			if err := os.WriteFile(filepath.Join(dir, file), body, 0o644); err != nil {
-				b.Error(err)
-			}
-		})
+		wg.Go(func() { providertest.SaveProfile(b, client, base+path, filepath.Join(dir, file)) })
 	}
 	return wg.Wait
 }
