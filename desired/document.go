@@ -1,7 +1,6 @@
 package desired
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"crypto/rand"
@@ -148,8 +147,8 @@ type meta struct {
 // stays failed, the document then refuses every further change.
 type Document struct {
 	opts Options
-	// enc is where a txn encodes a machine record (under mu), copied out
-	// at its exact size; none is kept above maxEncScratch.
+	// enc is where a txn encodes a machine record (under mu); see
+	// copyOut.
 	enc          []byte
 	installation string
 	lineageHex   string
@@ -706,10 +705,6 @@ type txn struct {
 	background bool
 }
 
-// maxEncScratch bounds the buffer a document keeps for encoding machine
-// records; a record is a few hundred bytes.
-const maxEncScratch = 64 << 10
-
 func (d *Document) begin() *txn {
 	// Room for a walk's txn (a machine, its history ring, the meta) in
 	// one allocation rather than three growths.
@@ -726,12 +721,7 @@ func (t *txn) put(m *Machine) {
 	if err != nil {
 		panic(fmt.Sprintf("encode machine %s: %v", m.ID, err)) // plain data: cannot fail
 	}
-	// Encoded into the document's scratch (under mu), stored as a copy
-	// of its exact size.
-	raw := bytes.Clone(enc)
-	if d.enc = enc[:0]; cap(enc) > maxEncScratch {
-		d.enc = nil
-	}
+	raw := copyOut(&d.enc, enc) // d.enc is used under mu
 	t.ops = append(t.ops, Op{Key: keyMachine + m.ID, Value: raw})
 	if i, ok := t.putIndex(m.ID); ok {
 		t.c.puts[i] = m

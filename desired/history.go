@@ -123,13 +123,24 @@ type history struct {
 	dirty map[string]bool
 	// scratch is where add encodes an event before copying it out at its
 	// exact size (growing a buffer from nothing took several allocations
-	// per event); none is kept above maxHistScratch.
+	// per event); see copyOut.
 	scratch []byte
 }
 
-// maxHistScratch bounds the encoding buffer a history keeps between
-// events; events are far smaller (their texts are clipped).
-const maxHistScratch = 64 << 10
+// maxScratch bounds an encoding buffer kept between encodings (a
+// history's, a document's); events and machine records are far smaller.
+const maxScratch = 64 << 10
+
+// copyOut returns enc, encoded into *scratch, copied at its exact size,
+// and keeps enc's buffer in *scratch for the next encoding unless it grew
+// above maxScratch.
+func copyOut(scratch *[]byte, enc []byte) []byte {
+	raw := bytes.Clone(enc)
+	if *scratch = enc[:0]; cap(enc) > maxScratch {
+		*scratch = nil
+	}
+	return raw
+}
 
 func newHistory(o HistoryOptions) *history {
 	if o.Events <= 0 {
@@ -169,10 +180,7 @@ func (h *history) add(id, zone string, ev Event) uint64 {
 	if err != nil {
 		panic(fmt.Sprintf("encode event of %s: %v", id, err)) // plain data: cannot fail
 	}
-	raw := bytes.Clone(enc)
-	if h.scratch = enc[:0]; cap(enc) > maxHistScratch {
-		h.scratch = nil
-	}
+	raw := copyOut(&h.scratch, enc)
 	if len(r.entries) >= h.o.Events {
 		h.trimRing(r, h.o.Events-1)
 	}
