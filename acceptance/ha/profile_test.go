@@ -4,15 +4,11 @@ package ha
 
 import (
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"runtime/pprof"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/bigfleet-vm/provider/internal/providertest"
 )
@@ -30,28 +26,18 @@ const profileSeconds = 15
 // nothing. Profiles only ever run
 // by hand: see docs/high-availability.md, "Profiling".
 func profileLeader(b *testing.B, rep *providertest.Provider, name string) (wait func()) {
-	dir := os.Getenv(providertest.PprofDirEnv)
-	if dir == "" || b.N < 100 { // not the benchmark's first, one-op run
+	p := providertest.PprofOf(b, rep.Pid(), profileSeconds)
+	if p == nil {
 		return func() {}
 	}
-	secs := profileSeconds
-	if v, err := strconv.Atoi(os.Getenv("PROVIDERTEST_PPROF_SECONDS")); err == nil && v > 0 {
-		secs = v
-	}
-	raw, err := os.ReadFile(filepath.Join(dir, strconv.Itoa(rep.Pid())+".addr"))
-	if err != nil {
-		b.Fatalf("profiling: the leader (pid %d) wrote no pprof address: %v", rep.Pid(), err)
-	}
-	base := "http://" + strings.TrimSpace(string(raw)) + "/debug/pprof/"
-	client := &http.Client{Timeout: time.Duration(secs)*time.Second + time.Minute}
 	var wg sync.WaitGroup
 	for file, path := range map[string]string{
-		name + "-cpu.pprof":   fmt.Sprintf("profile?seconds=%d", secs),
-		name + "-block.pprof": fmt.Sprintf("block?seconds=%d", secs),
-		name + "-mutex.pprof": fmt.Sprintf("mutex?seconds=%d", secs),
+		name + "-cpu.pprof":   fmt.Sprintf("profile?seconds=%d", p.Secs),
+		name + "-block.pprof": fmt.Sprintf("block?seconds=%d", p.Secs),
+		name + "-mutex.pprof": fmt.Sprintf("mutex?seconds=%d", p.Secs),
 		name + ".trace":       "trace?seconds=2",
 	} {
-		wg.Go(func() { providertest.SaveProfile(b, client, base+path, filepath.Join(dir, file)) })
+		wg.Go(func() { p.Save(b, path, file) })
 	}
 	return wg.Wait
 }
