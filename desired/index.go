@@ -32,6 +32,37 @@ func (l *revlog) put(m *Machine) {
 	l.entries = append(l.entries, revEntry{m: m})
 }
 
+// insert records ms, sorted by revision then id and each its machine's
+// newest value (none with an entry: put removed it), in revision order
+// among the entries, where put needs revisions to ascend. Only the
+// entries from ms's oldest revision on move (dead ones are dropped on
+// the way), so a cut just behind the newest costs little more than put.
+func (l *revlog) insert(ms []*Machine) {
+	from := sort.Search(len(l.entries), func(i int) bool { return revBefore(ms[0], l.entries[i].m) })
+	tail := l.entries[from:]
+	merged := make([]revEntry, 0, len(tail)+len(ms))
+	for i, j := 0, 0; i < len(tail) || j < len(ms); {
+		switch {
+		case i < len(tail) && tail[i].dead:
+			l.dead--
+			i++
+		case j == len(ms) || i < len(tail) && revBefore(tail[i].m, ms[j]):
+			merged = append(merged, tail[i])
+			i++
+		default:
+			merged = append(merged, revEntry{m: ms[j]})
+			j++
+		}
+	}
+	l.entries = append(l.entries[:from], merged...)
+	for i := from; i < len(l.entries); i++ {
+		l.pos[l.entries[i].m.ID] = i
+	}
+}
+
+// revBefore is the revision order (sortByRev's): by revision, then id.
+func revBefore(a, b *Machine) bool { return a.Rev < b.Rev || a.Rev == b.Rev && a.ID < b.ID }
+
 // remove marks the machine's entry dead.
 func (l *revlog) remove(id string) {
 	if i, ok := l.pos[id]; ok {

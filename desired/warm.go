@@ -1,7 +1,6 @@
 package desired
 
 import (
-	"maps"
 	"slices"
 	"strings"
 )
@@ -26,10 +25,12 @@ type Warm struct {
 
 	machines map[string]*Machine // the valid machine records, by id
 	bad      map[string]error    // machine keys whose record Open would refuse, and why
-	// log has the settled machines in revision order; pending the ones
-	// put since the last Settle; maxRev is the newest revision settled.
+	// log has the settled machines in revision order; pending the values
+	// put since the last Settle, in arrival order (one overwritten or
+	// deleted since is no longer its machine's value in machines, and is
+	// skipped); maxRev is the newest revision settled.
 	log     *revlog
-	pending map[string]*Machine
+	pending []*Machine
 	maxRev  uint64
 	fences  map[string]struct{} // fence mark keys
 	// pick are the machines Open must look at: no slot, a slot that
@@ -43,7 +44,7 @@ type Warm struct {
 // the very slice later given to Open (Open uses the copy only then).
 func NewWarm(slots []Slot) *Warm {
 	w := &Warm{slots: slots, slotAt: make(map[string]int, len(slots)), machines: map[string]*Machine{},
-		bad: map[string]error{}, log: newRevlog(0), pending: map[string]*Machine{}, fences: map[string]struct{}{}, pick: map[string]struct{}{}}
+		bad: map[string]error{}, log: newRevlog(0), fences: map[string]struct{}{}, pick: map[string]struct{}{}}
 	for i, s := range slots {
 		w.slotAt[s.ID] = i
 	}
@@ -61,7 +62,7 @@ func (w *Warm) Put(key string, value []byte) {
 			return
 		}
 		w.machines[m.ID] = m
-		w.pending[m.ID] = m
+		w.pending = append(w.pending, m)
 		if i, ok := w.slotAt[m.ID]; ok {
 			w.withSlot++
 			if s := w.slots[i]; m.Zone == s.Zone && m.InstanceType == s.InstanceType && slotMatches(m, s) && m.Intent == nil {
@@ -84,7 +85,6 @@ func (w *Warm) Delete(key string) {
 			return
 		}
 		delete(w.machines, id)
-		delete(w.pending, id)
 		delete(w.pick, id)
 		if _, ok := w.slotAt[id]; ok {
 			w.withSlot--
@@ -96,26 +96,43 @@ func (w *Warm) Delete(key string) {
 }
 
 // Settle ends a consistent cut: the machines put since the last one go
-// into the revision order. A cut that holds a record below one settled
-// before (a large commit whose parts the store wrote in parallel) has the
-// order rebuilt once, here on the standby rather than at takeover.
+// into the revision order. A cut that holds records below one settled
+// before (a large commit whose parts the store wrote in parallel, such as
+// the first write of a whole fleet) is merged into the order from its
+// oldest record on, which is near the newest: a standby following such a
+// write does work in proportion to the write, not to the fleet for each
+// of its parts (it re-sorted all 100,000 machines for each of 181 parts).
 func (w *Warm) Settle() {
 	if len(w.pending) == 0 {
 		return
 	}
-	ms := slices.Collect(maps.Values(w.pending))
-	clear(w.pending)
-	sortByRev(ms)
-	if ms[0].Rev <= w.maxRev {
-		ms = slices.Collect(maps.Values(w.machines))
-		sortByRev(ms)
-		w.log = newRevlog(len(ms))
+	ms := w.pending[:0]
+	for _, m := range w.pending {
+		if w.machines[m.ID] == m {
+			ms = append(ms, m)
+		}
 	}
-	w.maxRev = max(w.maxRev, ms[len(ms)-1].Rev)
-	for _, m := range ms {
-		w.log.put(m)
+	if len(ms) > 0 {
+		sortByRev(ms)
+		if ms[0].Rev <= w.maxRev {
+			w.log.insert(ms)
+		} else {
+			for _, m := range ms {
+				w.log.put(m)
+			}
+		}
+		w.maxRev = max(w.maxRev, ms[len(ms)-1].Rev)
+	}
+	clear(w.pending) // no pointers kept past the cut
+	if cap(w.pending) > maxPendingKept {
+		w.pending = nil // a load's worth: not kept for the cuts that follow
+	} else {
+		w.pending = w.pending[:0]
 	}
 }
+
+// maxPendingKept bounds the pending slice a Warm keeps between cuts.
+const maxPendingKept = 4096
 
 // load is what Open reads of the copy; stored must be the values the copy
 // was built from (the follower hands both over together).

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -261,4 +262,142 @@ func (r *recorder) Commit(ops []Op, done func(error)) {
 	r.ops = append(r.ops, slices.Clone(ops))
 	r.mu.Unlock()
 	r.Store.Commit(ops, done)
+}
+
+// partsOf returns the machine records of a fleet's first write (n slots),
+// in revision order, with the other stored keys.
+func partsOf(t testing.TB, n int) (machines []string, stored map[string][]byte) {
+	t.Helper()
+	s := slots(n)
+	stored, err := open(t, NewMemoryStore(nil), s).opts.Store.Load(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev := map[string]uint64{}
+	for k, v := range stored {
+		if m, err := prepare(k, v); err == nil {
+			machines, rev[k] = append(machines, k), m.Rev
+		}
+	}
+	slices.SortFunc(machines, func(a, b string) int { return int(rev[a]) - int(rev[b]) })
+	if len(machines) != n {
+		t.Fatalf("the first write stored %d machines of %d", len(machines), n)
+	}
+	return machines, stored
+}
+
+// A standby follows the first write of a fleet as the store writes it: in
+// parts written in parallel, which its watch delivers in any order. A
+// part older than one settled before is merged in near the end of the
+// order, with allocations in proportion to the part: the copy used to
+// rebuild its whole order for each such part (at 100,000 machines, 181
+// times in one benchmark's first write, about 40 ms of CPU each).
+func TestWarmLatePartCostsThePart(t *testing.T) {
+	const n, part = 20000, 127
+	keys, stored := partsOf(t, n)
+	s := slots(n)
+	w := NewWarm(s)
+	settle := func(ks []string) (allocated uint64) {
+		for _, k := range ks {
+			w.Put(k, stored[k])
+		}
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		w.Settle()
+		runtime.ReadMemStats(&after)
+		return after.TotalAlloc - before.TotalAlloc
+	}
+	settle(keys[:n-2*part])
+	settle(keys[n-part:]) // the newer part first
+	if got := settle(keys[n-2*part : n-part]); got > 64<<10 {
+		t.Errorf("settling a part of %d machines older than the newest part allocated %d bytes: the order of all %d was rebuilt", part, got, n)
+	}
+	// And the order is the one a load builds.
+	want := warmFrom(t, stored, s, loadOrder)
+	if diff := cmp.Diff(liveOrder(want.log), liveOrder(w.log)); diff != "" {
+		t.Errorf("order after a late part (-load +parts):\n%s", diff)
+	}
+}
+
+// liveOrder lists a revlog's live machines in its order, checking its
+// positions index them.
+func liveOrder(l *revlog) []string {
+	var out []string
+	for i, e := range l.entries {
+		if e.dead {
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s@%d", e.m.ID, e.m.Rev))
+		if l.pos[e.m.ID] != i {
+			out = append(out, fmt.Sprintf("(pos %d, at %d)", l.pos[e.m.ID], i))
+		}
+	}
+	if len(l.pos) != len(out) {
+		out = append(out, fmt.Sprintf("(%d positions)", len(l.pos)))
+	}
+	return out
+}
+
+// insert keeps a revlog in revision order, whatever the cuts' order, with
+// machines written again and removed between them.
+func TestRevlogInsertKeepsRevisionOrder(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for round := range 200 {
+		l := newRevlog(0)
+		live := map[string]*Machine{}
+		var rev uint64
+		for range 1 + r.IntN(30) {
+			// A cut: some machines (new, or written again), with revisions
+			// either after every one so far or within the last ones.
+			var cut []*Machine
+			for range 1 + r.IntN(8) {
+				id := fmt.Sprintf("m%02d", r.IntN(40))
+				if slices.ContainsFunc(cut, func(m *Machine) bool { return m.ID == id }) {
+					continue
+				}
+				rev++
+				cut = append(cut, &Machine{ID: id, Rev: rev})
+			}
+			if r.IntN(3) == 0 && rev > 20 {
+				for _, m := range cut {
+					m.Rev -= 20 // as a part written in parallel, older than the last
+				}
+			}
+			sortByRev(cut)
+			late := false
+			for _, m := range cut {
+				if old := live[m.ID]; old != nil && old.Rev > m.Rev {
+					late = true // its newer value is settled: not a valid cut
+				}
+			}
+			if late {
+				continue
+			}
+			for _, m := range cut {
+				l.remove(m.ID)
+				live[m.ID] = m
+			}
+			if newest := len(l.entries) - 1; newest >= 0 && !revBefore(l.entries[newest].m, cut[0]) {
+				l.insert(cut)
+			} else {
+				for _, m := range cut {
+					l.put(m)
+				}
+			}
+			if r.IntN(4) == 0 {
+				id := fmt.Sprintf("m%02d", r.IntN(40))
+				l.remove(id)
+				delete(live, id)
+			}
+		}
+		want := slices.Collect(maps.Values(live))
+		sortByRev(want)
+		var wantOrder []string
+		for _, m := range want {
+			wantOrder = append(wantOrder, fmt.Sprintf("%s@%d", m.ID, m.Rev))
+		}
+		if diff := cmp.Diff(wantOrder, liveOrder(l)); diff != "" {
+			t.Fatalf("round %d: order (-sorted +revlog):\n%s", round, diff)
+		}
+	}
 }
