@@ -401,3 +401,33 @@ func TestRevlogInsertKeepsRevisionOrder(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkWarmFollowFleetWrite follows the first write of a 100,000-
+// machine fleet as a standby's watch delivers it: parts of 127 machines
+// (etcd's 128 ops a txn, less the writer key), four in flight at a time
+// (etcdstore.DefaultChunkParallel), each group of four arriving in a
+// random order. One op is the whole write.
+func BenchmarkWarmFollowFleetWrite(b *testing.B) {
+	const n, part, inFlight = 100000, 127, 4
+	keys, stored := partsOf(b, n)
+	s := slots(n)
+	var parts [][]string
+	for i := 0; i < n; i += part {
+		parts = append(parts, keys[i:min(i+part, n)])
+	}
+	r := rand.New(rand.NewPCG(5, 6))
+	for i := 0; i < len(parts); i += inFlight {
+		g := parts[i:min(i+inFlight, len(parts))]
+		r.Shuffle(len(g), func(a, c int) { g[a], g[c] = g[c], g[a] })
+	}
+	b.ResetTimer()
+	for range b.N {
+		w := NewWarm(s)
+		for _, p := range parts {
+			for _, k := range p {
+				w.Put(k, stored[k])
+			}
+			w.Settle()
+		}
+	}
+}
