@@ -83,7 +83,7 @@ ha: ## High-availability suite: fail-over under load, zombie leader, etcd faults
 # The write path and etcd's own cost of the same txns run in one process,
 # on one cluster. Takeover kills the leader once per iteration, so it gets
 # a count of its own; each fleet size starts its own cluster and replicas.
-ha-bench: ## HA benchmarks (etcd store): Create ack (split into hop, handler and txn) and 16-client throughput against bare guarded txns at 100,000 machines; takeover split into lease and provider at 1,000/10,000/100,000.
+ha-bench: ## HA benchmarks (etcd store): Create ack (split into hop, handler and txn) and 16-client throughput against bare guarded txns at 100,000 machines, also in one window of time (HACreateVsBare); takeover split into lease and provider at 1,000/10,000/100,000.
 	$(GO) test -tags ha -run '^$$' -bench 'HACreateAck|HAGetHop|HAMutations16|HABareTxn|HACreateVsBare' -benchtime 2000x -timeout 60m ./acceptance/ha/
 	$(GO) test -tags ha -run '^$$' -bench 'HATakeoverScale' -benchtime 5x -timeout 60m ./acceptance/ha/
 
