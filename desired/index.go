@@ -34,11 +34,20 @@ func (l *revlog) put(m *Machine) {
 
 // insert records ms, sorted by revision then id and each its machine's
 // newest value (none with an entry: put removed it), in revision order
-// among the entries, where put needs revisions to ascend. Only the
-// entries from ms's oldest revision on move (dead ones are dropped on
-// the way), so a cut just behind the newest costs little more than put.
+// among the entries. A cut whose revisions all follow the newest entry
+// (a watch's usual one) is appended as put does; one that holds older
+// revisions (a part of a large commit written in parallel, arriving after
+// a newer part) moves only the entries from its oldest revision on,
+// dropping dead ones on the way, so one just behind the newest costs
+// little more.
 func (l *revlog) insert(ms []*Machine) {
 	from := sort.Search(len(l.entries), func(i int) bool { return revBefore(ms[0], l.entries[i].m) })
+	if from == len(l.entries) {
+		for _, m := range ms {
+			l.put(m)
+		}
+		return
+	}
 	tail := l.entries[from:]
 	merged := make([]revEntry, 0, len(tail)+len(ms))
 	for i, j := 0, 0; i < len(tail) || j < len(ms); {

@@ -28,10 +28,9 @@ type Warm struct {
 	// log has the settled machines in revision order; pending the values
 	// put since the last Settle, in arrival order (one overwritten or
 	// deleted since is no longer its machine's value in machines, and is
-	// skipped); maxRev is the newest revision settled.
+	// skipped).
 	log     *revlog
 	pending []*Machine
-	maxRev  uint64
 	fences  map[string]struct{} // fence mark keys
 	// pick are the machines Open must look at: no slot, a slot that
 	// differs (in anything slotMatches compares, or in zone or type), or
@@ -114,14 +113,7 @@ func (w *Warm) Settle() {
 	}
 	if len(ms) > 0 {
 		sortByRev(ms)
-		if ms[0].Rev <= w.maxRev {
-			w.log.insert(ms)
-		} else {
-			for _, m := range ms {
-				w.log.put(m)
-			}
-		}
-		w.maxRev = max(w.maxRev, ms[len(ms)-1].Rev)
+		w.log.insert(ms)
 	}
 	clear(w.pending) // no pointers kept past the cut
 	if cap(w.pending) > maxPendingKept {

@@ -377,13 +377,7 @@ func TestRevlogInsertKeepsRevisionOrder(t *testing.T) {
 				l.remove(m.ID)
 				live[m.ID] = m
 			}
-			if newest := len(l.entries) - 1; newest >= 0 && !revBefore(l.entries[newest].m, cut[0]) {
-				l.insert(cut)
-			} else {
-				for _, m := range cut {
-					l.put(m)
-				}
-			}
+			l.insert(cut)
 			if r.IntN(4) == 0 {
 				id := fmt.Sprintf("m%02d", r.IntN(40))
 				l.remove(id)
