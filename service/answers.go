@@ -172,7 +172,7 @@ func (a *answers) add(doc *desired.Document, ms []*desired.Machine, next []byte,
 func (a *answers) fill(e *encoded, ms []*desired.Machine, next []byte, wire func(*desired.Machine) *wireMachine) error {
 	n := len(next) + 12
 	for _, m := range ms {
-		n += len(wire(m).framed)
+		n += len(wire(m).entry())
 	}
 	small := mem.IsBelowBufferPoolingThreshold(n)
 	a.mu.Lock()
@@ -193,7 +193,7 @@ func (a *answers) fill(e *encoded, ms []*desired.Machine, next []byte, wire func
 	for i, m := range ms {
 		w := wire(m)
 		msg.Machines[i] = w.msg
-		data = append(data, w.framed...)
+		data = append(data, w.entry()...)
 	}
 	if len(next) > 0 {
 		data = protowire.AppendTag(data, revisionField, protowire.BytesType)

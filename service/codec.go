@@ -23,27 +23,37 @@ const (
 	revisionField = 2
 )
 
-// wireMachine is one machine value's message and its encoding framed as a
-// MachineList.machines entry, built once per immutable value.
+// wireMachine is one machine value's message and, once a List needs it,
+// its encoding framed as a MachineList.machines entry; both are built once
+// per immutable value. The encoding waits for a List: a value a client
+// only ever sees in a Get or a Create answer (a walk's) is encoded by the
+// codec for that answer, and encoding it here as well was work done twice.
 type wireMachine struct {
 	msg    *pb.Machine
+	once   sync.Once
 	framed []byte
 }
 
-func encodeMachine(msg *pb.Machine) *wireMachine {
+// entry returns the framed encoding, built on first use.
+func (w *wireMachine) entry() []byte {
+	w.once.Do(func() { w.framed = frameMachine(w.msg) })
+	return w.framed
+}
+
+// frameMachine encodes msg framed as a MachineList.machines entry, in one
+// allocation of its exact size when it takes the hand encoding.
+func frameMachine(msg *pb.Machine) []byte {
 	if handEncodable(msg) {
-		// One allocation: the frame's tag and length, then the message.
 		n := sizeMachine(msg)
 		framed := protowire.AppendTag(make([]byte, 0, n+1+protowire.SizeVarint(uint64(n))), machinesField, protowire.BytesType)
-		framed = protowire.AppendVarint(framed, uint64(n))
-		return &wireMachine{msg: msg, framed: appendMachine(framed, msg)}
+		return appendMachine(protowire.AppendVarint(framed, uint64(n)), msg)
 	}
 	raw, err := proto.MarshalOptions{Deterministic: true}.Marshal(msg)
 	if err != nil {
 		panic("encode machine " + msg.GetId() + ": " + err.Error()) // plain data: cannot fail
 	}
 	framed := protowire.AppendTag(make([]byte, 0, len(raw)+6), machinesField, protowire.BytesType)
-	return &wireMachine{msg: msg, framed: protowire.AppendBytes(framed, raw)}
+	return protowire.AppendBytes(framed, raw)
 }
 
 // Codec returns the server codec: gRPC's proto codec, except that

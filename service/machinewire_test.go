@@ -34,10 +34,10 @@ func TestMachineEncodingMatchesProto(t *testing.T) {
 		if got := marshalMachine(m); !bytes.Equal(got, want) {
 			t.Fatalf("%s: hand encoding differs\n got %x\nwant %x\nmsg %v", name, got, want, m)
 		}
-		w := encodeMachine(m)
+		framed := frameMachine(m)
 		frame := protowire.AppendBytes(protowire.AppendTag(nil, machinesField, protowire.BytesType), want)
-		if !bytes.Equal(w.framed, frame) || cap(w.framed) != len(w.framed) {
-			t.Fatalf("%s: framed encoding differs or is not exact (len %d cap %d)", name, len(w.framed), cap(w.framed))
+		if !bytes.Equal(framed, frame) || cap(framed) != len(framed) {
+			t.Fatalf("%s: framed encoding differs or is not exact (len %d cap %d)", name, len(framed), cap(framed))
 		}
 		for _, op := range []string{"", "op-1", "é"} {
 			a := &pb.TransitionAck{OperationId: op, Machine: m}
@@ -193,5 +193,39 @@ func fillMessage(t *testing.T, m protoreflect.Message) {
 		default:
 			t.Fatalf("%s: kind %s unknown to this test (and to the hand encoding)", fd.FullName(), fd.Kind())
 		}
+	}
+}
+
+// A machine value's List entry is encoded when a List first needs it: a
+// Get answer is encoded by the codec, and a value only ever shown in Gets
+// (a walk's) was encoded a second time for nothing. Once built, the entry
+// is the one every List reuses.
+func TestListEntryEncodedOnlyForLists(t *testing.T) {
+	s := fleet(t, 3)
+	ctx := context.Background()
+	doc, err := s.docs.Document()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := doc.All()[0].ID
+	if _, err := s.Get(ctx, &pb.MachineRef{Id: id}); err != nil {
+		t.Fatal(err)
+	}
+	w := s.wire(doc.Get(id))
+	if w.framed != nil {
+		t.Fatal("a Get encoded the machine's List entry")
+	}
+	if _, err := s.List(ctx, &pb.ListFilter{}); err != nil {
+		t.Fatal(err)
+	}
+	entry := w.framed
+	if entry == nil {
+		t.Fatal("a List did not encode the machine's List entry")
+	}
+	if _, err := s.List(ctx, &pb.ListFilter{}); err != nil {
+		t.Fatal(err)
+	}
+	if &w.entry()[0] != &entry[0] {
+		t.Error("a second List encoded the entry again")
 	}
 }

@@ -178,10 +178,10 @@ func (s *Service) List(ctx context.Context, f *pb.ListFilter) (*pb.MachineList, 
 // queued for a connection that died.
 func (s *Service) ConnClosed(remote string) { s.answers.connClosed(remote) }
 
-// wire returns the message of a machine value and its encoding, built
-// once per value.
+// wire returns the message of a machine value, built once per value,
+// and its List entry's encoding, built at the first List that holds it.
 func (s *Service) wire(m *desired.Machine) *wireMachine {
-	return m.Memo(func(m *desired.Machine) any { return encodeMachine(s.build(m)) }).(*wireMachine)
+	return m.Memo(func(m *desired.Machine) any { return &wireMachine{msg: s.build(m)} }).(*wireMachine)
 }
 
 func (s *Service) machine(m *desired.Machine) *pb.Machine { return s.wire(m).msg }
