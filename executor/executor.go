@@ -316,21 +316,15 @@ func newGraph(steps []planner.Step) (*graph, error) {
 	g := &graph{deps: make([][]int, len(steps)), dependants: make([][]int, len(steps))}
 	indegree := make([]int, len(steps))
 	for i, s := range steps {
-		var seen map[int]bool // only for long dependency lists: a short one is scanned
-		if len(s.DependsOn) > 8 {
-			seen = make(map[int]bool, len(s.DependsOn))
-		}
 		for _, d := range s.DependsOn {
 			j, ok := index[d]
 			if !ok {
 				return nil, fmt.Errorf("%w: step %q depends on %q, which is not in the change", hypervisors.ErrInvalid, s.ID, d)
 			}
-			if seen != nil {
-				if seen[j] {
-					continue
-				}
-				seen[j] = true
-			} else if slices.Contains(g.deps[i], j) {
+			// A dependency named twice counts once. Scanned, not kept in a
+			// map per step: a step depends on a few of its change's steps,
+			// never more than the change has.
+			if slices.Contains(g.deps[i], j) {
 				continue
 			}
 			g.deps[i] = append(g.deps[i], j)

@@ -267,3 +267,22 @@ func TestFirstFailureCancelsTheRest(t *testing.T) {
 		t.Errorf("define ran %d times after its dependency failed", n)
 	}
 }
+
+// A dependency named twice is one edge: counted once towards the step's
+// readiness and listed once among its dependants.
+func TestGraphDependencyNamedTwice(t *testing.T) {
+	tg := hypervisors.Target{Zone: "z", Name: "vm"}
+	a := step(planner.ActionStart, tg, planner.Params{})
+	b := step(planner.ActionWaitAgent, tg, planner.Params{})
+	b.DependsOn = []string{a.ID, a.ID}
+	g, err := newGraph([]planner.Step{a, b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([][]int{nil, {0}}, g.deps); diff != "" {
+		t.Errorf("deps (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([][]int{{1}, nil}, g.dependants); diff != "" {
+		t.Errorf("dependants (-want +got):\n%s", diff)
+	}
+}
