@@ -119,6 +119,23 @@ func pct(d []time.Duration, p float64) time.Duration { return providertest.Perce
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
+// callWait bounds one timed call of a benchmark.
+const callWait = time.Minute
+
+// timed makes call with callWait's deadline, appends its latency to lat
+// and returns lat; a failed call ends the benchmark.
+func timed(b *testing.B, lat []time.Duration, call func(context.Context) error) []time.Duration {
+	ctx, cancel := context.WithTimeout(context.Background(), callWait)
+	defer cancel()
+	t0 := time.Now()
+	err := call(ctx)
+	lat = append(lat, time.Since(t0))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return lat
+}
+
 // BenchmarkHACreateAck measures one Create acknowledged by the leader:
 // committed to etcd (three members, guarded txn) before the answer.
 func BenchmarkHACreateAck(b *testing.B) {
@@ -133,14 +150,10 @@ func BenchmarkHACreateAck(b *testing.B) {
 	here := profileHere(b, fmt.Sprintf("createack-%d", b.N))
 	b.ResetTimer()
 	for i := range b.N {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		t0 := time.Now()
-		_, err := c.Create(ctx, &pb.CreateRequest{MachineId: targets[i]})
-		lat = append(lat, time.Since(t0))
-		cancel()
-		if err != nil {
-			b.Fatal(err)
-		}
+		lat = timed(b, lat, func(ctx context.Context) error {
+			_, err := c.Create(ctx, &pb.CreateRequest{MachineId: targets[i]})
+			return err
+		})
 	}
 	b.StopTimer()
 	here()
@@ -217,14 +230,10 @@ func BenchmarkHAGetHop(b *testing.B) {
 	lat := make([]time.Duration, 0, b.N)
 	b.ResetTimer()
 	for range b.N {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		t0 := time.Now()
-		_, err := c.Get(ctx, &pb.MachineRef{Id: id})
-		lat = append(lat, time.Since(t0))
-		cancel()
-		if err != nil {
-			b.Fatal(err)
-		}
+		lat = timed(b, lat, func(ctx context.Context) error {
+			_, err := c.Get(ctx, &pb.MachineRef{Id: id})
+			return err
+		})
 	}
 	b.StopTimer()
 	b.ReportMetric(ms(pct(lat, 0.50)), "ms-p50")

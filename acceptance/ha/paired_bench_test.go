@@ -48,14 +48,10 @@ func BenchmarkHACreateVsBare(b *testing.B) {
 	var creates []time.Duration
 	runCreates := func(ids []string) {
 		for _, id := range ids {
-			cctx, cancel := context.WithTimeout(ctx, time.Minute)
-			t0 := time.Now()
-			_, err := c.Create(cctx, &pb.CreateRequest{MachineId: id})
-			creates = append(creates, time.Since(t0))
-			cancel()
-			if err != nil {
-				b.Fatal(err)
-			}
+			creates = timed(b, creates, func(ctx context.Context) error {
+				_, err := c.Create(ctx, &pb.CreateRequest{MachineId: id})
+				return err
+			})
 		}
 	}
 	type bareKind struct {

@@ -48,8 +48,8 @@ func profileLeader(b *testing.B, rep *providertest.Provider, name string) (wait 
 // name-here-cpu.pprof: etcd's side of what profileLeader shows. Without
 // the variable, or for fewer than 100 ops, it does nothing.
 func profileHere(b *testing.B, name string) (stop func()) {
-	dir := os.Getenv(providertest.PprofDirEnv)
-	if dir == "" || b.N < 100 {
+	dir := providertest.ProfileDir(b)
+	if dir == "" {
 		return func() {}
 	}
 	f, err := os.Create(filepath.Join(dir, name+"-here-cpu.pprof"))

@@ -21,13 +21,23 @@ type Pprof struct {
 	client *http.Client
 }
 
+// ProfileDir is where a benchmark writes profiles: PprofDirEnv's
+// directory, or "" (no profiles) without it or for a benchmark's one-op
+// warm-up (fewer than 100 ops).
+func ProfileDir(b *testing.B) string {
+	if b.N < 100 {
+		return ""
+	}
+	return os.Getenv(PprofDirEnv)
+}
+
 // PprofOf returns pid's endpoint, or nil without PprofDirEnv or for a
 // benchmark's one-op warm-up (fewer than 100 ops). A timed profile
 // covers secs seconds unless PROVIDERTEST_PPROF_SECONDS says otherwise;
 // every fetch is bounded by that plus a minute.
 func PprofOf(b *testing.B, pid, secs int) *Pprof {
-	dir := os.Getenv(PprofDirEnv)
-	if dir == "" || b.N < 100 {
+	dir := ProfileDir(b)
+	if dir == "" {
 		return nil
 	}
 	if v, err := strconv.Atoi(os.Getenv("PROVIDERTEST_PPROF_SECONDS")); err == nil && v > 0 {
