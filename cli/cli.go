@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"time"
 
 	"github.com/bigfleet-vm/provider/config"
@@ -155,6 +156,9 @@ func startUp(ctx context.Context, reg *plugin.Registry, args []string, stderr io
 		return started{code: 2}
 	}
 	log := server.Logger(cfg, stderr)
+	if n := syncProcs(cfg, os.Getenv); n > 0 {
+		log.Info("GOMAXPROCS raised for the journal's syncing goroutines", "gomaxprocs", n, "default", defaultProcs)
+	}
 	p, err := server.Build(ctx, cfg, log)
 	if err != nil {
 		log.Error("startup failed", "err", err)
