@@ -15,7 +15,9 @@ var defaultProcs = runtime.GOMAXPROCS(0)
 // (statefile.Procs: the journal's syncing goroutines get Ps of their own)
 // and returns it; 0 when it leaves GOMAXPROCS alone: in memory, on etcd
 // (whose syncs are in another process), or when the operator set
-// GOMAXPROCS.
+// GOMAXPROCS. Once set, the runtime no longer follows a container's CPU
+// limit changing under the running process: the limit is read once, at
+// start-up.
 func syncProcs(cfg *config.Config, getenv func(string) string) int {
 	if cfg.StatePath == "" || cfg.Etcd != nil || getenv("GOMAXPROCS") != "" {
 		return 0
