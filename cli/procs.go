@@ -12,7 +12,7 @@ import (
 var defaultProcs = runtime.GOMAXPROCS(0)
 
 // syncProcs sets GOMAXPROCS for a provider that writes a local journal
-// (statefile.Procs: the journal's syncing goroutines get Ps of their own)
+// (statefile.SyncingGoroutines: the journal's syncing goroutines get Ps of their own)
 // and returns it; 0 when it leaves GOMAXPROCS alone: in memory, on etcd
 // (whose syncs are in another process), or when the operator set
 // GOMAXPROCS. Once set, the runtime no longer follows a container's CPU
@@ -22,7 +22,7 @@ func syncProcs(cfg *config.Config, getenv func(string) string) int {
 	if cfg.StatePath == "" || cfg.Etcd != nil || getenv("GOMAXPROCS") != "" {
 		return 0
 	}
-	n := statefile.Procs(defaultProcs)
+	n := defaultProcs + statefile.SyncingGoroutines
 	runtime.GOMAXPROCS(n)
 	return n
 }
