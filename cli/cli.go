@@ -156,13 +156,13 @@ func startUp(ctx context.Context, reg *plugin.Registry, args []string, stderr io
 		return started{code: 2}
 	}
 	log := server.Logger(cfg, stderr)
-	if n := syncProcs(cfg, os.Getenv); n > 0 {
-		log.Info("GOMAXPROCS raised for the journal's syncing goroutines", "gomaxprocs", n, "default", defaultProcs)
-	}
 	p, err := server.Build(ctx, cfg, log)
 	if err != nil {
 		log.Error("startup failed", "err", err)
 		return started{code: 1}
+	}
+	if n := syncProcs(p.SyncingGoroutines(), os.Getenv); n > 0 {
+		log.Info("GOMAXPROCS raised for the journal's syncing goroutines", "gomaxprocs", n, "default", defaultProcs)
 	}
 	return started{p: p, log: log}
 }

@@ -1,28 +1,23 @@
 package cli
 
-import (
-	"runtime"
-
-	"github.com/bigfleet-vm/provider/config"
-	"github.com/bigfleet-vm/provider/statefile"
-)
+import "runtime"
 
 // defaultProcs is the runtime's GOMAXPROCS at start-up: the host's cores,
 // or the container's CPU limit.
 var defaultProcs = runtime.GOMAXPROCS(0)
 
-// syncProcs sets GOMAXPROCS for a provider that writes a local journal
-// (statefile.SyncingGoroutines: the journal's syncing goroutines get Ps of their own)
-// and returns it; 0 when it leaves GOMAXPROCS alone: in memory, on etcd
-// (whose syncs are in another process), or when the operator set
-// GOMAXPROCS. Once set, the runtime no longer follows a container's CPU
-// limit changing under the running process: the limit is read once, at
-// start-up.
-func syncProcs(cfg *config.Config, getenv func(string) string) int {
-	if cfg.StatePath == "" || cfg.Etcd != nil || getenv("GOMAXPROCS") != "" {
+// syncProcs gives each of the provider's syncing goroutines (those that
+// spend their time blocked in fsync: server.Provider.SyncingGoroutines) a
+// P of its own on top of the runtime's default, and returns the new
+// GOMAXPROCS; 0 when it leaves GOMAXPROCS alone: nothing syncs in this
+// process, or the operator set GOMAXPROCS. Once set, the runtime no
+// longer follows a container's CPU limit changing under the running
+// process: the limit is read once, at start-up.
+func syncProcs(syncing int, getenv func(string) string) int {
+	if syncing == 0 || getenv("GOMAXPROCS") != "" {
 		return 0
 	}
-	n := defaultProcs + statefile.SyncingGoroutines
+	n := defaultProcs + syncing
 	runtime.GOMAXPROCS(n)
 	return n
 }

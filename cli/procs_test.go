@@ -3,33 +3,27 @@ package cli
 import (
 	"runtime"
 	"testing"
-
-	"github.com/bigfleet-vm/provider/config"
-	"github.com/bigfleet-vm/provider/statefile"
 )
 
-// TestSyncProcs: a provider writing a local journal runs with a P for
-// each of the journal's syncing goroutines on top of the runtime's
-// default; in memory, on etcd, or under an operator's GOMAXPROCS it
-// leaves GOMAXPROCS alone.
+// TestSyncProcs: a provider with syncing goroutines runs with a P for
+// each on top of the runtime's default; with none, or under an
+// operator's GOMAXPROCS, it leaves GOMAXPROCS alone.
 func TestSyncProcs(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
 	noEnv := func(string) string { return "" }
 	for _, c := range []struct {
-		name   string
-		cfg    config.Config
-		getenv func(string) string
-		want   int
+		name    string
+		syncing int
+		getenv  func(string) string
+		want    int
 	}{
-		{"local journal", config.Config{StatePath: "/var/lib/p/state"}, noEnv, defaultProcs + statefile.SyncingGoroutines},
-		{"in memory", config.Config{}, noEnv, 0},
-		{"etcd", config.Config{StatePath: "etcd://e1:2379/p", Etcd: &config.Etcd{}}, noEnv, 0},
-		{"operator's GOMAXPROCS", config.Config{StatePath: "/var/lib/p/state"},
-			func(k string) string { return map[string]string{"GOMAXPROCS": "3"}[k] }, 0},
+		{"local journal", 2, noEnv, defaultProcs + 2},
+		{"nothing syncs", 0, noEnv, 0},
+		{"operator's GOMAXPROCS", 2, func(k string) string { return map[string]string{"GOMAXPROCS": "3"}[k] }, 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			runtime.GOMAXPROCS(defaultProcs)
-			got := syncProcs(&c.cfg, c.getenv)
+			got := syncProcs(c.syncing, c.getenv)
 			if got != c.want {
 				t.Fatalf("syncProcs = %d, want %d", got, c.want)
 			}

@@ -55,6 +55,7 @@ type Provider struct {
 	ha      *replica             // set with an etcd state
 	plans   *planCache           // /debug/plan; set when the metrics listener serves
 	rejects rejectLog            // samples the log lines of rejected RPCs
+	syncing int                  // goroutines blocking in fsync: SyncingGoroutines
 }
 
 // Build assembles the provider. Nothing listens yet.
@@ -121,6 +122,7 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Provider
 			return nil, err
 		}
 		store = journaled{f}
+		p.syncing = statefile.SyncingGoroutines
 	} else {
 		store = journaled{desired.NewMemoryStore(nil)}
 	}
@@ -131,6 +133,12 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Provider
 	p.setTerm(t)
 	return p, nil
 }
+
+// SyncingGoroutines is how many of the provider's goroutines spend most
+// of their time blocked in a sync of its state (statefile.SyncingGoroutines
+// on a local journal; 0 in memory and on etcd, whose syncs are in another
+// process). The process needs as many Ps on top of the default.
+func (p *Provider) SyncingGoroutines() int { return p.syncing }
 
 // setTerm makes t the term this replica serves (nil: none, a standby),
 // and its metrics the ones exported.
