@@ -1,13 +1,10 @@
 package server
 
 import (
-	"context"
 	"io"
-	"log/slog"
 	"path/filepath"
 	"testing"
 
-	"github.com/bigfleet-vm/provider/config"
 	"github.com/bigfleet-vm/provider/internal/etcdtest"
 	"github.com/bigfleet-vm/provider/statefile"
 )
@@ -16,7 +13,6 @@ import (
 // goroutines where it opens the journal, so the process can give them Ps;
 // in memory and on etcd (whose syncs are in another process) none.
 func TestSyncingGoroutines(t *testing.T) {
-	ctx := context.Background()
 	for _, c := range []struct {
 		name  string
 		state string
@@ -27,15 +23,11 @@ func TestSyncingGoroutines(t *testing.T) {
 		{"etcd", etcdtest.Start(t, etcdtest.Options{Members: 1}).URL("p"), 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			args := []string{"--use-fake-backend", "--seed-count", "1", "--addr", "127.0.0.1:0", "--metrics-addr", ""}
+			var args []string
 			if c.state != "" {
-				args = append(args, "--state", c.state)
+				args = []string{"--state", c.state}
 			}
-			cfg, err := config.Parse(testReg, args, io.Discard)
-			if err != nil {
-				t.Fatal(err)
-			}
-			p, err := Build(ctx, cfg, slog.New(slog.DiscardHandler))
+			p, err := buildWith(t, io.Discard, args...)
 			if err != nil {
 				t.Fatal(err)
 			}
