@@ -89,13 +89,14 @@ ha-bench: ## HA benchmarks (etcd store): Create ack (split into hop, handler and
 
 # The same suite and the 100,000-machine takeover against Debian's etcd
 # 3.4 (etcd-server) run as separate processes, not the embedded etcd.
-ha-etcd34: ## HA suite and the 100,000-machine takeover benchmark against Debian's etcd-server 3.4 (/usr/bin/etcd, installed if missing) instead of the embedded etcd.
+ha-etcd34: ## HA suite, the 100,000-machine takeover and the write path against bare txns (paired, and 16 clients) on Debian's etcd-server 3.4 (/usr/bin/etcd, installed if missing) instead of the embedded etcd.
 	bash scripts/etcd-server.sh
 	bash scripts/prometheus.sh
 	$(GO) vet -tags ha ./acceptance/ha/
 	ETCDTEST_BINARY=/usr/bin/etcd $(GO) test -count=1 -timeout 10m ./internal/etcdtest/
 	ETCDTEST_BINARY=/usr/bin/etcd CI=$${CI:-true} $(GO) test $(RACE) -tags ha -count=1 -timeout 20m -v ./acceptance/ha/
 	ETCDTEST_BINARY=/usr/bin/etcd $(GO) test -tags ha -run '^$$' -bench 'HATakeoverScale/machines=100000' -benchtime 5x -timeout 30m ./acceptance/ha/
+	ETCDTEST_BINARY=/usr/bin/etcd $(GO) test -tags ha -run '^$$' -bench 'HACreateVsBare|HAMutations16|HABareTxn/shape=/clients=16/from=apart/watched=no' -benchtime 4000x -timeout 30m ./acceptance/ha/
 
 # The documented cap, at a million slots: minutes and several GiB each.
 bench-scale: ## The cap: 100,000 and 1,000,000 slots (and 250,000 with 1 KiB labels), file journal and etcd: boot, RSS, full List, Create ack.
