@@ -82,50 +82,42 @@ func BenchmarkTwoInFlight(b *testing.B) {
 	ridingReal := append(append([]int(nil), own...), records[:2]...)
 	w0, w1 := &chain{key: prefix + "/writer"}, &chain{key: prefix + "/writer2"}
 
-	kinds := []struct {
+	alone := func(sizes []int) func() (time.Duration, error) {
+		return func() (time.Duration, error) {
+			start := time.Now()
+			err := send(w0, sizes)
+			return time.Since(start), err
+		}
+	}
+	beside := func() (time.Duration, error) {
+		done := make(chan error, 1)
+		go func() { done <- send(w1, records) }()
+		time.Sleep(200 * time.Microsecond)
+		d, err := alone(own)()
+		if berr := <-done; err == nil {
+			err = berr
+		}
+		return d, err
+	}
+	type kind struct {
 		name string
 		run  func() (time.Duration, error)
 		lat  []time.Duration
-	}{
-		{name: "own", run: func() (time.Duration, error) {
-			start := time.Now()
-			err := send(w0, own)
-			return time.Since(start), err
-		}},
-		{name: "riding", run: func() (time.Duration, error) {
-			start := time.Now()
-			err := send(w0, riding)
-			return time.Since(start), err
-		}},
-		{name: "riding-real", run: func() (time.Duration, error) {
-			start := time.Now()
-			err := send(w0, ridingReal)
-			return time.Since(start), err
-		}},
-		{name: "beside", run: func() (time.Duration, error) {
-			done := make(chan error, 1)
-			go func() { done <- send(w1, records) }()
-			time.Sleep(200 * time.Microsecond)
-			start := time.Now()
-			err := send(w0, own)
-			d := time.Since(start)
-			if berr := <-done; err == nil {
-				err = berr
-			}
-			return d, err
-		}},
 	}
+	kOwn, kRiding, kReal, kBeside := &kind{name: "own", run: alone(own)}, &kind{name: "riding", run: alone(riding)},
+		&kind{name: "riding-real", run: alone(ridingReal)}, &kind{name: "beside", run: beside}
+	kinds := []*kind{kOwn, kRiding, kReal, kBeside}
 	block := max(b.N/inflightRounds, 1)
 	b.ResetTimer()
 	for round := range inflightRounds {
 		for k := range kinds {
-			kind := &kinds[(round+k)%len(kinds)]
+			kd := kinds[(round+k)%len(kinds)]
 			for range block {
-				d, err := kind.run()
+				d, err := kd.run()
 				if err != nil {
 					b.Fatal(err)
 				}
-				kind.lat = append(kind.lat, d)
+				kd.lat = append(kd.lat, d)
 			}
 		}
 	}
@@ -136,10 +128,11 @@ func BenchmarkTwoInFlight(b *testing.B) {
 		b.ReportMetric(ms(pctOf(k.lat, 0.5)), k.name+"-p50-ms")
 		b.ReportMetric(ms(pctOf(k.lat, 0.99)), k.name+"-p99-ms")
 	}
-	b.ReportMetric(float64(pctOf(kinds[1].lat, 0.99))/float64(pctOf(kinds[0].lat, 0.99)), "p99-riding/own")
-	b.ReportMetric(float64(pctOf(kinds[2].lat, 0.99))/float64(pctOf(kinds[0].lat, 0.99)), "p99-riding-real/own")
-	b.ReportMetric(float64(pctOf(kinds[3].lat, 0.5))/float64(pctOf(kinds[1].lat, 0.5)), "p50-beside/riding")
-	b.ReportMetric(float64(pctOf(kinds[3].lat, 0.99))/float64(pctOf(kinds[1].lat, 0.99)), "p99-beside/riding")
+	ratio := func(x, y *kind, p float64) float64 { return float64(pctOf(x.lat, p)) / float64(pctOf(y.lat, p)) }
+	b.ReportMetric(ratio(kRiding, kOwn, 0.99), "p99-riding/own")
+	b.ReportMetric(ratio(kReal, kOwn, 0.99), "p99-riding-real/own")
+	b.ReportMetric(ratio(kBeside, kRiding, 0.5), "p50-beside/riding")
+	b.ReportMetric(ratio(kBeside, kRiding, 0.99), "p99-beside/riding")
 	b.Logf("%d rounds of %d: %s", inflightRounds, block, strings.Join(line, "; "))
 }
 
