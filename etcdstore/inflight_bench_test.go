@@ -124,7 +124,9 @@ func BenchmarkTwoInFlight(b *testing.B) {
 	b.StopTimer()
 	var line []string
 	for _, k := range kinds {
-		line = append(line, fmt.Sprintf("%s p50 %v p99 %v", k.name, pctOf(k.lat, 0.5), pctOf(k.lat, 0.99)))
+		slices.Sort(k.lat)
+		r := func(p float64) time.Duration { return pctOf(k.lat, p).Round(10 * time.Microsecond) }
+		line = append(line, fmt.Sprintf("%s p50 %v p99 %v", k.name, r(0.5), r(0.99)))
 		b.ReportMetric(ms(pctOf(k.lat, 0.5)), k.name+"-p50-ms")
 		b.ReportMetric(ms(pctOf(k.lat, 0.99)), k.name+"-p99-ms")
 	}
@@ -135,11 +137,3 @@ func BenchmarkTwoInFlight(b *testing.B) {
 	b.ReportMetric(ratio(kBeside, kRiding, 0.99), "p99-beside/riding")
 	b.Logf("%d rounds of %d: %s", inflightRounds, block, strings.Join(line, "; "))
 }
-
-// pctOf is the p-th quantile of ds (which it sorts).
-func pctOf(ds []time.Duration, p float64) time.Duration {
-	slices.Sort(ds)
-	return ds[min(len(ds)-1, int(p*float64(len(ds))))].Round(10 * time.Microsecond)
-}
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
