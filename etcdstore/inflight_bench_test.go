@@ -35,9 +35,13 @@ const inflightRounds = 20
 //     Create's four puts on a second writer chain; only the Create's txn is
 //     timed, until its own commit. That is the best two txns in flight
 //     could give an acknowledgement: the store acknowledges in Commit
-//     order, so it would also wait for the records' txn.
+//     order, so it would also wait for the records' txn;
+//   - merged: riding with the records' bytes in one put (five puts), the
+//     most a store that packed a Create's records into one key could save;
+//   - own-big: four puts carrying riding's bytes, so that with merged it
+//     tells what the records cost in puts from what they cost in bytes.
 //
-// It reports each kind's p50 and p99, both ridings' p99 over own's, and
+// It reports each kind's p50 and p99, the ridings' p99 over own's, and
 // beside's over riding's.
 func BenchmarkTwoInFlight(b *testing.B) {
 	c := etcdtest.Start(b, etcdtest.Options{})
@@ -80,6 +84,12 @@ func BenchmarkTwoInFlight(b *testing.B) {
 	records := []int{405, 1121, 203, 151, 478}
 	riding := append(append([]int(nil), own...), records...) // + the writer key: 9 puts
 	ridingReal := append(append([]int(nil), own...), records[:2]...)
+	recordBytes := 0
+	for _, n := range records {
+		recordBytes += n
+	}
+	merged := append(append([]int(nil), own...), recordBytes)
+	ownBig := []int{own[0] + records[0] + records[1], own[1] + records[2] + records[3], own[2] + records[4]}
 	w0, w1 := &chain{key: prefix + "/writer"}, &chain{key: prefix + "/writer2"}
 
 	alone := func(sizes []int) func() (time.Duration, error) {
@@ -106,7 +116,8 @@ func BenchmarkTwoInFlight(b *testing.B) {
 	}
 	kOwn, kRiding, kReal, kBeside := &kind{name: "own", run: alone(own)}, &kind{name: "riding", run: alone(riding)},
 		&kind{name: "riding-real", run: alone(ridingReal)}, &kind{name: "beside", run: beside}
-	kinds := []*kind{kOwn, kRiding, kReal, kBeside}
+	kMerged, kBig := &kind{name: "merged", run: alone(merged)}, &kind{name: "own-big", run: alone(ownBig)}
+	kinds := []*kind{kOwn, kRiding, kReal, kBeside, kMerged, kBig}
 	block := max(b.N/inflightRounds, 1)
 	b.ResetTimer()
 	for round := range inflightRounds {
@@ -133,6 +144,8 @@ func BenchmarkTwoInFlight(b *testing.B) {
 	ratio := func(x, y *kind, p float64) float64 { return float64(pctOf(x.lat, p)) / float64(pctOf(y.lat, p)) }
 	b.ReportMetric(ratio(kRiding, kOwn, 0.99), "p99-riding/own")
 	b.ReportMetric(ratio(kReal, kOwn, 0.99), "p99-riding-real/own")
+	b.ReportMetric(ratio(kMerged, kOwn, 0.99), "p99-merged/own")
+	b.ReportMetric(ratio(kBig, kOwn, 0.99), "p99-own-big/own")
 	b.ReportMetric(ratio(kBeside, kRiding, 0.5), "p50-beside/riding")
 	b.ReportMetric(ratio(kBeside, kRiding, 0.99), "p99-beside/riding")
 	b.Logf("%d rounds of %d: %s", inflightRounds, block, strings.Join(line, "; "))
