@@ -82,14 +82,16 @@ func BenchmarkTwoInFlight(b *testing.B) {
 	// simulator's world (seed ISO, overlay, domain), which a real
 	// hypervisor does not write.
 	records := []int{405, 1121, 203, 151, 478}
-	riding := append(append([]int(nil), own...), records...) // + the writer key: 9 puts
-	ridingReal := append(append([]int(nil), own...), records[:2]...)
-	recordBytes := 0
-	for _, n := range records {
+	riding := slices.Concat(own, records) // + the writer key: 9 puts
+	ridingReal := slices.Concat(own, records[:2])
+	// merged packs the records' bytes into one put; ownBig spreads them
+	// over own's puts.
+	recordBytes, ownBig := 0, slices.Clone(own)
+	for i, n := range records {
 		recordBytes += n
+		ownBig[i%len(ownBig)] += n
 	}
-	merged := append(append([]int(nil), own...), recordBytes)
-	ownBig := []int{own[0] + records[0] + records[1], own[1] + records[2] + records[3], own[2] + records[4]}
+	merged := slices.Concat(own, []int{recordBytes})
 	w0, w1 := &chain{key: prefix + "/writer"}, &chain{key: prefix + "/writer2"}
 
 	alone := func(sizes []int) func() (time.Duration, error) {
