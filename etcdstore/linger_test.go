@@ -82,8 +82,9 @@ func TestLingerSharesTheTxn(t *testing.T) {
 }
 
 // TestLingerBounded: a background batch that no Commit joins is written
-// once Linger ends; Close ends a linger at once; a Commit alone never
-// lingers.
+// once Linger ends, or sooner once the last txn's duration has (a hold
+// never costs more than the txn it saves); Close ends a linger at once; a
+// Commit alone never lingers.
 func TestLingerBounded(t *testing.T) {
 	t.Run("linger-ends", func(t *testing.T) {
 		s, lingering := lingerStore(t, "linger-ends", 20*time.Millisecond, nil)
@@ -91,6 +92,15 @@ func TestLingerBounded(t *testing.T) {
 		s.CommitBackground([]Op{{Key: "bg", Value: []byte("v")}}, o.rec("bg"))
 		waitFor(t, lingering, "lingering")
 		waitFor(t, o.done, "the background batch's done once Linger ended")
+	})
+	t.Run("last-txn-caps", func(t *testing.T) {
+		s, lingering := lingerStore(t, "linger-cap", 2*wait, nil) // beyond waitFor: a hold of Linger, not of the last txn, fails it
+		o := newOutcomes()
+		s.Commit([]Op{{Key: "rpc", Value: []byte("v")}}, o.rec("rpc"))
+		waitFor(t, o.done, "the RPC batch's done")
+		s.CommitBackground([]Op{{Key: "bg", Value: []byte("v")}}, o.rec("bg"))
+		waitFor(t, lingering, "lingering")
+		waitFor(t, o.done, "the background batch's done once the last txn's duration ended")
 	})
 	t.Run("close-ends", func(t *testing.T) {
 		s, lingering := lingerStore(t, "linger-close", 2*wait, nil) // beyond waitFor: a linger Close did not end fails it
